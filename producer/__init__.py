@@ -1,0 +1,46 @@
+"""inferfleet producer SDK: enqueue inference requests and collect replies.
+
+Import only this package in a service that sends work to the fleet; it never
+imports the worker (or torch).
+
+    from producer import Producer
+    with Producer("redis://localhost:6379/0", "ctr") as p:
+        reply = p.result(p.submit(features), timeout_s=5)
+"""
+
+from __future__ import annotations
+
+from producer.client import DEFAULT_REDIS_URL, AsyncProducer, Producer
+from producer.errors import (
+    BadRequest,
+    ConnectionError,
+    DeadLetter,
+    Expired,
+    InferfleetError,
+    ModelError,
+    ProtocolError,
+    ReplyError,
+    ReplyTimeout,
+    TooLarge,
+)
+from producer.protocol import CONTRACT_VERSION, DEFAULT_PREFIX, QueueKeys, Reply
+
+__all__ = [
+    "AsyncProducer",
+    "BadRequest",
+    "CONTRACT_VERSION",
+    "ConnectionError",
+    "DEFAULT_PREFIX",
+    "DEFAULT_REDIS_URL",
+    "DeadLetter",
+    "Expired",
+    "InferfleetError",
+    "ModelError",
+    "Producer",
+    "ProtocolError",
+    "QueueKeys",
+    "Reply",
+    "ReplyError",
+    "ReplyTimeout",
+    "TooLarge",
+]

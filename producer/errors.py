@@ -1,0 +1,130 @@
+"""The exceptions of the inferfleet SDK.
+
+Every exception the SDK raises derives from :class:`InferfleetError`, so a
+caller can catch the whole family at once::
+
+    InferfleetError
+    ├── ProtocolError            bytes or values that break the wire contract
+    │                            (``.code`` is ``bad_request`` or ``too_large``)
+    ├── ConnectionError          Redis could not be reached or dropped us
+    ├── ReplyTimeout             no reply arrived within the timeout
+    └── ReplyError               a worker answered ``ok: false``
+        ├── BadRequest           code ``bad_request``
+        ├── TooLarge             code ``too_large``
+        ├── Expired              code ``expired``
+        ├── ModelError           code ``model_error``
+        └── DeadLetter           code ``dead_letter``
+
+redis-py's own exceptions never escape the SDK: they are translated into
+:class:`ConnectionError` (or :class:`InferfleetError`) at one seam,
+``producer.client._translate``, with the original kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from producer.protocol import Reply
+
+__all__ = [
+    "InferfleetError",
+    "ProtocolError",
+    "ConnectionError",
+    "ReplyTimeout",
+    "ReplyError",
+    "BadRequest",
+    "TooLarge",
+    "Expired",
+    "ModelError",
+    "DeadLetter",
+    "reply_error_for",
+]
+
+
+class InferfleetError(Exception):
+    """Base class of every exception raised by inferfleet."""
+
+
+class ProtocolError(InferfleetError, ValueError):
+    """Something does not follow the wire contract.
+
+    Raised by the SDK before anything is sent (an invalid queue name, a
+    tensor of an unsupported dtype) and by the worker's decoder on hostile
+    or malformed entries. ``code`` is the contract error code a worker
+    answers with: ``bad_request`` or ``too_large``.
+    """
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ConnectionError(InferfleetError, builtins.ConnectionError):
+    """Redis could not be reached, refused us, or the connection dropped."""
+
+
+class ReplyTimeout(InferfleetError, TimeoutError):
+    """No reply arrived within the caller's timeout.
+
+    The request may still be answered later; collecting it again with the
+    same request id is safe.
+    """
+
+
+class ReplyError(InferfleetError):
+    """A worker answered the request with ``ok: false``.
+
+    ``code`` is the contract error code, ``reply`` the whole decoded reply.
+    """
+
+    code = "error"
+
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+        message = reply.error_message or ""
+        super().__init__(f"request {reply.id!r} failed with {reply.error_code}: {message}")
+        self.code = reply.error_code or self.code
+        self.message = message
+
+
+class BadRequest(ReplyError):
+    """The worker could not decode the request or it does not fit the model."""
+
+    code = "bad_request"
+
+
+class TooLarge(ReplyError):
+    """The request body was over the worker's size limit."""
+
+    code = "too_large"
+
+
+class Expired(ReplyError):
+    """The request was picked up after its deadline and not computed."""
+
+    code = "expired"
+
+
+class ModelError(ReplyError):
+    """The model raised on this request."""
+
+    code = "model_error"
+
+
+class DeadLetter(ReplyError):
+    """The request was delivered too many times and was given up on."""
+
+    code = "dead_letter"
+
+
+_BY_CODE: dict[str, type[ReplyError]] = {
+    cls.code: cls for cls in (BadRequest, TooLarge, Expired, ModelError, DeadLetter)
+}
+
+
+def reply_error_for(reply: Reply) -> ReplyError:
+    """Return the exception that stands for a failed ``reply``."""
+    return _BY_CODE.get(reply.error_code or "", ReplyError)(reply)

@@ -1,0 +1,510 @@
+"""The inferfleet wire contract, version 1: key names, envelope and tensor codec.
+
+This is the only module that knows msgpack. Producers and workers both go
+through it, so the contract (``docs/protocol.md``) lives in one place:
+
+* :class:`QueueKeys` names every Redis key of one queue.
+* :func:`encode_inputs` / :func:`decode_inputs` turn numpy structures
+  (a tensor, a list of tensors, a dict of tensors) into msgpack-ready maps
+  and back. Decoding is strict and bounded: dtype whitelist, exact byte
+  counts, limits on sizes, nesting and element counts, zero-copy views.
+* :func:`request_fields` builds the fields of one stream entry;
+  :func:`parse_entry` and :func:`decode_body` read one back.
+* :func:`encode_reply_ok`, :func:`encode_reply_error` and
+  :func:`decode_reply` handle the single element of a reply list.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any, Mapping, Union
+
+import msgpack
+import numpy as np
+
+from producer.errors import ProtocolError
+
+__all__ = [
+    "CONTRACT_VERSION",
+    "DEFAULT_PREFIX",
+    "GROUP",
+    "DEFAULT_REPLY_TTL_S",
+    "ERROR_CODES",
+    "DTYPES",
+    "Limits",
+    "QueueKeys",
+    "Envelope",
+    "Reply",
+    "Inputs",
+    "validate_name",
+    "validate_request_id",
+    "entry_time_ms",
+    "encode_inputs",
+    "decode_inputs",
+    "encode_body",
+    "decode_body",
+    "request_fields",
+    "parse_entry",
+    "encode_reply_ok",
+    "encode_reply_error",
+    "decode_reply",
+    "row_count",
+    "pack",
+    "unpack",
+]
+
+CONTRACT_VERSION = 1
+DEFAULT_PREFIX = "inferfleet"
+GROUP = "workers"
+DEFAULT_REPLY_TTL_S = 300
+ERROR_CODES = ("bad_request", "too_large", "expired", "model_error", "dead_letter")
+
+#: Contract dtype name -> numpy dtype, always little-endian.
+DTYPES: dict[str, np.dtype] = {
+    "bool": np.dtype("|b1"),
+    "int8": np.dtype("|i1"),
+    "uint8": np.dtype("|u1"),
+    "int16": np.dtype("<i2"),
+    "int32": np.dtype("<i4"),
+    "int64": np.dtype("<i8"),
+    "float16": np.dtype("<f2"),
+    "float32": np.dtype("<f4"),
+    "float64": np.dtype("<f8"),
+}
+_NAME_BY_KIND = {(dt.kind, dt.itemsize): name for name, dt in DTYPES.items()}
+_TENSOR_KEYS = frozenset({"dtype", "shape", "data"})
+_BODY_KEYS = frozenset({"inputs", "params"})
+
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
+_RID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
+_PREFIX_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
+
+#: A numpy array, a list of them (positional model arguments) or a dict of
+#: them (keyword arguments).
+Inputs = Union[np.ndarray, list, dict]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds a decoder enforces so a hostile body cannot exhaust memory."""
+
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_tensors: int = 64
+    max_ndim: int = 8
+    max_params: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_tensors", "max_ndim", "max_params"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name} must be at least 1, got {getattr(self, name)}")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+# --------------------------------------------------------------------------- names
+
+
+def validate_name(name: str) -> str:
+    """Return ``name`` if it is a valid queue name, else raise ProtocolError."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ProtocolError(
+            f"invalid queue name {name!r}: use 1 to 64 characters of A-Z a-z 0-9 . _ -"
+        )
+    return name
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it is a valid key prefix, else raise ProtocolError."""
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise ProtocolError(
+            f"invalid key prefix {prefix!r}: use 1 to 64 characters of A-Z a-z 0-9 . _ : -"
+        )
+    return prefix
+
+
+def validate_request_id(rid: str | bytes) -> str:
+    """Return ``rid`` as str if it is a valid request id, else raise ProtocolError."""
+    raw = rid.encode() if isinstance(rid, str) else rid
+    if not isinstance(raw, bytes) or not _RID_RE.match(raw):
+        raise ProtocolError(
+            f"invalid request id {rid!r}: use 1 to 128 bytes of A-Z a-z 0-9 . _ : -"
+        )
+    return raw.decode("ascii")
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Every Redis key of one queue. The braces are a Redis Cluster hash tag."""
+
+    name: str
+    prefix: str = DEFAULT_PREFIX
+    base: str = field(init=False)
+    requests: str = field(init=False)
+    dead: str = field(init=False)
+    inbox_prefix: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+        validate_prefix(self.prefix)
+        base = f"{self.prefix}:{{{self.name}}}:"
+        object.__setattr__(self, "base", base)
+        object.__setattr__(self, "requests", base + "requests")
+        object.__setattr__(self, "dead", base + "dead")
+        object.__setattr__(self, "inbox_prefix", base + "inbox:")
+
+    def reply(self, rid: str) -> str:
+        """The default reply list of request ``rid``."""
+        return f"{self.base}reply:{rid}"
+
+    def inbox(self, suffix: str) -> str:
+        """A shared reply inbox a client may name in ``reply_to``."""
+        if not suffix or any(c in suffix for c in "{} \t\r\n"):
+            raise ProtocolError(f"invalid inbox suffix {suffix!r}")
+        return self.inbox_prefix + suffix
+
+    def own(self, what: str) -> str:
+        """An implementation key under this queue's prefix (heartbeats, version...)."""
+        return self.base + what
+
+    def is_inbox(self, key: str) -> bool:
+        """True if ``key`` is a reply inbox of this queue (what ``reply_to`` may name)."""
+        return (
+            key.startswith(self.inbox_prefix)
+            and len(key) > len(self.inbox_prefix)
+            and len(key) <= len(self.inbox_prefix) + 256
+            and not any(c in key[len(self.inbox_prefix):] for c in "{} \t\r\n")
+        )
+
+
+def entry_time_ms(entry_id: bytes | str) -> int:
+    """The millisecond timestamp part of a stream entry id (Redis server clock)."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.split("-", 1)[0])
+
+
+# --------------------------------------------------------------------------- msgpack
+
+
+def pack(obj: Any) -> bytes:
+    """msgpack-encode ``obj`` (bin for bytes, str for str)."""
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"msgpack extension types are not allowed (ext type {code})")
+
+
+def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """msgpack-decode ``data`` with bounds so hostile input cannot allocate gigabytes."""
+    if len(data) > limits.max_body_bytes:
+        raise ProtocolError(
+            f"body is {len(data)} bytes, over the limit of {limits.max_body_bytes}", "too_large"
+        )
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=limits.max_body_bytes,
+            max_str_len=64 * 1024,
+            max_array_len=4096,
+            max_map_len=max(limits.max_tensors, limits.max_params, 8),
+            max_ext_len=0,
+            ext_hook=_refuse_ext,
+        )
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"body is not valid msgpack: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+def _as_array(value: Any) -> np.ndarray:
+    """Turn a numpy array, torch tensor or nested list into a numpy array."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # torch, without importing it
+        try:
+            return value.detach().cpu().numpy()
+        except TypeError as exc:  # bfloat16 and friends have no numpy dtype
+            raise ProtocolError(f"tensor of dtype {value.dtype} cannot be sent: {exc}") from exc
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"cannot make a tensor of {type(value).__name__}: {exc}") from exc
+
+
+def encode_tensor(value: Any) -> dict:
+    """One TENSOR map. ``data`` is a zero-copy view when the array allows it."""
+    arr = _as_array(value)
+    name = _NAME_BY_KIND.get((arr.dtype.kind, arr.dtype.itemsize))
+    if name is None:
+        raise ProtocolError(
+            f"unsupported dtype {arr.dtype}: use one of {', '.join(DTYPES)}"
+        )
+    if arr.ndim == 0:
+        raise ProtocolError("a tensor needs at least one dimension: shape[0] is the row count")
+    arr = np.ascontiguousarray(arr, dtype=DTYPES[name])
+    return {"dtype": name, "shape": list(arr.shape), "data": memoryview(arr).cast("B")}
+
+
+def encode_inputs(inputs: Any) -> Any:
+    """Encode a tensor, a list/tuple of tensors or a dict of tensors as INPUTS."""
+    if isinstance(inputs, Mapping):
+        if not inputs:
+            raise ProtocolError("inputs map is empty")
+        for key in inputs:
+            if not isinstance(key, str):
+                raise ProtocolError(f"inputs map keys must be strings, got {key!r}")
+        return {key: encode_tensor(val) for key, val in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        if not inputs:
+            raise ProtocolError("inputs list is empty")
+        return [encode_tensor(val) for val in inputs]
+    return encode_tensor(inputs)
+
+
+def _decode_tensor(obj: Any, limits: Limits, where: str) -> np.ndarray:
+    if not isinstance(obj, dict) or obj.keys() != _TENSOR_KEYS:
+        raise ProtocolError(f"{where}: a tensor is a map with exactly dtype, shape and data")
+    dtype = DTYPES.get(obj["dtype"]) if isinstance(obj["dtype"], str) else None
+    if dtype is None:
+        raise ProtocolError(f"{where}: dtype {obj['dtype']!r} is not one of {', '.join(DTYPES)}")
+    shape, data = obj["shape"], obj["data"]
+    if (
+        not isinstance(shape, list)
+        or not 1 <= len(shape) <= limits.max_ndim
+        or not all(type(d) is int and 0 <= d <= limits.max_body_bytes for d in shape)
+    ):
+        raise ProtocolError(
+            f"{where}: shape must be a list of 1 to {limits.max_ndim} non-negative ints, got {shape!r}"
+        )
+    if not isinstance(data, bytes):
+        raise ProtocolError(f"{where}: data must be msgpack bin, got {type(data).__name__}")
+    expected = prod(shape) * dtype.itemsize
+    if expected != len(data):
+        raise ProtocolError(
+            f"{where}: shape {shape} of {obj['dtype']} needs {expected} bytes, data has {len(data)}"
+        )
+    arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    if dtype.kind == "b" and data and max(data) > 1:
+        raise ProtocolError(f"{where}: bool data must be bytes 0 or 1")
+    return arr
+
+
+def decode_inputs(obj: Any, limits: Limits = DEFAULT_LIMITS, where: str = "inputs") -> Inputs:
+    """Decode INPUTS (already msgpack-unpacked) into numpy arrays, zero-copy.
+
+    Returns an array, a list of arrays or a dict of arrays, and checks that
+    every tensor has the same row count.
+    """
+    if isinstance(obj, dict) and isinstance(obj.get("dtype"), str):
+        result: Inputs = _decode_tensor(obj, limits, where)
+        arrays = [result]
+    elif isinstance(obj, dict):
+        if not 1 <= len(obj) <= limits.max_tensors:
+            raise ProtocolError(f"{where}: a map of 1 to {limits.max_tensors} tensors is required")
+        result = {k: _decode_tensor(v, limits, f"{where}[{k!r}]") for k, v in obj.items()}
+        arrays = list(result.values())
+    elif isinstance(obj, list):
+        if not 1 <= len(obj) <= limits.max_tensors:
+            raise ProtocolError(f"{where}: a list of 1 to {limits.max_tensors} tensors is required")
+        result = [_decode_tensor(v, limits, f"{where}[{i}]") for i, v in enumerate(obj)]
+        arrays = result
+    else:
+        raise ProtocolError(f"{where}: must be a tensor, a list of tensors or a map of tensors")
+    rows = {a.shape[0] for a in arrays}
+    if len(rows) != 1:
+        raise ProtocolError(f"{where}: every tensor must have the same row count, got {sorted(rows)}")
+    return result
+
+
+def row_count(inputs: Inputs) -> int:
+    """shape[0] shared by every tensor of a decoded INPUTS structure."""
+    if isinstance(inputs, np.ndarray):
+        return int(inputs.shape[0])
+    first = next(iter(inputs.values())) if isinstance(inputs, dict) else inputs[0]
+    return int(first.shape[0])
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def encode_body(inputs: Any, params: Mapping[str, Any] | None = None) -> bytes:
+    """The msgpack ``body`` field of a request."""
+    body: dict[str, Any] = {"inputs": encode_inputs(inputs)}
+    if params:
+        body["params"] = dict(params)
+    try:
+        return pack(body)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(f"params cannot be encoded as msgpack: {exc}") from exc
+
+
+def request_fields(
+    rid: str,
+    body: bytes,
+    deadline_ms: int | None = None,
+    reply_to: str | None = None,
+) -> dict[str, bytes | str]:
+    """The fields of one request stream entry (for ``XADD ... *``)."""
+    fields: dict[str, bytes | str] = {"id": rid, "body": body}
+    if deadline_ms is not None:
+        fields["deadline"] = str(int(deadline_ms))
+    if reply_to is not None:
+        fields["reply_to"] = reply_to
+    return fields
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The fields of a request entry, read but with the body not yet decoded."""
+
+    rid: str
+    body: bytes
+    deadline_ms: int | None
+    reply_to: str | None
+
+
+def _field(fields: Mapping[bytes, bytes], name: bytes) -> bytes | None:
+    value = fields.get(name)
+    return value if value is None or isinstance(value, bytes) else None
+
+
+def parse_entry(fields: Mapping[bytes, bytes]) -> Envelope:
+    """Read the fields of one request entry.
+
+    Raises ProtocolError when a field is missing or malformed. The request id
+    is read first so a caller can still address an error reply: on failure,
+    ``exc.rid`` is the valid request id or None.
+    """
+    raw_rid = _field(fields, b"id")
+    rid: str | None = None
+    try:
+        if raw_rid is None:
+            raise ProtocolError("entry has no 'id' field")
+        rid = validate_request_id(raw_rid)
+        body = _field(fields, b"body")
+        if body is None:
+            raise ProtocolError("entry has no 'body' field")
+        return Envelope(rid, body, _parse_deadline(_field(fields, b"deadline")),
+                        _parse_reply_to(fields))
+    except ProtocolError as exc:
+        exc.rid = rid  # type: ignore[attr-defined]
+        raise
+
+
+def _parse_deadline(raw: bytes | None) -> int | None:
+    if raw is None:
+        return None
+    if not raw.isdigit() or len(raw) > 16:
+        raise ProtocolError(f"deadline must be decimal unix epoch milliseconds, got {raw[:32]!r}")
+    return int(raw)
+
+
+def _parse_reply_to(fields: Mapping[bytes, bytes]) -> str | None:
+    if b"reply_to" not in fields:
+        return None
+    raw = _field(fields, b"reply_to")
+    try:
+        return raw.decode("ascii") if raw is not None else "\x00"
+    except UnicodeDecodeError:
+        return "\x00"  # never an inbox key: the worker refuses it
+
+
+def decode_body(body: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[Inputs, dict]:
+    """Decode a request ``body`` into (inputs, params). Raises ProtocolError."""
+    obj = unpack(body, limits)
+    if not isinstance(obj, dict) or "inputs" not in obj or not obj.keys() <= _BODY_KEYS:
+        raise ProtocolError("body must be a map with 'inputs' and optionally 'params'")
+    params = obj.get("params") or {}
+    if not isinstance(params, dict) or len(params) > limits.max_params:
+        raise ProtocolError(f"params must be a map of at most {limits.max_params} entries")
+    return decode_inputs(obj["inputs"], limits), params
+
+
+# --------------------------------------------------------------------------- replies
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One decoded reply. ``outputs`` is set when ``ok``, ``error_*`` when not."""
+
+    id: str
+    ok: bool
+    outputs: Inputs | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    model_name: str | None = None
+    model_version: str | None = None
+    timing: dict = field(default_factory=dict)
+
+    def raise_for_error(self) -> Reply:
+        """Return self if ok, else raise the matching :class:`ReplyError`."""
+        if not self.ok:
+            from producer.errors import reply_error_for
+
+            raise reply_error_for(self)
+        return self
+
+
+def _reply_meta(model: tuple[str, str] | None, timing: Mapping[str, Any] | None) -> dict:
+    meta: dict[str, Any] = {}
+    if model is not None:
+        meta["model"] = {"name": model[0], "version": model[1]}
+    if timing is not None:
+        meta["timing"] = dict(timing)
+    return meta
+
+
+def encode_reply_ok(
+    rid: str,
+    outputs: Any,
+    model: tuple[str, str],
+    timing: Mapping[str, Any],
+) -> bytes:
+    """The reply to a request that was computed."""
+    reply = {"id": rid, "ok": True, "outputs": encode_inputs(outputs)}
+    reply.update(_reply_meta(model, timing))
+    return pack(reply)
+
+
+def encode_reply_error(
+    rid: str,
+    code: str,
+    message: str,
+    model: tuple[str, str] | None = None,
+    timing: Mapping[str, Any] | None = None,
+) -> bytes:
+    """The reply to a request that failed with contract error ``code``."""
+    if code not in ERROR_CODES:
+        raise ValueError(f"unknown error code {code!r}: use one of {', '.join(ERROR_CODES)}")
+    reply = {"id": rid, "ok": False, "error": {"code": code, "message": message[:2000]}}
+    reply.update(_reply_meta(model, timing))
+    return pack(reply)
+
+
+_REPLY_LIMITS = Limits(max_body_bytes=1 << 30, max_tensors=4096, max_ndim=32)
+
+
+def decode_reply(data: bytes) -> Reply:
+    """Decode the single element of a reply list."""
+    obj = unpack(data, _REPLY_LIMITS)
+    if not isinstance(obj, dict) or not isinstance(obj.get("id"), str) or "ok" not in obj:
+        raise ProtocolError("reply must be a map with 'id' and 'ok'")
+    model = obj.get("model") or {}
+    common = dict(
+        id=obj["id"],
+        model_name=model.get("name"),
+        model_version=model.get("version"),
+        timing=obj.get("timing") or {},
+    )
+    if obj["ok"]:
+        return Reply(ok=True, outputs=decode_inputs(obj["outputs"], _REPLY_LIMITS, "outputs"), **common)
+    error = obj.get("error") or {}
+    return Reply(ok=False, error_code=error.get("code"), error_message=error.get("message"), **common)

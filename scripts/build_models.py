@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Build the example models, with no downloads, into a folder (default ``models/``).
+
+* ``affine.pt``  y = x W + b, float32[N,16] -> float32[N,4]: the overhead model.
+* ``ctr.pt``     the article's ad-ranking case: 26 sparse ids (int64[N,26]) through
+                 per-feature embedding tables, 13 dense floats (float32[N,13]), an
+                 MLP, a click probability float32[N,1]. Called with a map
+                 ``{"dense": ..., "sparse": ...}``.
+* ``cnn.pt``     a small image CNN, float32[N,3,32,32] -> 10 logits.
+* ``affine.pt2`` the affine model as a torch.export program (dynamic batch).
+
+Every file carries an example request body, base64 (extra file ``inferfleet_example``),
+that workers use to warm up and to check request shapes. Weights come from a
+fixed seed, so two builds give the same models.
+
+    python scripts/build_models.py [--out models] [--only affine,ctr]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import sys
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from producer.protocol import encode_body  # noqa: E402
+
+EXTRA = "inferfleet_example"
+CTR_SPARSE, CTR_DENSE, CTR_VOCAB, CTR_DIM = 26, 13, 1000, 16
+
+
+class Affine(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+class CTR(nn.Module):
+    """Sparse ids -> per-feature embedding tables, dense -> MLP, both -> click probability."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vocab = CTR_VOCAB
+        self.tables = nn.Embedding(CTR_SPARSE * CTR_VOCAB, CTR_DIM)
+        self.register_buffer("offsets", torch.arange(CTR_SPARSE, dtype=torch.int64) * CTR_VOCAB)
+        self.dense_mlp = nn.Sequential(nn.Linear(CTR_DENSE, 64), nn.ReLU(), nn.Linear(64, CTR_DIM))
+        self.top = nn.Sequential(
+            nn.Linear((CTR_SPARSE + 1) * CTR_DIM, 256), nn.ReLU(),
+            nn.Linear(256, 128), nn.ReLU(),
+            nn.Linear(128, 1),
+        )
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        ids = sparse.remainder(self.vocab) + self.offsets  # hash-bucket every feature into its table
+        emb = self.tables(ids).flatten(1)
+        x = torch.cat([self.dense_mlp(dense), emb], dim=1)
+        return torch.sigmoid(self.top(x))
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+def example_inputs(kind: str, rows: int = 2, seed: int = 0) -> object:
+    """Inputs of the right form for each example model (numpy)."""
+    rng = np.random.default_rng(seed)
+    if kind == "affine":
+        return rng.standard_normal((rows, 16), dtype=np.float32)
+    if kind == "ctr":
+        return {
+            "dense": rng.standard_normal((rows, CTR_DENSE), dtype=np.float32),
+            "sparse": rng.integers(0, 10**6, size=(rows, CTR_SPARSE), dtype=np.int64),
+        }
+    if kind == "cnn":
+        return rng.standard_normal((rows, 3, 32, 32), dtype=np.float32)
+    raise ValueError(f"unknown example model {kind!r}: use affine, ctr or cnn")
+
+
+MODELS = {"affine": Affine, "ctr": CTR, "cnn": SmallCNN}
+
+
+def build(kind: str, out: str) -> list[str]:
+    torch.manual_seed({"affine": 1, "ctr": 2, "cnn": 3}[kind])
+    model = MODELS[kind]().eval()
+    extra = {EXTRA: base64.b64encode(encode_body(example_inputs(kind))).decode()}
+    path = os.path.join(out, f"{kind}.pt")
+    torch.jit.save(torch.jit.script(model), path, _extra_files=extra)
+    written = [path]
+    if kind == "affine":
+        batch = torch.export.Dim("batch", min=1, max=1 << 16)
+        program = torch.export.export(model, (torch.zeros(2, 16),), dynamic_shapes=({0: batch},))
+        pt2 = os.path.join(out, "affine.pt2")
+        torch.export.save(program, pt2, extra_files=extra)
+        written.append(pt2)
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="models", help="output folder (default: models)")
+    parser.add_argument("--only", default=",".join(MODELS), help="comma-separated subset")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    for kind in args.only.split(","):
+        if kind not in MODELS:
+            parser.error(f"unknown model {kind!r}: use {', '.join(MODELS)}")
+        for path in build(kind, args.out):
+            print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

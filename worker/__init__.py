@@ -1,0 +1,8 @@
+"""inferfleet worker: consumer processes that batch requests through a private model copy."""
+
+from __future__ import annotations
+
+from worker.config import WorkerSettings
+from worker.handler import Handler
+
+__all__ = ["Handler", "WorkerSettings"]

@@ -1,0 +1,250 @@
+"""The ``inferfleet`` command line: worker, enqueue, result, bench.
+
+This is the only module that configures logging or prints. Every option has
+an environment variable (shown in ``--help``); bad input exits with a clear
+message and status 2, a failed request with status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import click
+import numpy as np
+
+from producer import Producer, errors
+from producer.protocol import DEFAULT_PREFIX, Reply
+from worker.config import DEVICE_CHOICES, ENV_VARS, WorkerSettings
+from worker.errors import ConfigError, ModelLoadError
+from worker.npfiles import load_inputs, save_outputs
+
+log = logging.getLogger("inferfleet")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _install_stop_handlers(stop: threading.Event) -> None:
+    """First SIGTERM/SIGINT: finish the current batch and leave. Second: exit now."""
+
+    def handle(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            log.warning("second %s: exiting without draining", signal.Signals(signum).name)
+            os._exit(128 + signum)
+        log.info("%s received: finishing the current batch, then stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+_log_level = click.option("--log-level", default="info", envvar="INFERFLEET_LOG_LEVEL", show_envvar=True,
+                          type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+_redis_url = click.option("--redis-url", envvar="REDIS_URL", show_envvar=True, default=None,
+                          help="Redis URL (redis://, rediss://, unix://); default redis://localhost:6379/0.")
+_name = click.option("--name", required=True, envvar=ENV_VARS["name"], show_envvar=True,
+                     help="Queue (model) name: 1-64 of A-Z a-z 0-9 . _ -")
+_prefix = click.option("--prefix", default=DEFAULT_PREFIX, envvar=ENV_VARS["prefix"], show_envvar=True,
+                       show_default=True, help="Key prefix of every Redis key.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="inferfleet")
+def main() -> None:
+    """inferfleet: PyTorch inference workers fed by Redis Streams."""
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def _env(name: str) -> dict:
+    return {"envvar": ENV_VARS[name], "show_envvar": True, "show_default": True}
+
+
+@main.command()
+@_name
+@click.option("--model", required=True, help="TorchScript file, torch.export .pt2 file, or module:Handler.",
+              **{k: v for k, v in _env("model").items() if k != "show_default"})
+@_redis_url
+@_prefix
+@click.option("--device", default="auto", help=f"One of {DEVICE_CHOICES}.", **_env("device"))
+@click.option("--max-batch-rows", type=int, default=64, help="Most rows in one forward pass.", **_env("max_batch_rows"))
+@click.option("--max-wait-ms", type=float, default=5.0, help="Longest wait for a batch to fill.", **_env("max_wait_ms"))
+@click.option("--consumer", default=None, help="Consumer name in the group (default host-pid).",
+              envvar=ENV_VARS["consumer"], show_envvar=True)
+@click.option("--model-version", default=None, help="Version reported in replies (default: file hash).",
+              envvar=ENV_VARS["model_version"], show_envvar=True)
+@click.option("--warmup-input", default=None, help=".npy/.npz inputs to warm up with (default: the model's example).",
+              envvar=ENV_VARS["warmup_input"], show_envvar=True)
+@click.option("--torch-threads", type=int, default=1, help="Intra-op threads of this process.", **_env("torch_threads"))
+@click.option("--reply-ttl-s", type=int, default=300, help="TTL of each reply list.", **_env("reply_ttl_s"))
+@click.option("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="Larger bodies are answered too_large.",
+              **_env("max_body_bytes"))
+@click.option("--reclaim-idle-s", type=float, default=60.0, help="Take over entries another consumer held this long.",
+              **_env("reclaim_idle_s"))
+@_log_level
+def worker(log_level: str, **options: Any) -> None:
+    """Serve one queue: load and warm the model, then batch requests from the stream."""
+    _setup_logging(log_level)
+    from worker.serve import serve  # torch is imported only by commands that need it
+
+    options = {k: v for k, v in options.items() if v is not None}
+    try:
+        settings = WorkerSettings(**options)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    stop = threading.Event()
+    _install_stop_handlers(stop)
+    try:
+        serve(settings, stop)
+    except ModelLoadError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------- enqueue / result
+
+
+def _parse_params(pairs: tuple[str, ...]) -> dict:
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--param")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        text = {"dtype": str(value.dtype), "shape": list(value.shape)}
+        if value.size <= 32:
+            text["values"] = value.tolist()
+        return text
+    if isinstance(value, dict):
+        return {k: _describe(v) for k, v in value.items()}
+    return [_describe(v) for v in value]
+
+
+def _show_reply(reply: Reply, output: str | None) -> None:
+    summary: dict[str, Any] = {"id": reply.id, "ok": reply.ok,
+                               "model": {"name": reply.model_name, "version": reply.model_version},
+                               "timing": reply.timing}
+    if reply.ok:
+        summary["outputs"] = _describe(reply.outputs)
+        if output:
+            save_outputs(output, reply.outputs)
+    else:
+        summary["error"] = {"code": reply.error_code, "message": reply.error_message}
+    click.echo(json.dumps(summary, indent=2))
+    if not reply.ok:
+        sys.exit(1)
+
+
+def _producer(redis_url: str | None, name: str, prefix: str) -> Producer:
+    try:
+        return Producer(redis_url, name, prefix=prefix)
+    except errors.ProtocolError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@main.command()
+@_name
+@click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help=".npy (one tensor) or .npz (arr_0.. positional, other names keyword) inputs.")
+@click.option("--param", "params", multiple=True, help="KEY=VALUE (VALUE parsed as JSON if it can be).")
+@click.option("--deadline-s", type=float, default=None, help="Answer 'expired' if not picked up in time.")
+@click.option("--request-id", default=None, help="Choose the request id (default: a fresh one).")
+@click.option("--wait/--no-wait", default=False, help="Wait for the reply and print it.")
+@click.option("--timeout-s", type=float, default=30.0, show_default=True, help="With --wait: longest wait.")
+@click.option("--output", default=None, help="With --wait: save outputs to this .npy/.npz file.")
+@_redis_url
+@_prefix
+def enqueue(name: str, input_path: str, params: tuple[str, ...], deadline_s: float | None,
+            request_id: str | None, wait: bool, timeout_s: float, output: str | None,
+            redis_url: str | None, prefix: str) -> None:
+    """Enqueue one request from a .npy/.npz file; print its request id (or, with --wait, the reply)."""
+    try:
+        inputs = load_inputs(input_path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--input") from exc
+    with _producer(redis_url, name, prefix) as producer:
+        try:
+            rid = producer.submit(inputs, _parse_params(params), deadline_s, request_id=request_id)
+            if not wait:
+                click.echo(rid)
+                return
+            _show_reply(producer.result(rid, timeout_s, raise_errors=False), output)
+        except errors.ProtocolError as exc:
+            raise click.BadParameter(str(exc)) from exc
+        except errors.InferfleetError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@_name
+@click.argument("request_id")
+@click.option("--timeout-s", type=float, default=30.0, show_default=True, help="Longest wait for the reply.")
+@click.option("--output", default=None, help="Save outputs to this .npy/.npz file.")
+@_redis_url
+@_prefix
+def result(name: str, request_id: str, timeout_s: float, output: str | None,
+           redis_url: str | None, prefix: str) -> None:
+    """Wait for the reply to REQUEST_ID and print it (exit 1 if it failed)."""
+    with _producer(redis_url, name, prefix) as producer:
+        try:
+            reply = producer.result(request_id, timeout_s, raise_errors=False)
+        except errors.ProtocolError as exc:
+            raise click.BadParameter(str(exc), param_hint="REQUEST_ID") from exc
+        except errors.InferfleetError as exc:
+            raise click.ClickException(str(exc)) from exc
+    _show_reply(reply, output)
+
+
+# --------------------------------------------------------------------------- bench
+
+
+@main.command()
+@_name
+@click.option("--model", "model_path", default=None, help="Take the inputs' form from this model's example.")
+@click.option("--input", "input_path", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Or from this .npy/.npz file (its first rows).")
+@click.option("--requests", "-n", type=int, default=20_000, show_default=True, help="Requests to send.")
+@click.option("--rows", type=int, default=1, show_default=True, help="Rows per request.")
+@click.option("--window", type=int, default=2000, show_default=True, help="Most requests in flight.")
+@click.option("--warmup", type=int, default=1000, show_default=True, help="Requests sent first, not counted.")
+@click.option("--timeout-s", type=float, default=60.0, show_default=True, help="Longest stall before giving up.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_redis_url
+@_prefix
+def bench(name: str, model_path: str | None, input_path: str | None, requests: int, rows: int, window: int,
+          warmup: int, timeout_s: float, as_json: bool, redis_url: str | None, prefix: str) -> None:
+    """Push requests through the SDK against running workers; report QPS and latency."""
+    from worker.bench import BenchError, bench_inputs, run_bench
+
+    try:
+        pool = bench_inputs(model_path, input_path, rows)
+        with _producer(redis_url, name, prefix) as producer:
+            report = run_bench(producer, pool, requests, window, warmup, timeout_s)
+    except (BenchError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    except errors.InferfleetError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.text())
+
+
+if __name__ == "__main__":
+    main()

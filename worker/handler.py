@@ -1,0 +1,85 @@
+"""The model contract for custom code: subclass :class:`Handler`.
+
+In the spirit of LitServe's LitAPI, a handler is one small class. The worker
+calls ``setup(device)`` once, ``example_inputs()`` to warm up, then, for
+every batch::
+
+    x = preprocess(inputs, params)   # numpy arrays, concatenated row-wise
+    y = predict(x, params)           # under torch.inference_mode()
+    outputs = postprocess(y, params) # tensors or numpy arrays, same row count
+
+Start a worker on it with ``inferfleet worker --model mypkg.mymodule:MyHandler``.
+TorchScript and torch.export models are served by :class:`ModuleHandler`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Handler", "ModuleHandler", "to_device"]
+
+
+def to_device(inputs: Any, device: torch.device) -> Any:
+    """Numpy inputs (a tensor, list or dict of them) as torch tensors on ``device``."""
+    if isinstance(inputs, np.ndarray):
+        tensor = torch.from_numpy(inputs)
+        return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
+    if isinstance(inputs, dict):
+        return {k: to_device(v, device) for k, v in inputs.items()}
+    return [to_device(v, device) for v in inputs]
+
+
+class Handler:
+    """Base class of custom model code. Override ``setup`` and ``predict`` at least."""
+
+    #: Reported in every reply; None lets the worker use --model-version or "1".
+    version: str | None = None
+    device: torch.device = torch.device("cpu")
+
+    def setup(self, device: torch.device) -> None:
+        """Load weights and place them on ``device``. Called once, before warm-up."""
+        self.device = device
+
+    def example_inputs(self) -> Any:
+        """Inputs (numpy) the worker runs at start-up to warm up; None skips warm-up."""
+        return None
+
+    def preprocess(self, inputs: Any, params: dict) -> Any:
+        """Turn the batch's numpy inputs into what ``predict`` takes (default: tensors)."""
+        return to_device(inputs, self.device)
+
+    def predict(self, x: Any, params: dict) -> Any:
+        """Run the model on one batch."""
+        raise NotImplementedError("a Handler must implement predict(x, params)")
+
+    def postprocess(self, y: Any, params: dict) -> Any:
+        """Turn model outputs into reply outputs (default: unchanged)."""
+        return y
+
+
+class ModuleHandler(Handler):
+    """Serves a callable torch module (TorchScript or torch.export) as it is."""
+
+    def __init__(self, module: Any, example: Any = None) -> None:
+        self.module = module
+        self._example = example
+
+    def setup(self, device: torch.device) -> None:
+        self.device = device
+        if isinstance(self.module, torch.jit.ScriptModule):
+            self.module.eval()  # exported programs refuse eval(): they are frozen already
+
+    def example_inputs(self) -> Any:
+        return self._example
+
+    def predict(self, x: Any, params: dict) -> Any:
+        if params:
+            raise ValueError("this model takes no params; send the request without 'params'")
+        if isinstance(x, dict):
+            return self.module(**x)
+        if isinstance(x, list):
+            return self.module(*x)
+        return self.module(x)

@@ -1,0 +1,102 @@
+"""Admission: turn one stream entry into a batchable Request or an immediate answer.
+
+Pure (no Redis, no torch, the time passed in): every contract check a worker
+makes before computing lives here, in the order the contract implies:
+readable id, allowed ``reply_to``, deadline, size, body decoding, fit to the
+model.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Hashable, Mapping
+
+from producer.errors import ProtocolError
+from producer.protocol import (
+    Limits,
+    QueueKeys,
+    decode_body,
+    encode_reply_error,
+    entry_time_ms,
+    parse_entry,
+    row_count,
+)
+from worker.batching import Request, describe_spec, signature_of, spec_of
+
+__all__ = ["Answer", "Intake"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Answer:
+    """What to write for one entry: a reply payload to a key, or only an XACK.
+
+    ``reply_key`` None means the entry had no readable id: it is acknowledged
+    (so it cannot block the pending list) and logged, never answered.
+    """
+
+    entry_id: bytes
+    reply_key: str | None
+    payload: bytes | None
+    ok: bool = False
+
+
+@dataclass
+class Intake:
+    """Admission rules for one queue and one loaded model."""
+
+    keys: QueueKeys
+    limits: Limits
+    model: tuple[str, str]
+    input_spec: Hashable | None = None
+    accepts_params: bool = True
+
+    def admit(self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float) -> Request | Answer:
+        """Decide what to do with one entry."""
+        if not fields:
+            return Answer(entry_id, None, None)  # deleted while pending: nothing to answer
+        try:
+            env = parse_entry(fields)
+        except ProtocolError as exc:
+            rid = getattr(exc, "rid", None)
+            if rid is None:
+                log.warning("entry %s has no readable request id (%s): acknowledged without reply",
+                            entry_id.decode(errors="replace"), exc)
+                return Answer(entry_id, None, None)
+            return self._refuse(entry_id, rid, self.keys.reply(rid), exc.code, exc.message)
+        default_key = self.keys.reply(env.rid)
+        if env.reply_to is not None and not self.keys.is_inbox(env.reply_to):
+            return self._refuse(entry_id, env.rid, default_key, "bad_request",
+                                f"reply_to must be a key under {self.keys.inbox_prefix!r}")
+        reply_key = env.reply_to or default_key
+        if env.deadline_ms is not None and now_ms > env.deadline_ms:
+            return self._refuse(entry_id, env.rid, reply_key, "expired",
+                                f"picked up {now_ms - env.deadline_ms:.0f} ms after its deadline")
+        if len(env.body) > self.limits.max_body_bytes:
+            return self._refuse(entry_id, env.rid, reply_key, "too_large",
+                                f"body is {len(env.body)} bytes, over the limit of {self.limits.max_body_bytes}")
+        try:
+            inputs, params = decode_body(env.body, self.limits)
+        except ProtocolError as exc:
+            return self._refuse(entry_id, env.rid, reply_key, exc.code, exc.message)
+        problem = self._misfit(inputs, params)
+        if problem:
+            return self._refuse(entry_id, env.rid, reply_key, "bad_request", problem)
+        return Request(entry_id, env.rid, reply_key, inputs, params, row_count(inputs),
+                       signature_of(inputs, params), entry_time_ms(entry_id), now_ms)
+
+    def _misfit(self, inputs: object, params: dict) -> str | None:
+        if row_count(inputs) == 0:  # type: ignore[arg-type]
+            return "a request needs at least one row (shape[0] >= 1)"
+        if params and not self.accepts_params:
+            return "this model takes no params"
+        if self.input_spec is not None:
+            spec = spec_of(inputs)
+            if spec != self.input_spec:
+                return f"the model takes {describe_spec(self.input_spec)}, got {describe_spec(spec)}"
+        return None
+
+    def _refuse(self, entry_id: bytes, rid: str, key: str, code: str, message: str) -> Answer:
+        return Answer(entry_id, key, encode_reply_error(rid, code, message, self.model))

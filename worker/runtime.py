@@ -1,0 +1,238 @@
+"""The model runtime: load once, warm up, predict a batch.
+
+:func:`load_runtime` accepts three kinds of model:
+
+* a TorchScript file (``torch.jit.load``), any suffix but ``.pt2``;
+* a ``torch.export`` program (``.pt2``, ``torch.export.load``);
+* a :class:`~worker.handler.Handler` given as ``module:attr``.
+
+Example models store an example request body in the file's extra files
+(``inferfleet_example``, base64), so the worker can warm up and check each request's
+dtypes and trailing shapes against what the model takes. This is the only
+module that knows about devices, threads and precision.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib
+import logging
+import os
+import time
+from typing import Any, Hashable
+
+import numpy as np
+import torch
+
+from producer.errors import ProtocolError
+from producer.protocol import decode_body
+from worker.batching import spec_of
+from worker.config import WorkerSettings
+from worker.errors import ModelLoadError, OutputError
+from worker.handler import Handler, ModuleHandler
+from worker.npfiles import load_inputs
+
+__all__ = ["ModelRuntime", "load_runtime", "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
+
+log = logging.getLogger(__name__)
+
+#: Name of the extra file (TorchScript and torch.export) holding an example body.
+EXAMPLE_EXTRA_FILE = "inferfleet_example"
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> the first GPU if there is one, else the CPU. Validates cuda:N."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {device!r} asked for, but this machine has no usable GPU")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {device!r}: only {torch.cuda.device_count()} GPUs visible")
+    return dev
+
+
+def to_numpy(outputs: Any) -> Any:
+    """Model outputs (tensors, numpy arrays, lists or dicts of them) as numpy arrays."""
+    if isinstance(outputs, torch.Tensor):
+        t = outputs.detach()
+        if t.dtype == torch.bfloat16:
+            t = t.float()  # numpy has no bfloat16; float32 holds it exactly
+        return t.cpu().numpy()
+    if isinstance(outputs, np.ndarray):
+        return outputs
+    if isinstance(outputs, dict):
+        return {str(k): to_numpy(v) for k, v in outputs.items()}
+    if isinstance(outputs, (list, tuple)):
+        return [to_numpy(v) for v in outputs]
+    raise OutputError(f"a model output must be a tensor, list or dict of tensors, got {type(outputs).__name__}")
+
+
+class ModelRuntime:
+    """One loaded, warmed-up model copy on one device."""
+
+    def __init__(self, handler: Handler, name: str, version: str, device: torch.device,
+                 example: Any = None) -> None:
+        self.handler = handler
+        self.name = name
+        self.version = version
+        self.device = device
+        self.example = example
+        #: The spec (form, dtypes, trailing shapes) the model takes, if known.
+        self.input_spec: Hashable | None = spec_of(example) if example is not None else None
+        #: TorchScript/export models take no params; handlers may.
+        self.accepts_params = not isinstance(handler, ModuleHandler)
+
+    @property
+    def model_meta(self) -> tuple[str, str]:
+        return (self.name, self.version)
+
+    def predict(self, inputs: Any, params: dict) -> Any:
+        """Run one batch (numpy in, numpy out) under ``torch.inference_mode``."""
+        with torch.inference_mode():
+            x = self.handler.preprocess(inputs, params)
+            y = self.handler.predict(x, params)
+            out = to_numpy(self.handler.postprocess(y, params))
+        return out
+
+    def warmup(self, max_rows: int, iters: int) -> float:
+        """Run the example at its own size and at ``max_rows`` rows; return seconds spent.
+
+        Runs the largest batch too so kernels, allocator pools and oneDNN
+        primitives for it exist before the first request arrives.
+        """
+        if self.example is None or iters == 0:
+            log.warning("no example inputs for %s: skipping warm-up, the first batch will be slower", self.name)
+            return 0.0
+        start = time.perf_counter()
+        for rows in sorted({_rows(self.example), max_rows}):
+            batch = _tile_rows(self.example, rows)
+            for _ in range(iters):
+                try:
+                    self.predict(batch, {})
+                except Exception as exc:
+                    raise ModelLoadError(
+                        f"warm-up of {self.name} failed on a batch of {rows} rows: {exc}. "
+                        f"If the model cannot batch, start it with --max-batch-rows 1"
+                    ) from exc
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
+
+
+def _rows(inputs: Any) -> int:
+    if isinstance(inputs, np.ndarray):
+        return int(inputs.shape[0])
+    first = next(iter(inputs.values())) if isinstance(inputs, dict) else inputs[0]
+    return int(first.shape[0])
+
+
+def _tile_rows(inputs: Any, rows: int) -> Any:
+    def one(a: np.ndarray) -> np.ndarray:
+        reps = -(-rows // a.shape[0])
+        return np.ascontiguousarray(np.concatenate([a] * reps)[:rows])
+
+    if isinstance(inputs, np.ndarray):
+        return one(inputs)
+    if isinstance(inputs, dict):
+        return {k: one(v) for k, v in inputs.items()}
+    return [one(v) for v in inputs]
+
+
+def _file_version(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:12]
+
+
+def _decode_example(raw: bytes | str | None) -> Any:
+    if not raw:
+        return None
+    try:
+        data = base64.b64decode(raw, validate=True)
+        inputs, _ = decode_body(data)
+    except (ValueError, ProtocolError) as exc:
+        raise ModelLoadError(f"the model's {EXAMPLE_EXTRA_FILE} extra file is not a base64 request body: {exc}") from exc
+    return inputs
+
+
+def _load_torchscript(path: str, device: torch.device) -> tuple[Handler, Any]:
+    extra = {EXAMPLE_EXTRA_FILE: ""}
+    module = torch.jit.load(path, map_location=device, _extra_files=extra)
+    return ModuleHandler(module), _decode_example(extra[EXAMPLE_EXTRA_FILE])
+
+
+def _load_export(path: str, device: torch.device) -> tuple[Handler, Any]:
+    extra = {EXAMPLE_EXTRA_FILE: ""}
+    program = torch.export.load(path, extra_files=extra)
+    module = program.module().to(device)
+    return ModuleHandler(module), _decode_example(extra[EXAMPLE_EXTRA_FILE])
+
+
+def _load_handler(spec: str) -> Handler:
+    module_name, _, attr = spec.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ModelLoadError(f"cannot import handler {spec!r}: {exc}") from exc
+    handler = target() if isinstance(target, type) else target
+    if not isinstance(handler, Handler):
+        raise ModelLoadError(f"{spec!r} is not a worker.handler.Handler subclass or instance")
+    return handler
+
+
+def _is_handler_spec(model: str) -> bool:
+    return ":" in model and not os.path.exists(model)
+
+
+def load_model(model: str, device: torch.device) -> tuple[Handler, Any, str]:
+    """Load a model of any supported kind; return (handler, example inputs, default version)."""
+    if _is_handler_spec(model):
+        handler = _load_handler(model)
+        handler.setup(device)
+        return handler, handler.example_inputs(), handler.version or "1"
+    if not os.path.isfile(model):
+        raise ModelLoadError(f"model file {model!r} does not exist")
+    loader = _load_export if model.endswith(".pt2") else _load_torchscript
+    try:
+        handler, example = loader(model, device)
+    except (RuntimeError, ValueError, OSError) as exc:
+        kind = "torch.export program" if loader is _load_export else "TorchScript file"
+        raise ModelLoadError(f"cannot load {model!r} as a {kind}: {exc}") from exc
+    handler.setup(device)
+    return handler, example, _file_version(model)
+
+
+def _set_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set (tests load several models in one process)
+        pass
+
+
+def _load_example_file(path: str) -> Any:
+    try:
+        return load_inputs(path)
+    except ValueError as exc:
+        raise ModelLoadError(f"cannot read warm-up input: {exc}") from exc
+
+
+def load_runtime(settings: WorkerSettings) -> ModelRuntime:
+    """Load, place and warm up the model that ``settings`` names."""
+    _set_threads(settings.torch_threads)
+    device = resolve_device(settings.device)
+    started = time.perf_counter()
+    handler, example, version = load_model(settings.model, device)
+    if settings.warmup_input:
+        example = _load_example_file(settings.warmup_input)
+    runtime = ModelRuntime(handler, settings.name, settings.model_version or version, device, example)
+    loaded = time.perf_counter() - started
+    warm = runtime.warmup(settings.max_batch_rows, settings.warmup_iters)
+    log.info("model %s version %s on %s: loaded in %.0f ms, warmed up in %.0f ms",
+             settings.name, runtime.version, device, loaded * 1000, warm * 1000)
+    return runtime

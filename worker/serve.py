@@ -1,0 +1,31 @@
+"""Run one consumer process: load and warm the model, then join the group."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from worker.config import WorkerSettings
+from worker.consumer import Consumer
+from worker.runtime import load_runtime
+
+__all__ = ["connect", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+def connect(redis_url: str) -> redis.Redis:
+    """A client for the worker: bytes replies, keepalive, no read timeout (reads block)."""
+    return redis.Redis.from_url(redis_url, socket_connect_timeout=5, socket_keepalive=True,
+                                health_check_interval=30)
+
+
+def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
+    """Load the model (before joining the group, so the first request is warm) and serve."""
+    runtime = load_runtime(settings)
+    consumer = Consumer(settings, runtime, connect(settings.redis_url))
+    if not stop.is_set():
+        consumer.run(stop)
+    return consumer
