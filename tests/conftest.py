@@ -61,3 +61,60 @@ def worker_env(redis_url: str) -> dict[str, str]:
     env["REDIS_URL"] = redis_url
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
+
+
+def wait_for_consumer(client: redis.Redis, stream: str, consumer: str, proc: subprocess.Popen,
+                      timeout_s: float = 60.0) -> None:
+    """Block until ``consumer`` has joined group ``workers`` (it reads only once warm)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with status {proc.returncode}")
+        try:
+            names = {c["name"] for c in client.xinfo_consumers(stream, "workers")}
+            if consumer.encode() in names or consumer in names:
+                return
+        except redis.exceptions.ResponseError:
+            pass  # group not created yet
+        time.sleep(0.05)
+    raise TimeoutError(f"consumer {consumer} did not join {stream} within {timeout_s} s")
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 10.0) -> int:
+    """SIGTERM, wait, SIGKILL if it will not go. Returns the exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+@pytest.fixture
+def spawn_worker(redis_url: str, redis_client: redis.Redis):
+    """``spawn_worker(name, model, *args)`` starts ``inferfleet worker`` and waits until it reads."""
+    procs: list[subprocess.Popen] = []
+
+    def spawn(name: str, model: str, *args: str, consumer: str | None = None) -> subprocess.Popen:
+        consumer = consumer or f"test-{name}-{len(procs)}"
+        cmd = [sys.executable, "-m", "worker.cli", "worker", "--name", name, "--model", model,
+               "--consumer", consumer, *args]
+        proc = subprocess.Popen(cmd, env=worker_env(redis_url), cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs.append(proc)
+        try:
+            wait_for_consumer(redis_client, f"inferfleet:{{{name}}}:requests", consumer, proc)
+        except (RuntimeError, TimeoutError) as exc:
+            stop_process(proc)
+            raise AssertionError(f"{exc}\n{proc.stderr.read().decode(errors='replace')}") from exc
+        return proc
+
+    yield spawn
+    for proc in procs:
+        stop_process(proc)
+        if proc.stderr:
+            proc.stderr.close()

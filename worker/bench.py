@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -85,8 +85,11 @@ def bench_inputs(model_path: str | None, input_path: str | None, rows: int, seed
 
 
 def run_bench(producer: Producer, pool: list[Any], requests: int, window: int, warmup: int,
-              timeout_s: float) -> BenchReport:
-    """Send ``warmup`` then ``requests`` requests with at most ``window`` in flight."""
+              timeout_s: float, on_reply: Callable[[int], None] | None = None) -> BenchReport:
+    """Send ``warmup`` then ``requests`` requests with at most ``window`` in flight.
+
+    ``on_reply(done)`` is called every 500 replies (progress bars).
+    """
     if requests < 1:
         raise BenchError(f"--requests must be at least 1, got {requests}")
     if warmup:
@@ -107,6 +110,8 @@ def run_bench(producer: Producer, pool: list[Any], requests: int, window: int, w
         latencies[i] = time.perf_counter() - sent_at.pop(reply.id)
         batch_rows[i] = reply.timing.get("batch_rows", 0)
         errors += not reply.ok
+        if on_reply is not None and (i + 1) % 500 == 0:
+            on_reply(i + 1)
     seconds = time.perf_counter() - started
     p50, p95, p99 = np.percentile(latencies, [50, 95, 99]) * 1000
     return BenchReport(requests, seconds, requests / seconds, float(p50), float(p95), float(p99),

@@ -267,7 +267,7 @@ class Consumer:
         if pending["pending"]:
             bound = min(bound, _id_key(pending["min"]))
         if bound > (0, 0):
-            self.redis.xtrim(self.keys.requests, minid=f"{bound[0]}-{bound[1]}")
+            self.redis.xtrim(self.keys.requests, minid=f"{bound[0]}-{bound[1]}", approximate=False)
 
     def _reclaim(self) -> None:
         """Take over entries another consumer has held for too long (it likely died)."""

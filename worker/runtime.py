@@ -20,6 +20,7 @@ import importlib
 import logging
 import os
 import time
+import warnings
 from typing import Any, Hashable
 
 import numpy as np
@@ -162,7 +163,10 @@ def _decode_example(raw: bytes | str | None) -> Any:
 
 def _load_torchscript(path: str, device: torch.device) -> tuple[Handler, Any]:
     extra = {EXAMPLE_EXTRA_FILE: ""}
-    module = torch.jit.load(path, map_location=device, _extra_files=extra)
+    with warnings.catch_warnings():
+        # torch 2.10+ marks TorchScript deprecated; we still serve it on purpose.
+        warnings.filterwarnings("ignore", message=r".*torch\.jit", category=DeprecationWarning)
+        module = torch.jit.load(path, map_location=device, _extra_files=extra)
     return ModuleHandler(module), _decode_example(extra[EXAMPLE_EXTRA_FILE])
 
 

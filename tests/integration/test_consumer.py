@@ -1,0 +1,176 @@
+"""The consumer loop against a real redis-server, in-process, with real models."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+from producer import Producer
+from producer.protocol import GROUP, QueueKeys, decode_reply, encode_body, pack
+from tests.handlers import POISON
+from worker.config import WorkerSettings
+from worker.consumer import Consumer
+from worker.runtime import load_runtime
+
+
+def make_consumer(redis_url: str, model: str, name: str = "q", **overrides) -> Consumer:
+    settings = WorkerSettings(name=name, model=model, redis_url=redis_url, consumer=overrides.pop("consumer", "c1"),
+                              warmup_iters=1, **overrides)
+    consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
+    consumer.prepare()
+    return consumer
+
+
+def drain(consumer: Consumer, rounds: int = 20) -> None:
+    """Run rounds until the stream has nothing new for this consumer."""
+    for _ in range(rounds):
+        if consumer.run_once() == 0:
+            return
+
+
+def pending(client: redis.Redis, keys: QueueKeys) -> int:
+    return int(client.xpending(keys.requests, GROUP)["pending"])
+
+
+@pytest.fixture
+def affine(redis_url: str, redis_client: redis.Redis, models_dir) -> Consumer:
+    return make_consumer(redis_url, str(models_dir / "affine.pt"), idle_block_ms=50)
+
+
+def test_batches_queued_requests_and_matches_direct_forward(affine, redis_url, redis_client, models_dir):
+    producer = Producer(redis_url, "q")
+    inputs = [np.random.default_rng(i).standard_normal((i % 3 + 1, 16), dtype=np.float32) for i in range(10)]
+    rids = producer.submit_many(inputs)
+    drain(affine)
+    replies = producer.results(rids, timeout_s=5)
+    model = torch.jit.load(str(models_dir / "affine.pt"))
+    with torch.no_grad():
+        for x, reply in zip(inputs, replies):
+            assert reply.ok
+            np.testing.assert_allclose(reply.outputs, model(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert {r.timing["batch_rows"] for r in replies} == {sum(x.shape[0] for x in inputs)}
+    assert pending(redis_client, affine.keys) == 0
+
+
+def test_bad_entries_are_answered_acked_and_never_block(affine, redis_url, redis_client):
+    keys = affine.keys
+    good = encode_body(np.ones((1, 16), np.float32))
+    redis_client.xadd(keys.requests, {"id": "garbage", "body": b"\xc1\xc1not msgpack"})
+    redis_client.xadd(keys.requests, {"id": "dtype", "body": encode_body(np.ones((1, 16), np.float64))})
+    redis_client.xadd(keys.requests, {"id": "shape", "body": encode_body(np.ones((1, 3), np.float32))})
+    redis_client.xadd(keys.requests, {"id": "nobody"})
+    redis_client.xadd(keys.requests, {"body": good})  # no id: acknowledged, logged, no reply
+    redis_client.xadd(keys.requests, {"id": "x" * 200, "body": good})  # unreadable id
+    redis_client.xadd(keys.requests, {"id": "big", "body": pack({"inputs": b"x" * (17 * 1024 * 1024)})})
+    redis_client.xadd(keys.requests, {"id": "ok", "body": good})
+    drain(affine)
+    codes = {}
+    for rid in ("garbage", "dtype", "shape", "nobody", "big", "ok"):
+        raw = redis_client.lpop(keys.reply(rid))
+        reply = decode_reply(raw)
+        codes[rid] = reply.error_code if not reply.ok else "ok"
+    assert codes == {"garbage": "bad_request", "dtype": "bad_request", "shape": "bad_request",
+                     "nobody": "bad_request", "big": "too_large", "ok": "ok"}
+    assert pending(redis_client, keys) == 0
+    assert redis_client.keys(keys.base + "reply:*") == []  # nothing else was answered
+
+
+def test_model_error_fails_only_the_guilty_requests(redis_url, redis_client):
+    consumer = make_consumer(redis_url, "tests.handlers:Scale", idle_block_ms=50)
+    producer = Producer(redis_url, "q")
+    inputs = [np.full((1, 4), float(i), np.float32) for i in range(8)]
+    inputs[3] = np.full((1, 4), POISON, np.float32)
+    inputs[6] = np.full((1, 4), POISON, np.float32)
+    rids = producer.submit_many(inputs)
+    drain(consumer)
+    replies = producer.results(rids, timeout_s=5)
+    assert [r.ok for r in replies] == [i not in (3, 6) for i in range(8)]
+    assert replies[3].error_code == "model_error" and "poison" in replies[3].error_message
+    np.testing.assert_array_equal(replies[5].outputs, inputs[5] * 2)
+
+
+def test_handler_params_split_batches(redis_url, redis_client):
+    consumer = make_consumer(redis_url, "tests.handlers:Scale", idle_block_ms=50)
+    producer = Producer(redis_url, "q")
+    x = np.ones((1, 4), np.float32)
+    rids = [producer.submit(x, {"factor": 3}), producer.submit(x), producer.submit(x, {"factor": 5})]
+    drain(consumer)
+    outs = [r.outputs[0, 0] for r in producer.results(rids, timeout_s=5)]
+    assert outs == [3.0, 2.0, 5.0]
+
+
+def test_wrong_output_rows_is_model_error(redis_url, redis_client):
+    consumer = make_consumer(redis_url, "tests.handlers:WrongRows", idle_block_ms=50)
+    producer = Producer(redis_url, "q")
+    rids = producer.submit_many([np.ones((2, 4), np.float32)] * 3)
+    drain(consumer)
+    replies = producer.results(rids, timeout_s=5)
+    assert {r.error_code for r in replies} == {"model_error"}
+
+
+def test_computed_twice_answered_once(affine, redis_url, redis_client, models_dir):
+    """A slow consumer whose entry was reclaimed and computed elsewhere does not answer again."""
+    keys = affine.keys
+    rid = Producer(redis_url, "q").submit(np.ones((1, 16), np.float32))
+    # consumer c1 reads the entry but stalls before answering
+    entries = affine._read(1, None)
+    assert len(entries) == 1
+    # consumer c2 reclaims it and answers
+    other = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="c2",
+                          idle_block_ms=50, reclaim_idle_s=0.1)
+    time.sleep(0.15)
+    other._reclaim()
+    drain(other)
+    # c1 now finishes its stale batch
+    affine._answer(entries)
+    assert redis_client.llen(keys.reply(rid)) == 1
+    assert pending(redis_client, keys) == 0
+
+
+def test_restarted_consumer_replays_its_own_pending(redis_url, redis_client, models_dir):
+    keys = QueueKeys("q")
+    producer = Producer(redis_url, "q")
+    rids = producer.submit_many([np.ones((1, 16), np.float32)] * 5)
+    first = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="slot-0", idle_block_ms=50)
+    first._replay_own = False
+    assert len(first._read(5, None)) == 5  # read, then "crash" before answering
+    assert pending(redis_client, keys) == 5
+    second = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="slot-0", idle_block_ms=50)
+    drain(second)
+    assert all(r.ok for r in producer.results(rids, timeout_s=5))
+    assert pending(redis_client, keys) == 0
+
+
+def test_acknowledged_entries_are_trimmed_but_pending_kept(affine, redis_url, redis_client):
+    keys = affine.keys
+    producer = Producer(redis_url, "q")
+    producer.submit_many([np.ones((1, 16), np.float32)] * 20)
+    drain(affine)
+    held = producer.submit(np.ones((1, 16), np.float32))
+    other = make_consumer(redis_url, affine.settings.model, consumer="holder", idle_block_ms=50)
+    other._replay_own = False
+    assert len(other._read(1, None)) == 1  # pending on "holder"
+    producer.submit_many([np.ones((1, 16), np.float32)] * 3)  # undelivered
+    affine._trim()
+    assert redis_client.xlen(keys.requests) == 4  # the held entry and the three undelivered
+    drain(affine)
+    other._answer(other._admit(redis_client.xrange(keys.requests, "-", "+", count=1)))
+    assert producer.result(held, 5).ok
+
+
+def test_worker_serves_until_stopped(affine, redis_url, redis_client):
+    stop = threading.Event()
+    thread = threading.Thread(target=affine.run, args=(stop,))
+    thread.start()
+    try:
+        replies = Producer(redis_url, "q").map([np.ones((1, 16), np.float32)] * 500, timeout_s=10)
+        assert len(replies) == 500 and all(r.ok for r in replies)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()
