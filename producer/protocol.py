@@ -250,7 +250,8 @@ def encode_tensor(value: Any) -> dict:
     if arr.ndim == 0:
         raise ProtocolError("a tensor needs at least one dimension: shape[0] is the row count")
     arr = np.ascontiguousarray(arr, dtype=DTYPES[name])
-    return {"dtype": name, "shape": list(arr.shape), "data": memoryview(arr).cast("B")}
+    data = memoryview(arr).cast("B") if arr.size else b""  # memoryview cannot cast empty shapes
+    return {"dtype": name, "shape": list(arr.shape), "data": data}
 
 
 def encode_inputs(inputs: Any) -> Any:
@@ -309,6 +310,8 @@ def decode_inputs(obj: Any, limits: Limits = DEFAULT_LIMITS, where: str = "input
     elif isinstance(obj, dict):
         if not 1 <= len(obj) <= limits.max_tensors:
             raise ProtocolError(f"{where}: a map of 1 to {limits.max_tensors} tensors is required")
+        if not all(isinstance(k, str) for k in obj):
+            raise ProtocolError(f"{where}: the keys of an inputs map must be msgpack strings")
         result = {k: _decode_tensor(v, limits, f"{where}[{k!r}]") for k, v in obj.items()}
         arrays = list(result.values())
     elif isinstance(obj, list):
@@ -422,7 +425,9 @@ def decode_body(body: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[Inputs, d
     obj = unpack(body, limits)
     if not isinstance(obj, dict) or "inputs" not in obj or not obj.keys() <= _BODY_KEYS:
         raise ProtocolError("body must be a map with 'inputs' and optionally 'params'")
-    params = obj.get("params") or {}
+    params = obj.get("params")
+    if params is None:  # absent, or nil as some msgpack libraries write an unset field
+        params = {}
     if not isinstance(params, dict) or len(params) > limits.max_params:
         raise ProtocolError(f"params must be a map of at most {limits.max_params} entries")
     return decode_inputs(obj["inputs"], limits), params
@@ -493,18 +498,19 @@ _REPLY_LIMITS = Limits(max_body_bytes=1 << 30, max_tensors=4096, max_ndim=32)
 
 
 def decode_reply(data: bytes) -> Reply:
-    """Decode the single element of a reply list."""
+    """Decode the single element of a reply list. Raises ProtocolError if malformed."""
     obj = unpack(data, _REPLY_LIMITS)
-    if not isinstance(obj, dict) or not isinstance(obj.get("id"), str) or "ok" not in obj:
-        raise ProtocolError("reply must be a map with 'id' and 'ok'")
-    model = obj.get("model") or {}
-    common = dict(
-        id=obj["id"],
-        model_name=model.get("name"),
-        model_version=model.get("version"),
-        timing=obj.get("timing") or {},
-    )
+    if not isinstance(obj, dict) or not isinstance(obj.get("id"), str) or not isinstance(obj.get("ok"), bool):
+        raise ProtocolError("reply must be a map with a string 'id' and a boolean 'ok'")
+    model, timing = obj.get("model") or {}, obj.get("timing") or {}
+    if not isinstance(model, dict) or not isinstance(timing, dict):
+        raise ProtocolError("reply 'model' and 'timing' must be maps")
+    common = dict(id=obj["id"], model_name=model.get("name"), model_version=model.get("version"), timing=timing)
     if obj["ok"]:
+        if "outputs" not in obj:
+            raise ProtocolError("an ok reply must carry 'outputs'")
         return Reply(ok=True, outputs=decode_inputs(obj["outputs"], _REPLY_LIMITS, "outputs"), **common)
-    error = obj.get("error") or {}
-    return Reply(ok=False, error_code=error.get("code"), error_message=error.get("message"), **common)
+    error = obj.get("error")
+    if not isinstance(error, dict) or not isinstance(error.get("code"), str):
+        raise ProtocolError("a failed reply must carry 'error': {'code': STR, 'message': STR}")
+    return Reply(ok=False, error_code=error["code"], error_message=str(error.get("message", "")), **common)

@@ -51,8 +51,8 @@ class Request:
     extra: dict = field(default_factory=dict)
 
 
-def _tensor_spec(arr: np.ndarray) -> tuple[str, tuple[int, ...]]:
-    return (arr.dtype.name, arr.shape[1:])
+def _tensor_spec(arr: np.ndarray) -> tuple[np.dtype, tuple[int, ...]]:
+    return (arr.dtype, arr.shape[1:])  # the dtype object itself: dtype.name is slow
 
 
 def spec_of(inputs: Any) -> Hashable:
@@ -67,8 +67,8 @@ def spec_of(inputs: Any) -> Hashable:
 def describe_spec(spec: Any) -> str:
     """A readable form of a spec, e.g. ``float32[N,16]`` or ``(x: int64[N,26])``."""
 
-    def one(dtype: str, trail: tuple[int, ...]) -> str:
-        return f"{dtype}[{','.join(['N', *map(str, trail)])}]"
+    def one(dtype: np.dtype, trail: tuple[int, ...]) -> str:
+        return f"{np.dtype(dtype).name}[{','.join(['N', *map(str, trail)])}]"
 
     kind, parts = spec
     if kind == "tensor":
@@ -78,9 +78,12 @@ def describe_spec(spec: Any) -> str:
     return "(" + ", ".join(one(d, t) for d, t in parts) + ")"
 
 
-def signature_of(inputs: Any, params: dict) -> Hashable:
-    """Requests with equal signatures can be concatenated into one batch."""
-    return (spec_of(inputs), repr(params) if params else "")
+def signature_of(inputs: Any, params: dict, spec: Hashable | None = None) -> Hashable:
+    """Requests with equal signatures can be concatenated into one batch.
+
+    Pass ``spec`` when already computed (``spec_of(inputs)``) to save the work.
+    """
+    return (spec if spec is not None else spec_of(inputs), repr(params) if params else "")
 
 
 def collect(
@@ -152,6 +155,8 @@ def split_outputs(outputs: Any, row_counts: Sequence[int]) -> list[Any]:
     for n in row_counts:
         bounds.append(bounds[-1] + n)
     if isinstance(outputs, dict):
+        if not outputs:
+            raise OutputError("the model returned an empty map")
         parts = {k: _split_one(v, bounds, f"output {k!r}") for k, v in outputs.items()}
         return [{k: parts[k][i] for k in parts} for i in range(len(row_counts))]
     if isinstance(outputs, (list, tuple)):

@@ -49,6 +49,7 @@ class WorkerSettings:
     idle_block_ms: int = 1000
     reclaim_idle_s: float = 60.0
     housekeeping_s: float = 1.0
+    heartbeat_s: float = 1.0
 
     def __post_init__(self) -> None:
         try:
@@ -71,6 +72,7 @@ class WorkerSettings:
         self._check_range("idle_block_ms", 1, 60_000)
         self._check_range("reclaim_idle_s", 0.1, 86400)
         self._check_range("housekeeping_s", 0.01, 3600)
+        self._check_range("heartbeat_s", 0.05, 600)
 
     def _check_range(self, name: str, low: float, high: float) -> None:
         value = getattr(self, name)

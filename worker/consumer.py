@@ -24,6 +24,7 @@ import redis
 from producer.protocol import GROUP, QueueKeys, encode_reply_error, encode_reply_ok
 from worker.batching import Request, collect, concat_inputs, form_batches, predict_isolated, split_outputs
 from worker.config import WorkerSettings
+from worker.heartbeat import Meter
 from worker.intake import Answer, Intake
 from worker.runtime import ModelRuntime
 
@@ -99,6 +100,7 @@ class Consumer:
         self._next_stats_log = time.monotonic() + 10.0
         self.stats = Stats()
         self.total = Stats()
+        self.meter = Meter()
 
     # -- the loop ----------------------------------------------------------
 
@@ -121,8 +123,28 @@ class Consumer:
                     raise
                 log.warning("stream or group %s vanished; recreating it", self.keys.requests)
                 self._ready = False
+        self.leave()
         log.info("consumer %s stopped after %d requests in %d batches",
                  self.settings.consumer, self.total.requests, self.total.batches)
+
+    def leave(self) -> bool:
+        """Delete this consumer from the group, but only if it holds no pending entries.
+
+        (XGROUP DELCONSUMER drops a consumer's pending entries with it; those
+        must stay so another worker can reclaim them.)
+        """
+        try:
+            mine = self.redis.xpending_range(self.keys.requests, GROUP, min="-", max="+", count=1,
+                                             consumername=self.settings.consumer)
+            if mine:
+                log.warning("consumer %s leaves %d+ pending entries for others to reclaim",
+                            self.settings.consumer, len(mine))
+                return False
+            self.redis.xgroup_delconsumer(self.keys.requests, GROUP, self.settings.consumer)
+            return True
+        except redis.exceptions.RedisError as exc:
+            log.warning("consumer %s could not leave the group cleanly: %s", self.settings.consumer, exc)
+            return False
 
     def prepare(self) -> None:
         """Join the group (creating it if needed) and load the reply script."""
@@ -139,19 +161,24 @@ class Consumer:
         items = collect(self._read, self.settings.max_batch_rows, self.settings.max_wait_s,
                         rows_of=lambda item: item.rows if isinstance(item, Request) else 0)
         if items:
-            self._answer(items)
+            started = time.perf_counter()
+            batches, rows = self._answer(items)
+            self.meter.record(len(items), batches, rows, time.perf_counter() - started)
         self._maybe_housekeep()
         return len(items)
 
-    def _answer(self, items: list[Request | Answer]) -> None:
+    def _answer(self, items: list[Request | Answer]) -> tuple[int, int]:
+        """Compute and reply to one round of items; returns (batches, rows)."""
         answers = [item for item in items if isinstance(item, Answer)]
         requests = [item for item in items if isinstance(item, Request)]
-        for batch in form_batches(requests, self.settings.max_batch_rows):
+        batches = form_batches(requests, self.settings.max_batch_rows)
+        for batch in batches:
             answers.extend(self._infer(batch))
         self._write(answers)
         self.stats.requests += len(items)
         self.total.requests += len(items)
         self.stats.errors += sum(1 for a in answers if not a.ok)
+        return len(batches), sum(r.rows for r in requests)
 
     # -- reading -----------------------------------------------------------
 
@@ -206,7 +233,7 @@ class Consumer:
         if not isinstance(result, Exception):
             try:
                 return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True)
-            except ValueError as exc:  # an output dtype the contract cannot carry
+            except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
                 result = exc
         log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, result)
         message = f"{type(result).__name__}: {result}"

@@ -21,6 +21,7 @@ from producer.protocol import (
     entry_time_ms,
     parse_entry,
     row_count,
+    validate_request_id,
 )
 from worker.batching import Request, describe_spec, signature_of, spec_of
 
@@ -43,6 +44,13 @@ class Answer:
     ok: bool = False
 
 
+def _readable_rid(fields: Mapping[bytes, bytes] | None) -> str | None:
+    try:
+        return validate_request_id(fields[b"id"]) if fields else None
+    except (KeyError, ProtocolError, TypeError):
+        return None
+
+
 @dataclass
 class Intake:
     """Admission rules for one queue and one loaded model."""
@@ -54,7 +62,18 @@ class Intake:
     accepts_params: bool = True
 
     def admit(self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float) -> Request | Answer:
-        """Decide what to do with one entry."""
+        """Decide what to do with one entry. Never raises: hostile input is answered."""
+        try:
+            return self._admit(entry_id, fields, now_ms)
+        except Exception as exc:  # noqa: BLE001 - a decoder bug must not kill the worker
+            log.exception("entry %s could not be admitted", entry_id.decode(errors="replace"))
+            rid = _readable_rid(fields)
+            if rid is None:
+                return Answer(entry_id, None, None)
+            return self._refuse(entry_id, rid, self.keys.reply(rid), "bad_request",
+                                f"the request could not be decoded: {type(exc).__name__}")
+
+    def _admit(self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float) -> Request | Answer:
         if not fields:
             return Answer(entry_id, None, None)  # deleted while pending: nothing to answer
         try:
@@ -81,21 +100,21 @@ class Intake:
             inputs, params = decode_body(env.body, self.limits)
         except ProtocolError as exc:
             return self._refuse(entry_id, env.rid, reply_key, exc.code, exc.message)
-        problem = self._misfit(inputs, params)
+        spec = spec_of(inputs)
+        rows = row_count(inputs)
+        problem = self._misfit(spec, rows, params)
         if problem:
             return self._refuse(entry_id, env.rid, reply_key, "bad_request", problem)
-        return Request(entry_id, env.rid, reply_key, inputs, params, row_count(inputs),
-                       signature_of(inputs, params), entry_time_ms(entry_id), now_ms)
+        return Request(entry_id, env.rid, reply_key, inputs, params, rows,
+                       signature_of(inputs, params, spec), entry_time_ms(entry_id), now_ms)
 
-    def _misfit(self, inputs: object, params: dict) -> str | None:
-        if row_count(inputs) == 0:  # type: ignore[arg-type]
+    def _misfit(self, spec: Hashable, rows: int, params: dict) -> str | None:
+        if rows == 0:
             return "a request needs at least one row (shape[0] >= 1)"
         if params and not self.accepts_params:
             return "this model takes no params"
-        if self.input_spec is not None:
-            spec = spec_of(inputs)
-            if spec != self.input_spec:
-                return f"the model takes {describe_spec(self.input_spec)}, got {describe_spec(spec)}"
+        if self.input_spec is not None and spec != self.input_spec:
+            return f"the model takes {describe_spec(self.input_spec)}, got {describe_spec(spec)}"
         return None
 
     def _refuse(self, entry_id: bytes, rid: str, key: str, code: str, message: str) -> Answer:

@@ -7,6 +7,7 @@ positional inputs; any other names make a map of keyword inputs.
 
 from __future__ import annotations
 
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -17,16 +18,21 @@ __all__ = ["load_inputs", "save_outputs"]
 def load_inputs(path: str) -> Any:
     """Read a tensor, list or dict of tensors; raises ValueError with the reason."""
     try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+        with open(path, "rb") as fh:  # our handle: closed even when numpy gives up half-way
+            data = np.load(fh, allow_pickle=False)
+            if isinstance(data, np.ndarray):
+                return data
+            return _arrays(data, path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"cannot read {path!r} as .npy or .npz: {exc}") from exc
-    if isinstance(data, np.ndarray):
-        return data
+
+
+def _arrays(data: Any, path: str) -> Any:
     with data:
         keys = list(data.keys())
         if not keys:
             raise ValueError(f"{path!r} holds no arrays")
-        if all(k == f"arr_{i}" for i, k in enumerate(sorted(keys, key=_arr_index))):
+        if sorted(keys, key=_arr_index) == [f"arr_{i}" for i in range(len(keys))]:
             return [data[f"arr_{i}"] for i in range(len(keys))]
         return {k: data[k] for k in keys}
 

@@ -9,6 +9,7 @@ import redis
 
 from worker.config import WorkerSettings
 from worker.consumer import Consumer
+from worker.heartbeat import Heartbeat
 from worker.runtime import load_runtime
 
 __all__ = ["connect", "serve"]
@@ -26,6 +27,16 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
     """Load the model (before joining the group, so the first request is warm) and serve."""
     runtime = load_runtime(settings)
     consumer = Consumer(settings, runtime, connect(settings.redis_url))
-    if not stop.is_set():
+    if stop.is_set():
+        return consumer
+    heartbeat = Heartbeat(connect(settings.redis_url), consumer.keys, settings.consumer, consumer.meter,
+                          {"device": str(runtime.device), "version": runtime.version},
+                          interval_s=settings.heartbeat_s)
+    heartbeat.state = "serving"
+    heartbeat.start()
+    try:
         consumer.run(stop)
+    finally:
+        heartbeat.state = "stopped"
+        heartbeat.stop(remove=True)
     return consumer

@@ -1,0 +1,49 @@
+"""The public API is pinned: a change to __all__ must be deliberate."""
+
+from __future__ import annotations
+
+import producer
+import worker
+
+
+def test_producer_exported_members() -> None:
+    assert producer.__all__ == [
+        "AsyncProducer",
+        "BadRequest",
+        "CONTRACT_VERSION",
+        "ConnectionError",
+        "DEFAULT_PREFIX",
+        "DEFAULT_REDIS_URL",
+        "DeadLetter",
+        "Expired",
+        "InferfleetError",
+        "ModelError",
+        "Producer",
+        "ProtocolError",
+        "QueueKeys",
+        "Reply",
+        "ReplyError",
+        "ReplyTimeout",
+        "TooLarge",
+    ]
+
+
+def test_worker_exported_members() -> None:
+    assert worker.__all__ == ["Handler", "WorkerSettings"]
+
+
+def test_every_exported_member_exists_and_is_public() -> None:
+    for package in (producer, worker):
+        for name in package.__all__:
+            member = getattr(package, name)
+            assert member is not None
+            module = getattr(member, "__module__", package.__name__)
+            assert module.startswith(package.__name__), (package.__name__, name, module)
+
+
+def test_producer_does_not_import_the_worker() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, producer; assert not [m for m in sys.modules if m == 'worker' or m.startswith('worker.')]; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

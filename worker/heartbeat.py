@@ -1,0 +1,172 @@
+"""Worker heartbeats: who is serving a queue, where, and how fast.
+
+Each worker publishes, every ``interval_s`` from a thread of its own (so a
+long batch never silences it), a hash ``PREFIX:{NAME}:hb:CONSUMER`` with a
+TTL of a few intervals, and its last-seen time in the sorted set
+``PREFIX:{NAME}:hb``. A worker whose hash expired is gone.
+
+Fields (all strings, as Redis stores them): ``consumer pid host device
+version state requests batches rows rate_rps busy started_ms last_seen_ms``.
+``rate_rps`` is requests per second over the last interval; ``busy`` is the
+fraction of that interval spent computing and replying (not waiting), so
+``rate_rps / busy`` estimates what the worker could do flat out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import redis
+
+from producer.protocol import QueueKeys
+
+__all__ = ["Heartbeat", "HeartbeatInfo", "Meter", "read_heartbeats", "heartbeat_key", "HEARTBEAT_INDEX"]
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INDEX = "hb"
+
+
+def heartbeat_key(keys: QueueKeys, consumer: str) -> str:
+    return keys.own(f"{HEARTBEAT_INDEX}:{consumer}")
+
+
+class Meter:
+    """Counts work and busy time; thread-safe enough for one writer and one reader."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.requests = 0
+        self.batches = 0
+        self.rows = 0
+        self.busy_s = 0.0
+        self._last = (clock(), 0, 0.0)
+
+    def record(self, requests: int, batches: int, rows: int, busy_s: float) -> None:
+        self.requests += requests
+        self.batches += batches
+        self.rows += rows
+        self.busy_s += busy_s
+
+    def sample(self) -> tuple[float, float]:
+        """(requests per second, busy fraction) since the previous sample."""
+        now, requests, busy = self.clock(), self.requests, self.busy_s
+        then, then_requests, then_busy = self._last
+        self._last = (now, requests, busy)
+        span = max(now - then, 1e-6)
+        return (requests - then_requests) / span, min(1.0, (busy - then_busy) / span)
+
+
+@dataclass
+class HeartbeatInfo:
+    """One worker's last heartbeat, as read back by the supervisor and ``status``."""
+
+    consumer: str
+    pid: int
+    host: str
+    device: str
+    version: str
+    state: str
+    requests: int
+    batches: int
+    rows: int
+    rate_rps: float
+    busy: float
+    started_ms: int
+    last_seen_ms: int
+
+    @classmethod
+    def from_hash(cls, raw: dict[bytes, bytes]) -> HeartbeatInfo:
+        d = {k.decode(): v.decode() for k, v in raw.items()}
+        return cls(d.get("consumer", "?"), int(d.get("pid", 0)), d.get("host", "?"), d.get("device", "?"),
+                   d.get("version", "?"), d.get("state", "?"), int(d.get("requests", 0)),
+                   int(d.get("batches", 0)), int(d.get("rows", 0)), float(d.get("rate_rps", 0.0)),
+                   float(d.get("busy", 0.0)), int(d.get("started_ms", 0)), int(d.get("last_seen_ms", 0)))
+
+    @property
+    def capacity_rps(self) -> float | None:
+        """Requests per second this worker could serve flat out, if measurable."""
+        return self.rate_rps / self.busy if self.busy >= 0.05 and self.rate_rps > 0 else None
+
+
+class Heartbeat:
+    """Publishes one worker's heartbeat from a daemon thread until stopped."""
+
+    def __init__(self, client: redis.Redis, keys: QueueKeys, consumer: str, meter: Meter,
+                 fields: dict[str, Any], interval_s: float = 1.0) -> None:
+        self.client = client
+        self.keys = keys
+        self.consumer = consumer
+        self.meter = meter
+        self.interval_s = interval_s
+        self.ttl_ms = int(max(3 * interval_s, 2.0) * 1000)
+        self.state = "starting"
+        self._fields = {"consumer": consumer, "pid": os.getpid(), "host": socket.gethostname(),
+                        "started_ms": int(time.time() * 1000), **fields}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{consumer}", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        """Publish once now (also called by the thread)."""
+        rate, busy = self.meter.sample()
+        now_ms = int(time.time() * 1000)
+        key = heartbeat_key(self.keys, self.consumer)
+        mapping = {**self._fields, "state": self.state, "requests": self.meter.requests,
+                   "batches": self.meter.batches, "rows": self.meter.rows, "rate_rps": round(rate, 2),
+                   "busy": round(busy, 4), "last_seen_ms": now_ms}
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(key, mapping=mapping)
+        pipe.pexpire(key, self.ttl_ms)
+        pipe.zadd(self.keys.own(HEARTBEAT_INDEX), {self.consumer: now_ms})
+        pipe.execute()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except redis.exceptions.RedisError as exc:  # keep beating once Redis is back
+                log.warning("heartbeat of %s failed: %s", self.consumer, exc)
+
+    def stop(self, remove: bool = True) -> None:
+        """Stop beating; with ``remove`` delete the heartbeat (a clean exit)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.interval_s + 1)
+        if remove:
+            try:
+                pipe = self.client.pipeline(transaction=True)
+                pipe.delete(heartbeat_key(self.keys, self.consumer))
+                pipe.zrem(self.keys.own(HEARTBEAT_INDEX), self.consumer)
+                pipe.execute()
+            except redis.exceptions.RedisError as exc:
+                log.warning("could not remove the heartbeat of %s: %s", self.consumer, exc)
+
+
+def read_heartbeats(client: redis.Redis, keys: QueueKeys) -> list[HeartbeatInfo]:
+    """Every live worker's heartbeat; forgets index entries whose hash expired."""
+    index = keys.own(HEARTBEAT_INDEX)
+    names = [n.decode() for n in client.zrange(index, 0, -1)]
+    if not names:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(heartbeat_key(keys, name))
+    infos, gone = [], []
+    for name, raw in zip(names, pipe.execute()):
+        if raw:
+            infos.append(HeartbeatInfo.from_hash(raw))
+        else:
+            gone.append(name)
+    if gone:
+        client.zrem(index, *gone)
+    return infos
