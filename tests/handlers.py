@@ -43,3 +43,13 @@ class CrashOnPoison(Scale):
         if bool((x[:, 0] == POISON).any()):
             os._exit(17)
         return x * 2.0
+
+
+class Slow(Scale):
+    """Scale, but each batch takes SLOW_BATCH_S (a model too slow for one worker)."""
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        import time
+
+        time.sleep(float(os.environ.get("SLOW_BATCH_S", "0.02")))
+        return x * 2.0

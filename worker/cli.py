@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import click
 import numpy as np
@@ -72,44 +72,146 @@ def _env(name: str) -> dict:
     return {"envvar": ENV_VARS[name], "show_envvar": True, "show_default": True}
 
 
+def _options(*decorators: Callable) -> Callable:
+    """Apply a list of click option decorators (shared by worker and supervise)."""
+
+    def apply(func: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return apply
+
+
+_worker_options = _options(
+    _name,
+    click.option("--model", required=True, help="TorchScript file, torch.export .pt2 file, or module:Handler.",
+                 envvar=ENV_VARS["model"], show_envvar=True),
+    _redis_url,
+    _prefix,
+    click.option("--max-batch-rows", type=int, default=64, help="Most rows in one forward pass.",
+                 **_env("max_batch_rows")),
+    click.option("--max-wait-ms", type=float, default=5.0, help="Longest wait for a batch to fill.",
+                 **_env("max_wait_ms")),
+    click.option("--model-version", default=None, help="Version reported in replies (default: file hash).",
+                 envvar=ENV_VARS["model_version"], show_envvar=True),
+    click.option("--warmup-input", default=None,
+                 help=".npy/.npz inputs to warm up with (default: the model's example).",
+                 envvar=ENV_VARS["warmup_input"], show_envvar=True),
+    click.option("--torch-threads", type=int, default=1, help="Intra-op threads of each worker process.",
+                 **_env("torch_threads")),
+    click.option("--reply-ttl-s", type=int, default=300, help="TTL of each reply list.", **_env("reply_ttl_s")),
+    click.option("--max-body-bytes", type=int, default=16 * 1024 * 1024,
+                 help="Larger bodies are answered too_large.", **_env("max_body_bytes")),
+    click.option("--reclaim-idle-s", type=float, default=60.0,
+                 help="Take over entries another consumer held this long.", **_env("reclaim_idle_s")),
+    _log_level,
+)
+
+
+def _worker_settings(options: dict[str, Any]) -> WorkerSettings:
+    try:
+        return WorkerSettings(**{k: v for k, v in options.items() if v is not None})
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
 @main.command()
-@_name
-@click.option("--model", required=True, help="TorchScript file, torch.export .pt2 file, or module:Handler.",
-              **{k: v for k, v in _env("model").items() if k != "show_default"})
-@_redis_url
-@_prefix
+@_worker_options
 @click.option("--device", default="auto", help=f"One of {DEVICE_CHOICES}.", **_env("device"))
-@click.option("--max-batch-rows", type=int, default=64, help="Most rows in one forward pass.", **_env("max_batch_rows"))
-@click.option("--max-wait-ms", type=float, default=5.0, help="Longest wait for a batch to fill.", **_env("max_wait_ms"))
 @click.option("--consumer", default=None, help="Consumer name in the group (default host-pid).",
               envvar=ENV_VARS["consumer"], show_envvar=True)
-@click.option("--model-version", default=None, help="Version reported in replies (default: file hash).",
-              envvar=ENV_VARS["model_version"], show_envvar=True)
-@click.option("--warmup-input", default=None, help=".npy/.npz inputs to warm up with (default: the model's example).",
-              envvar=ENV_VARS["warmup_input"], show_envvar=True)
-@click.option("--torch-threads", type=int, default=1, help="Intra-op threads of this process.", **_env("torch_threads"))
-@click.option("--reply-ttl-s", type=int, default=300, help="TTL of each reply list.", **_env("reply_ttl_s"))
-@click.option("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="Larger bodies are answered too_large.",
-              **_env("max_body_bytes"))
-@click.option("--reclaim-idle-s", type=float, default=60.0, help="Take over entries another consumer held this long.",
-              **_env("reclaim_idle_s"))
-@_log_level
 def worker(log_level: str, **options: Any) -> None:
     """Serve one queue: load and warm the model, then batch requests from the stream."""
     _setup_logging(log_level)
     from worker.serve import serve  # torch is imported only by commands that need it
 
-    options = {k: v for k, v in options.items() if v is not None}
-    try:
-        settings = WorkerSettings(**options)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from exc
+    settings = _worker_settings(options)
     stop = threading.Event()
     _install_stop_handlers(stop)
     try:
         serve(settings, stop)
     except ModelLoadError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def child_main(settings: WorkerSettings, visible_device: str | None) -> None:
+    """Entry point of a supervised worker process (spawn start method)."""
+    if visible_device is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_device  # before torch touches CUDA
+    _setup_logging(os.environ.get("INFERFLEET_LOG_LEVEL", "info"))
+    from worker.serve import serve
+
+    stop = threading.Event()
+    _install_stop_handlers(stop)
+    try:
+        serve(settings, stop)
+    except ModelLoadError as exc:
+        log.error("worker %s cannot start: %s", settings.consumer, exc)
+        sys.exit(3)
+
+
+@main.command()
+@_worker_options
+@click.option("--min-workers", type=int, default=1, show_default=True, envvar="INFERFLEET_MIN_WORKERS",
+              show_envvar=True, help="Fewest workers, even when idle.")
+@click.option("--max-workers", type=int, default=None, envvar="INFERFLEET_MAX_WORKERS", show_envvar=True,
+              help="Most workers (default: one per GPU, or the CPU count).")
+@click.option("--devices", default="auto", show_default=True, envvar="INFERFLEET_DEVICES", show_envvar=True,
+              help="auto, cpu, or cuda:0,cuda:1,... (workers are placed round-robin).")
+@click.option("--workers-per-device", type=int, default=1, show_default=True,
+              envvar="INFERFLEET_WORKERS_PER_DEVICE", show_envvar=True, help="Workers per GPU.")
+@click.option("--policy", type=click.Choice(["lag", "article", "fixed"]), default="lag", show_default=True,
+              envvar="INFERFLEET_POLICY", show_envvar=True,
+              help="lag: drain-time target with cooldowns; article: queue>50 +1, <10 -1 every 5 s; fixed: min.")
+@click.option("--target-drain-s", type=float, default=5.0, show_default=True, envvar="INFERFLEET_TARGET_DRAIN_S",
+              show_envvar=True, help="Scale up when the backlog would take longer than this to drain.")
+@click.option("--up-cooldown-s", type=float, default=2.0, show_default=True, envvar="INFERFLEET_UP_COOLDOWN_S",
+              show_envvar=True, help="Least time between two scale-ups.")
+@click.option("--down-cooldown-s", type=float, default=20.0, show_default=True,
+              envvar="INFERFLEET_DOWN_COOLDOWN_S", show_envvar=True, help="Least time after a change before scaling down.")
+@click.option("--max-step", type=int, default=2, show_default=True, envvar="INFERFLEET_MAX_STEP",
+              show_envvar=True, help="Most workers added or removed at once.")
+@click.option("--interval-s", type=float, default=1.0, show_default=True, envvar="INFERFLEET_INTERVAL_S",
+              show_envvar=True, help="How often the supervisor observes and decides.")
+@click.option("--drain-timeout-s", type=float, default=60.0, show_default=True,
+              envvar="INFERFLEET_DRAIN_TIMEOUT_S", show_envvar=True, help="Kill workers still draining after this.")
+def supervise(log_level: str, min_workers: int, max_workers: int | None, devices: str, workers_per_device: int,
+              policy: str, target_drain_s: float, up_cooldown_s: float, down_cooldown_s: float, max_step: int,
+              interval_s: float, drain_timeout_s: float, **options: Any) -> None:
+    """Run and size a fleet of workers for one queue from the stream's lag."""
+    _setup_logging(log_level)
+    os.environ["INFERFLEET_LOG_LEVEL"] = log_level  # children inherit it
+    from worker.scaling import PolicySettings
+    from worker.supervisor import Supervisor, SupervisorSettings, resolve_devices
+
+    try:
+        device_list = resolve_devices(devices)
+        gpus = [d for d in device_list if d != "cpu"]
+        default_max = len(gpus) * workers_per_device if gpus else (os.cpu_count() or 1)
+        policy_settings = PolicySettings(kind=policy, min_workers=min_workers,
+                                         max_workers=max_workers or max(default_max, min_workers),
+                                         target_drain_s=target_drain_s, up_cooldown_s=up_cooldown_s,
+                                         down_cooldown_s=down_cooldown_s, max_step=max_step)
+        settings = SupervisorSettings(worker=_worker_settings(options), policy=policy_settings,
+                                      devices=tuple(device_list), workers_per_device=workers_per_device,
+                                      interval_s=interval_s, drain_timeout_s=drain_timeout_s)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    stop = threading.Event()
+    supervisor = Supervisor(settings, child_main)
+
+    def handle(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            log.warning("second %s: killing every worker now", signal.Signals(signum).name)
+            supervisor.kill_now.set()
+            return
+        log.info("%s received: draining every worker", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    supervisor.run(stop)
 
 
 # --------------------------------------------------------------------------- enqueue / result
@@ -212,6 +314,57 @@ def result(name: str, request_id: str, timeout_s: float, output: str | None,
         except errors.InferfleetError as exc:
             raise click.ClickException(str(exc)) from exc
     _show_reply(reply, output)
+
+
+# --------------------------------------------------------------------------- status
+
+
+@main.command()
+@click.option("--name", default=None, envvar=ENV_VARS["name"], show_envvar=True,
+              help="One queue (default: every queue under the prefix).")
+@click.option("--watch", is_flag=True, help="Refresh until interrupted.")
+@click.option("--interval-s", type=float, default=1.0, show_default=True, help="Refresh period with --watch.")
+@_redis_url
+@_prefix
+def status(name: str | None, watch: bool, interval_s: float, redis_url: str | None, prefix: str) -> None:
+    """Show each queue: length, lag, pending, dead letters, consumers and workers."""
+    import time
+
+    import redis
+    from rich.console import Console
+    from rich.live import Live
+
+    from producer.client import _redis_url as resolve_url
+    from producer.protocol import QueueKeys
+    from worker.status import find_queues, gather, render
+
+    try:
+        client = redis.Redis.from_url(resolve_url(redis_url), socket_connect_timeout=5)
+        keys_list = [QueueKeys(name, prefix)] if name else None
+    except (errors.ProtocolError, ValueError) as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+    def snapshot() -> Any:
+        from rich.console import Group
+
+        queues = keys_list or [QueueKeys(q, prefix) for q in find_queues(client, prefix)]
+        if not queues:
+            return f"no queues under prefix {prefix!r}"
+        return Group(*(render(gather(client, k)) for k in queues))
+
+    console = Console()
+    try:
+        if not watch:
+            console.print(snapshot())
+            return
+        with Live(snapshot(), console=console, refresh_per_second=4) as live:
+            while True:
+                time.sleep(interval_s)
+                live.update(snapshot())
+    except redis.exceptions.RedisError as exc:
+        raise click.ClickException(f"Redis error: {exc}") from exc
+    except KeyboardInterrupt:
+        pass
 
 
 # --------------------------------------------------------------------------- bench

@@ -15,6 +15,7 @@ fraction of that interval spent computing and replying (not waiting), so
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -63,6 +64,21 @@ class Meter:
         return (requests - then_requests) / span, min(1.0, (busy - then_busy) / span)
 
 
+def _int(text: str | None) -> int:
+    try:
+        return max(0, int(text or 0))
+    except ValueError:
+        return 0
+
+
+def _rate(text: str | None) -> float:
+    try:
+        value = float(text or 0.0)
+    except ValueError:
+        return 0.0
+    return value if math.isfinite(value) and value > 0 else 0.0
+
+
 @dataclass
 class HeartbeatInfo:
     """One worker's last heartbeat, as read back by the supervisor and ``status``."""
@@ -83,11 +99,12 @@ class HeartbeatInfo:
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> HeartbeatInfo:
-        d = {k.decode(): v.decode() for k, v in raw.items()}
-        return cls(d.get("consumer", "?"), int(d.get("pid", 0)), d.get("host", "?"), d.get("device", "?"),
-                   d.get("version", "?"), d.get("state", "?"), int(d.get("requests", 0)),
-                   int(d.get("batches", 0)), int(d.get("rows", 0)), float(d.get("rate_rps", 0.0)),
-                   float(d.get("busy", 0.0)), int(d.get("started_ms", 0)), int(d.get("last_seen_ms", 0)))
+        """Parse a heartbeat hash; a corrupt number reads as 0, never raises."""
+        d = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
+        return cls(d.get("consumer", "?"), _int(d.get("pid")), d.get("host", "?"), d.get("device", "?"),
+                   d.get("version", "?"), d.get("state", "?"), _int(d.get("requests")),
+                   _int(d.get("batches")), _int(d.get("rows")), _rate(d.get("rate_rps")),
+                   min(_rate(d.get("busy")), 1.0), _int(d.get("started_ms")), _int(d.get("last_seen_ms")))
 
     @property
     def capacity_rps(self) -> float | None:

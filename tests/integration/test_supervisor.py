@@ -1,0 +1,146 @@
+"""The supervisor with real worker processes on a real redis-server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from producer import Producer
+from producer.protocol import GROUP, QueueKeys
+from worker.cli import child_main
+from worker.config import WorkerSettings
+from worker.heartbeat import read_heartbeats
+from worker.scaling import PolicySettings
+from worker.supervisor import Supervisor, SupervisorSettings
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.fixture
+def run_supervisor(redis_url, redis_client, monkeypatch):
+    """Start a Supervisor in a thread; stop and drain it at the end of the test."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("INFERFLEET_LOG_LEVEL", "warning")
+    started = []
+
+    def run(model: str, policy: PolicySettings, **overrides) -> Supervisor:
+        worker = WorkerSettings(name="q", model=model, redis_url=redis_url, warmup_iters=1,
+                                max_batch_rows=overrides.pop("max_batch_rows", 8), idle_block_ms=100,
+                                heartbeat_s=0.2)
+        settings = SupervisorSettings(worker=worker, policy=policy, interval_s=0.2, restart_backoff_s=0.2,
+                                      drain_timeout_s=30, **overrides)
+        supervisor = Supervisor(settings, child_main)
+        stop = threading.Event()
+        thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
+        thread.start()
+        started.append((supervisor, stop, thread))
+        return supervisor
+
+    yield run
+    for supervisor, stop, thread in started:
+        stop.set()
+        thread.join(60)
+        assert not thread.is_alive(), "the supervisor did not stop"
+
+
+def alive_workers(supervisor: Supervisor) -> int:
+    return sum(1 for s in supervisor.slots if s.alive)
+
+
+def test_burst_scales_up_drains_and_scales_back_down(run_supervisor, redis_url, redis_client, monkeypatch):
+    monkeypatch.setenv("SLOW_BATCH_S", "0.02")  # about 400 requests/s per worker at 8 rows
+    policy = PolicySettings(kind="lag", min_workers=1, max_workers=4, target_drain_s=1.0,
+                            up_cooldown_s=0.4, down_cooldown_s=3.0, max_step=2)
+    supervisor = run_supervisor("tests.handlers:Slow", policy)
+    wait_until(lambda: len(read_heartbeats(redis_client, QueueKeys("q"))) == 1, 60, "the first worker")
+    producer = Producer(redis_url, "q")
+    inputs = [np.full((1, 4), i, np.float32) for i in range(4000)]
+    rids = producer.submit_many(inputs)
+    peak = 0
+    keys = QueueKeys("q")
+
+    def drained() -> bool:
+        nonlocal peak
+        peak = max(peak, alive_workers(supervisor))
+        group = redis_client.xinfo_groups(keys.requests)[0]
+        return group["lag"] == 0 and group["pending"] == 0
+
+    wait_until(drained, 90, "the burst to drain")
+    assert peak >= 3, f"peak workers {peak}"
+    for rid in rids:  # exactly one reply each, before anything is collected
+        assert redis_client.llen(keys.reply(rid)) == 1
+    replies = producer.results(rids, timeout_s=10)
+    for x, reply in zip(inputs, replies):
+        np.testing.assert_array_equal(reply.outputs, x * 2)
+    wait_until(lambda: alive_workers(supervisor) == 1, 30, "scale-down to one worker")
+    names = {c["name"] for c in redis_client.xinfo_consumers(keys.requests, GROUP)}
+    assert len(names) <= 2  # drained workers left the group (one may be mid-exit)
+
+
+def test_killed_worker_is_replaced(run_supervisor, redis_url, redis_client, models_dir):
+    policy = PolicySettings(kind="fixed", min_workers=2, max_workers=2)
+    supervisor = run_supervisor(str(models_dir / "affine.pt"), policy)
+    keys = QueueKeys("q")
+    wait_until(lambda: len(read_heartbeats(redis_client, keys)) == 2, 60, "two workers")
+    victim = supervisor.slots[0]
+    old_pid = victim.process.pid
+    os.kill(old_pid, signal.SIGKILL)
+    wait_until(lambda: victim.process is not None and victim.process.pid != old_pid and victim.alive,
+               30, "a replacement process")
+    wait_until(lambda: {h.pid for h in read_heartbeats(redis_client, keys)} >= {victim.process.pid},
+               60, "the replacement's heartbeat")
+    assert victim.consumer == "q-s0"  # same slot name: it replays its own pending entries
+    replies = Producer(redis_url, "q").map([np.ones((1, 16), np.float32)] * 300, timeout_s=30)
+    assert all(r.ok for r in replies)
+
+
+def test_crash_loop_stops_restarting_and_says_why(run_supervisor, redis_client, tmp_path, caplog):
+    policy = PolicySettings(kind="fixed", min_workers=1, max_workers=1)
+    supervisor = run_supervisor(str(tmp_path / "missing.pt"), policy, crash_loop_deaths=3,
+                                crash_loop_window_s=120)
+    wait_until(lambda: bool(supervisor.slots) and supervisor.slots[0].disabled is not None, 90,
+               "the crash loop to be detected")
+    assert "died 3 times" in supervisor.slots[0].disabled
+    assert any("CRASH LOOP" in r.getMessage() for r in caplog.records)
+    time.sleep(1.0)
+    assert len(supervisor.slots) == 1 and not supervisor.slots[0].alive  # no new copies of the failure
+
+
+def test_stopping_drains_every_worker_without_loss(redis_url, redis_client, models_dir, monkeypatch):
+    monkeypatch.setenv("SLOW_BATCH_S", "0.01")
+    monkeypatch.setenv("PYTHONPATH", os.getcwd())
+    worker = WorkerSettings(name="q", model="tests.handlers:Slow", redis_url=redis_url, warmup_iters=1,
+                            max_batch_rows=8, idle_block_ms=100, heartbeat_s=0.2)
+    settings = SupervisorSettings(worker=worker, policy=PolicySettings(kind="fixed", min_workers=2, max_workers=2),
+                                  interval_s=0.2, drain_timeout_s=30)
+    supervisor = Supervisor(settings, child_main)
+    stop = threading.Event()
+    thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
+    thread.start()
+    keys = QueueKeys("q")
+    wait_until(lambda: len(read_heartbeats(redis_client, keys)) == 2, 60, "two workers")
+    producer = Producer(redis_url, "q")
+    rids = producer.submit_many([np.full((1, 4), i, np.float32) for i in range(2000)])
+    time.sleep(0.5)  # mid-flow
+    stop.set()
+    thread.join(60)
+    assert not any(s.alive for s in supervisor.slots)
+    group = redis_client.xinfo_groups(keys.requests)[0]
+    assert group["pending"] == 0  # every delivered entry was answered before the workers left
+    assert redis_client.xinfo_consumers(keys.requests, GROUP) == []  # and they left the group
+    answered = sum(redis_client.llen(keys.reply(r)) for r in rids)
+    assert answered + group["lag"] == 2000  # answered once each, or still queued for the next fleet
+    assert all(redis_client.llen(keys.reply(r)) <= 1 for r in rids)

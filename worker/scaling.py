@@ -1,0 +1,439 @@
+"""The scaling policy: how many workers the fleet should have, as pure functions.
+
+The supervisor calls :func:`desired_workers` every ``interval_s`` with an
+:class:`Observation` of the stream and the fleet, the :class:`PolicySettings`
+and the :class:`PolicyState` the previous call returned (``PolicyState()`` at
+first), and applies the :class:`Decision`'s ``workers``. Nothing here reads
+Redis, a clock or a process table: the same inputs always give the same
+decision, so whole traces replay in microseconds in the unit tests.
+
+Policy ``"lag"`` (ours) sizes the fleet from two needs, with the per-worker
+capacity ``c`` measured from heartbeats (the last one measured while it is
+unknown, ``default_capacity_rps`` until one ever was):
+
+* arrivals: ``ceil(arrivals / (c * target_utilization))``, where arrivals is
+  the fleet's throughput plus how fast the backlog grew since the previous
+  observation: what is coming in, not only what got done;
+* backlog: ``ceil((lag + pending) / (c * target_drain_s))``: enough workers
+  to clear what is queued within ``target_drain_s``.
+
+Why it is shaped this way:
+
+* **Up fast.** A growing queue costs latency every second it grows, so a
+  scale-up acts on the current observation, adds up to ``max_step`` workers
+  at once and waits only ``up_cooldown_s`` (long enough for the new workers
+  to show in the measurements) before adding more.
+* **Down slow.** Stopping a worker that is needed again a moment later costs
+  a model load and a latency spike. A scale-down waits ``down_cooldown_s``
+  after any change, removes one worker at a time, and judges arrivals by
+  their peak over the last ``down_cooldown_s`` (at least
+  :data:`MIN_PEAK_WINDOW_S`), so one quiet or noisy sample cannot trigger it.
+* **Hysteresis.** The fleet grows when arrivals would use more than
+  ``target_utilization`` of it, but shrinks only when the smaller fleet would
+  be at most ``down_utilization`` busy at that peak and could drain the
+  backlog well within ``target_drain_s``. The gap between the two thresholds
+  keeps a steady load from toggling between two sizes.
+* **Unknown lag is not zero.** Redis reports a group's lag as NULL after
+  entries were deleted. Then only ``pending`` counts as backlog when scaling
+  up, the backlog's growth is not estimated, and the fleet is never shrunk.
+* **Bounds always hold.** The result is clamped to ``[min_workers,
+  max_workers]``, also when the fleet is outside them now: then at once,
+  regardless of cooldowns and ``max_step``.
+
+Policy ``"article"`` is the simple rule we compare against: at most every
+``article_interval_s``, ``+1`` when the average queue per worker
+(``lag / workers``, pending excluded, unknown lag read as 0) exceeds
+``article_up_queue`` and ``-1`` when it is under ``article_down_queue``.
+Policy ``"fixed"`` always answers ``min_workers`` (the single-worker
+baseline sets ``min_workers == max_workers == 1``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from worker.errors import ConfigError
+
+__all__ = [
+    "POLICY_KINDS",
+    "MIN_PEAK_WINDOW_S",
+    "MAX_ARRIVAL_SAMPLES",
+    "Observation",
+    "PolicySettings",
+    "PolicyState",
+    "Decision",
+    "desired_workers",
+]
+
+#: The policies :func:`desired_workers` knows.
+POLICY_KINDS = ("lag", "article", "fixed")
+#: The shortest window over which arrivals are peaked before a scale-down.
+MIN_PEAK_WINDOW_S = 5.0
+#: The most arrival samples a PolicyState keeps (bounds it at tiny intervals).
+MAX_ARRIVAL_SAMPLES = 256
+#: The largest worker count a setting may name.
+MAX_WORKERS_LIMIT = 4096
+#: Worker counts computed past this are "more than any fleet" (guards overflow).
+_HUGE_WORKERS = 1 << 30
+#: Slack for float rounding in ``ceil(amount / per_worker)``.
+_CEIL_SLACK = 1e-9
+
+
+def desired_workers(obs: Observation, settings: PolicySettings, state: PolicyState) -> Decision:
+    """The worker count to run now, why, and the state to pass next time."""
+    return _POLICIES[settings.kind](obs, settings, state)
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the supervisor saw at ``now_s``.
+
+    ``lag`` None means unknown (Redis reports NULL after deletions), never
+    zero. ``capacity_rps`` that is None, not finite or not positive is
+    treated as unknown. Counts must be non-negative and ``rate_rps`` a
+    finite non-negative number, else ValueError names the field.
+    """
+
+    now_s: float  # monotonic seconds (supervisor's clock)
+    workers: int  # live workers now
+    lag: int | None  # undelivered entries (XINFO GROUPS lag); None = unknown
+    pending: int  # delivered but not yet acknowledged entries
+    rate_rps: float  # fleet throughput over the last interval
+    capacity_rps: float | None  # what ONE worker does flat out; None = unknown
+
+    def __post_init__(self) -> None:
+        _require(_is_number(self.now_s) and math.isfinite(self.now_s), "now_s", self.now_s, "a finite number")
+        _require(_is_count(self.workers), "workers", self.workers, "an int >= 0")
+        _require(self.lag is None or _is_count(self.lag), "lag", self.lag, "None or an int >= 0")
+        _require(_is_count(self.pending), "pending", self.pending, "an int >= 0")
+        rate_ok = _is_number(self.rate_rps) and math.isfinite(self.rate_rps) and self.rate_rps >= 0
+        _require(rate_ok, "rate_rps", self.rate_rps, "a finite number >= 0")
+        _require(self.capacity_rps is None or _is_number(self.capacity_rps), "capacity_rps",
+                 self.capacity_rps, "None or a number")
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """How the fleet scales. Validated on construction (ConfigError names the field)."""
+
+    kind: str = "lag"  # one of POLICY_KINDS
+    min_workers: int = 1
+    max_workers: int = 4
+    target_drain_s: float = 5.0  # scale up when the backlog would take longer to drain
+    target_utilization: float = 0.75  # steady arrivals use at most this fraction of capacity
+    down_utilization: float = 0.4  # shrink only if the smaller fleet is at most this busy
+    up_cooldown_s: float = 2.0  # min time between two scale-ups
+    down_cooldown_s: float = 20.0  # min time after ANY change before a scale-down
+    max_step: int = 2  # most workers added in one decision
+    default_capacity_rps: float = 500.0  # per-worker capacity until one is measured
+    article_up_queue: float = 50.0  # article: average queue per worker over this -> +1
+    article_down_queue: float = 10.0  # article: under this -> -1
+    article_interval_s: float = 5.0  # article: decide at most this often
+
+    def __post_init__(self) -> None:
+        if self.kind not in POLICY_KINDS:
+            raise ConfigError(f"kind {self.kind!r} is not one of {', '.join(POLICY_KINDS)}")
+        self._check_counts()
+        self._check_fractions()
+        _check_range("target_drain_s", self.target_drain_s, 0.0, 86400.0, low_open=True)
+        _check_range("up_cooldown_s", self.up_cooldown_s, 0.0, 86400.0)
+        _check_range("down_cooldown_s", self.down_cooldown_s, 0.0, 86400.0)
+        _check_range("default_capacity_rps", self.default_capacity_rps, 0.0, 1e9, low_open=True)
+        self._check_article()
+
+    def _check_counts(self) -> None:
+        _check_int("min_workers", self.min_workers, 0, MAX_WORKERS_LIMIT)
+        _check_int("max_workers", self.max_workers, 1, MAX_WORKERS_LIMIT)
+        _check_int("max_step", self.max_step, 1, MAX_WORKERS_LIMIT)
+        if self.min_workers > self.max_workers:
+            raise ConfigError(f"min_workers ({self.min_workers}) must be at most "
+                              f"max_workers ({self.max_workers})")
+
+    def _check_fractions(self) -> None:
+        _check_range("target_utilization", self.target_utilization, 0.0, 1.0, low_open=True)
+        _check_range("down_utilization", self.down_utilization, 0.0, self.target_utilization,
+                     low_open=True, high_open=True, high_name="target_utilization")
+
+    def _check_article(self) -> None:
+        _check_range("article_down_queue", self.article_down_queue, 0.0, 1e12)
+        _check_range("article_up_queue", self.article_up_queue, self.article_down_queue, 1e12,
+                     low_open=True, low_name="article_down_queue")
+        _check_range("article_interval_s", self.article_interval_s, 0.0, 86400.0)
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What one decision leaves for the next; the supervisor starts with ``PolicyState()``.
+
+    Beyond the change times: when observing began, the previous observation's
+    time and backlog (for the backlog's growth; None while the lag is
+    unknown), the last measured per-worker capacity, and the recent arrival
+    estimates as ``(now_s, arrivals_rps)`` pairs for the scale-down peak.
+    """
+
+    last_up_s: float = -math.inf
+    last_down_s: float = -math.inf
+    last_change_s: float = -math.inf
+    last_decision_s: float = -math.inf  # the article preset's cadence
+    first_observed_s: float | None = None
+    last_observed_s: float = -math.inf
+    last_backlog: int | None = None
+    capacity_rps: float | None = None
+    arrivals: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The worker count to run (inside the bounds, step-limited), why, and the next state."""
+
+    workers: int
+    reason: str
+    state: PolicyState
+
+
+@dataclass(frozen=True)
+class _Load:
+    """What the lag policy derives from one observation and the history."""
+
+    capacity_rps: float  # per worker, measured or assumed
+    backlog: int  # lag + pending (pending only while the lag is unknown)
+    lag_known: bool
+    arrivals_rps: float  # now: throughput + backlog growth
+    peak_arrivals_rps: float  # the most over the peak window, now included
+    observed_s: float  # how long this state has been observing
+
+
+# --------------------------------------------------------------------------- policy "lag"
+
+
+def _lag_policy(obs: Observation, settings: PolicySettings, state: PolicyState) -> Decision:
+    load, state = _observe(obs, settings, state)
+    up_target = _desired(load.arrivals_rps, load, settings)
+    if up_target > obs.workers:
+        workers, reason = _scale_up(obs, settings, state, load, up_target)
+    elif _desired(load.peak_arrivals_rps, load, settings) < obs.workers:
+        workers, reason = _scale_down(obs, settings, state, load)
+    else:
+        workers, reason = obs.workers, _steady_text(obs.workers, load, settings)
+    return _finish(obs, settings, state, workers, reason)
+
+
+def _observe(obs: Observation, settings: PolicySettings, state: PolicyState) -> tuple[_Load, PolicyState]:
+    """The load this observation shows, and the state with the history advanced."""
+    capacity = _positive(obs.capacity_rps) or _positive(state.capacity_rps)
+    known_backlog = None if obs.lag is None else obs.lag + obs.pending
+    arrivals = obs.rate_rps + _growth_rps(known_backlog, obs.now_s, state)
+    samples = _recent(state.arrivals, obs.now_s, arrivals, _peak_window_s(settings))
+    first_s = obs.now_s if state.first_observed_s is None else state.first_observed_s
+    load = _Load(capacity_rps=capacity or settings.default_capacity_rps,
+                 backlog=obs.pending if known_backlog is None else known_backlog,
+                 lag_known=known_backlog is not None, arrivals_rps=arrivals,
+                 peak_arrivals_rps=max(rps for _, rps in samples), observed_s=obs.now_s - first_s)
+    state = replace(state, first_observed_s=first_s, last_observed_s=obs.now_s,
+                    last_backlog=known_backlog, capacity_rps=capacity, arrivals=samples)
+    return load, state
+
+
+def _growth_rps(backlog: int | None, now_s: float, state: PolicyState) -> float:
+    """How fast the backlog grew since the previous observation (0 if unknown or shrinking)."""
+    elapsed_s = now_s - state.last_observed_s
+    if backlog is None or state.last_backlog is None or not 0 < elapsed_s < math.inf:
+        return 0.0
+    return max(0.0, (backlog - state.last_backlog) / elapsed_s)
+
+
+def _recent(samples: tuple[tuple[float, float], ...], now_s: float, arrivals_rps: float,
+            window_s: float) -> tuple[tuple[float, float], ...]:
+    """The samples inside the window ending now, this one appended, at most MAX_ARRIVAL_SAMPLES."""
+    kept = tuple((t, rps) for t, rps in samples if now_s - window_s < t < now_s)
+    return (kept + ((now_s, arrivals_rps),))[-MAX_ARRIVAL_SAMPLES:]
+
+
+def _peak_window_s(settings: PolicySettings) -> float:
+    return max(settings.down_cooldown_s, MIN_PEAK_WINDOW_S)
+
+
+def _desired(arrivals_rps: float, load: _Load, settings: PolicySettings) -> int:
+    """The fleet size both needs ask for, inside the bounds."""
+    for_arrivals, for_backlog = _needs(arrivals_rps, load, settings)
+    return _clamp(max(settings.min_workers, for_arrivals, for_backlog), settings)
+
+
+def _needs(arrivals_rps: float, load: _Load, settings: PolicySettings) -> tuple[int, int]:
+    """Workers needed for the arrivals at target utilization, and to drain the backlog in time."""
+    for_arrivals = _ceil_div(arrivals_rps, load.capacity_rps * settings.target_utilization)
+    for_backlog = _ceil_div(load.backlog, load.capacity_rps * settings.target_drain_s)
+    return for_arrivals, for_backlog
+
+
+def _need_text(arrivals_rps: float, load: _Load, settings: PolicySettings) -> str:
+    """The dominant need in words, for a Decision's reason."""
+    for_arrivals, for_backlog = _needs(arrivals_rps, load, settings)
+    what = "backlog" if load.lag_known else "pending (lag unknown)"
+    if load.backlog > 0 and for_backlog >= for_arrivals:
+        return f"{what} {load.backlog} needs {for_backlog} workers to drain in {settings.target_drain_s:g} s"
+    return (f"arrivals ~{arrivals_rps:.0f} rps need {for_arrivals} workers at "
+            f"{settings.target_utilization:.0%} of {load.capacity_rps:.0f} rps each")
+
+
+def _steady_text(workers: int, load: _Load, settings: PolicySettings) -> str:
+    need = max(_needs(load.arrivals_rps, load, settings))
+    at = f"at max_workers {workers}" if workers == settings.max_workers and need > workers else "steady"
+    return f"{at}: {_need_text(load.arrivals_rps, load, settings)}"
+
+
+def _scale_up(obs: Observation, settings: PolicySettings, state: PolicyState, load: _Load,
+              target: int) -> tuple[int, str]:
+    """Up to ``target`` by at most max_step, once up_cooldown_s has passed since the last up."""
+    why = _need_text(load.arrivals_rps, load, settings)
+    waited_s = obs.now_s - state.last_up_s
+    if waited_s < settings.up_cooldown_s:
+        return obs.workers, f"hold: {why}; up cooldown {waited_s:.1f} of {settings.up_cooldown_s:g} s"
+    step = min(settings.max_step, target - obs.workers)
+    return obs.workers + step, f"up {step}: {why}"
+
+
+def _scale_down(obs: Observation, settings: PolicySettings, state: PolicyState,
+                load: _Load) -> tuple[int, str]:
+    """One worker fewer, if the lag is known, the cooldown and window passed, and the hysteresis holds."""
+    smaller = obs.workers - 1
+    quiet_s = obs.now_s - state.last_change_s
+    if not load.lag_known:
+        return obs.workers, "hold: lag unknown, never scaling down on it"
+    if quiet_s < settings.down_cooldown_s:
+        return obs.workers, f"hold: down cooldown {quiet_s:.1f} of {settings.down_cooldown_s:g} s"
+    if load.observed_s < _peak_window_s(settings):
+        return obs.workers, f"hold: watching arrivals {_peak_window_s(settings):g} s before scaling down"
+    return _hysteresis(obs.workers, smaller, settings, load)
+
+
+def _hysteresis(workers: int, smaller: int, settings: PolicySettings, load: _Load) -> tuple[int, str]:
+    """``smaller`` if it would be at most down_utilization busy at the peak and the backlog is small."""
+    busy = _busy_fraction(load.peak_arrivals_rps, smaller, load.capacity_rps)
+    at = f"{smaller} workers would be {busy:.0%} busy at peak ~{load.peak_arrivals_rps:.0f} rps"
+    if busy > settings.down_utilization:
+        return workers, f"hold: {at} (> {settings.down_utilization:.0%})"
+    small_backlog = smaller * load.capacity_rps * settings.target_drain_s * settings.down_utilization
+    if load.backlog > small_backlog:
+        return workers, f"hold: backlog {load.backlog} too large to shrink (> {small_backlog:.0f})"
+    return smaller, f"down 1: {at} (<= {settings.down_utilization:.0%}), backlog {load.backlog}"
+
+
+def _busy_fraction(arrivals_rps: float, workers: int, capacity_rps: float) -> float:
+    if workers <= 0:
+        return 0.0 if arrivals_rps <= 0 else math.inf
+    return arrivals_rps / (workers * capacity_rps)
+
+
+# --------------------------------------------------------------------------- "article", "fixed"
+
+
+def _article_policy(obs: Observation, settings: PolicySettings, state: PolicyState) -> Decision:
+    """The article's rule: +1 / -1 on the average queue per worker, at most every interval."""
+    waited_s = obs.now_s - state.last_decision_s
+    if waited_s < settings.article_interval_s:
+        reason = f"hold: next decision after {settings.article_interval_s:g} s ({waited_s:.1f} s so far)"
+        return _finish(obs, settings, state, obs.workers, reason, decided=False)
+    queue = (obs.lag or 0) / max(obs.workers, 1)
+    if queue > settings.article_up_queue:
+        return _finish(obs, settings, state, obs.workers + 1,
+                       f"up 1: average queue {queue:.1f} > {settings.article_up_queue:g} per worker")
+    if queue < settings.article_down_queue:
+        return _finish(obs, settings, state, obs.workers - 1,
+                       f"down 1: average queue {queue:.1f} < {settings.article_down_queue:g} per worker")
+    return _finish(obs, settings, state, obs.workers, f"hold: average queue {queue:.1f} per worker")
+
+
+def _fixed_policy(obs: Observation, settings: PolicySettings, state: PolicyState) -> Decision:
+    return _finish(obs, settings, state, settings.min_workers, f"fixed at {settings.min_workers} workers")
+
+
+# --------------------------------------------------------------------------- shared
+
+
+def _finish(obs: Observation, settings: PolicySettings, state: PolicyState, proposed: int,
+            reason: str, *, decided: bool = True) -> Decision:
+    """Clamp the proposal to the bounds and record what changed in the state."""
+    workers = _clamp(proposed, settings)
+    if workers != proposed:
+        reason += f"; clamped {proposed} to {workers} in [{settings.min_workers}, {settings.max_workers}]"
+    now_s = obs.now_s
+    state = replace(
+        state,
+        last_decision_s=now_s if decided else state.last_decision_s,
+        last_up_s=now_s if workers > obs.workers else state.last_up_s,
+        last_down_s=now_s if workers < obs.workers else state.last_down_s,
+        last_change_s=now_s if workers != obs.workers else state.last_change_s,
+    )
+    return Decision(workers=workers, reason=reason, state=state)
+
+
+def _clamp(workers: int, settings: PolicySettings) -> int:
+    return min(max(workers, settings.min_workers), settings.max_workers)
+
+
+def _ceil_div(amount: float, per_worker: float) -> int:
+    """``ceil(amount / per_worker)`` as a worker count, tolerant of float noise and overflow."""
+    if amount <= 0:
+        return 0
+    ratio = amount / per_worker if per_worker > 0 else math.inf
+    if not ratio < _HUGE_WORKERS:
+        return _HUGE_WORKERS
+    return max(0, math.ceil(ratio - _CEIL_SLACK))
+
+
+def _positive(value: float | None) -> float | None:
+    """``value`` if it is a finite positive number, else None (unknown)."""
+    if value is None or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
+
+
+def _require(ok: bool, name: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an int from {low} to {high}, got {value!r}")
+
+
+def _check_range(name: str, value: object, low: float, high: float, *, low_open: bool = False,
+                 high_open: bool = False, low_name: str = "", high_name: str = "") -> None:
+    """ConfigError naming ``name`` and the allowed interval unless ``value`` lies inside it."""
+    if not _inside(value, low, high, low_open=low_open, high_open=high_open):
+        low_text = f"{low_name}={low:g}" if low_name else f"{low:g}"
+        high_text = f"{high_name}={high:g}" if high_name else f"{high:g}"
+        interval = f"{'(' if low_open else '['}{low_text}, {high_text}{')' if high_open else ']'}"
+        raise ConfigError(f"{name} must be a number in {interval}, got {value!r}")
+
+
+def _inside(value: object, low: float, high: float, *, low_open: bool, high_open: bool) -> bool:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+        return False
+    number = float(value)
+    above = low < number if low_open else low <= number
+    below = number < high if high_open else number <= high
+    return above and below
+
+
+_POLICIES: dict[str, Callable[[Observation, PolicySettings, PolicyState], Decision]] = {
+    "lag": _lag_policy,
+    "article": _article_policy,
+    "fixed": _fixed_policy,
+}

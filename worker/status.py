@@ -1,0 +1,112 @@
+"""``inferfleet status``: what a queue and its fleet look like right now.
+
+:func:`gather` reads everything with a few pipelined commands into a
+:class:`QueueStatus`; :func:`render` turns it into rich tables. Queues are
+found with SCAN when no name is given.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from rich.console import Group
+from rich.table import Table
+
+from producer.protocol import GROUP, QueueKeys
+from worker.heartbeat import HeartbeatInfo, read_heartbeats
+
+__all__ = ["QueueStatus", "gather", "render", "find_queues"]
+
+
+@dataclass
+class QueueStatus:
+    """One queue's state: the stream, its group, its consumers and workers."""
+
+    name: str
+    length: int = 0
+    lag: int | None = None
+    pending: int = 0
+    dead: int = 0
+    consumers: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[HeartbeatInfo] = field(default_factory=list)
+    supervisor: dict[str, str] = field(default_factory=dict)
+
+
+def find_queues(client: redis.Redis, prefix: str) -> list[str]:
+    """Names of every queue with a request stream under ``prefix``."""
+    names = set()
+    for key in client.scan_iter(match=f"{prefix}:{{*}}:requests", count=1000):
+        text = key.decode()
+        names.add(text[text.index("{") + 1:text.rindex("}")])
+    return sorted(names)
+
+
+def gather(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
+    """Read a queue's status (an empty status if the queue does not exist yet)."""
+    status = QueueStatus(keys.name)
+    pipe = client.pipeline(transaction=False)
+    pipe.xlen(keys.requests)
+    pipe.xlen(keys.dead)
+    pipe.hgetall(keys.own("supervisor"))
+    status.length, status.dead, sup = pipe.execute()
+    status.supervisor = {k.decode(): v.decode() for k, v in sup.items()}
+    if status.length or client.exists(keys.requests):
+        try:
+            groups = client.xinfo_groups(keys.requests)
+            group = next((g for g in groups if g["name"] in (GROUP, GROUP.encode())), None)
+            if group is not None:
+                status.pending = int(group["pending"])
+                status.lag = int(group["lag"]) if group.get("lag") is not None else None
+                status.consumers = [_consumer(c) for c in client.xinfo_consumers(keys.requests, GROUP)]
+            else:
+                status.lag = status.length
+        except redis.exceptions.ResponseError:
+            pass
+    status.workers = read_heartbeats(client, keys)
+    return status
+
+
+def _consumer(raw: dict) -> dict[str, Any]:
+    name = raw["name"]
+    return {"name": name.decode() if isinstance(name, bytes) else name, "pending": int(raw["pending"]),
+            "idle_ms": int(raw["idle"])}
+
+
+def _age(ms: float) -> str:
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+
+
+def render(status: QueueStatus) -> Group:
+    """Tables for one queue, readable at a glance."""
+    summary = Table(title=f"queue {status.name}", show_header=True, title_justify="left")
+    for column in ("stream length", "lag", "pending", "dead letters", "workers", "supervisor"):
+        summary.add_column(column, justify="right" if column != "supervisor" else "left")
+    sup = status.supervisor
+    sup_text = (f"{sup.get('live', '?')} live, wants {sup.get('desired', '?')} ({sup.get('policy', '?')})"
+                if sup else "none")
+    if sup.get("disabled"):
+        sup_text += f" [red]{sup['disabled']}[/red]"
+    summary.add_row(str(status.length), "unknown" if status.lag is None else str(status.lag),
+                    str(status.pending), str(status.dead), str(len(status.workers)), sup_text)
+    workers = Table(show_header=True, title="workers", title_justify="left")
+    for column in ("consumer", "pid", "host", "device", "version", "state", "req/s", "busy", "requests",
+                   "pending", "idle", "seen"):
+        workers.add_column(column, justify="left" if column in ("consumer", "host", "device", "version",
+                                                                  "state") else "right")
+    consumers = {c["name"]: c for c in status.consumers}
+    now_ms = time.time() * 1000
+    for w in sorted(status.workers, key=lambda w: w.consumer):
+        c = consumers.pop(w.consumer, {"pending": 0, "idle_ms": 0})
+        workers.add_row(w.consumer, str(w.pid), w.host, w.device, w.version, w.state, f"{w.rate_rps:,.0f}",
+                        f"{w.busy:.0%}", f"{w.requests:,}", str(c["pending"]), _age(c["idle_ms"]),
+                        _age(now_ms - w.last_seen_ms) + " ago")
+    for name, c in sorted(consumers.items()):  # in the group, but no heartbeat: gone or foreign
+        workers.add_row(f"[yellow]{name}[/yellow]", "-", "-", "-", "-", "no heartbeat", "-", "-", "-",
+                        str(c["pending"]), _age(c["idle_ms"]), "-")
+    return Group(summary, workers)

@@ -1,0 +1,304 @@
+"""The supervisor: runs consumer processes for one queue and sizes the fleet from lag.
+
+Process management is kept apart from the decision (as rq's WorkerPool
+does): every ``interval_s`` the supervisor observes the stream and the
+workers' heartbeats, asks the pure policy (:func:`worker.scaling.desired_workers`)
+how many workers there should be, and only applies the difference:
+
+* a new worker is a *slot* with a stable consumer name (``NAME-sN``), so a
+  restarted worker replays its own pending entries; slots are placed on
+  devices round-robin (one process per GPU by default, through
+  ``CUDA_VISIBLE_DEVICES``); children use the ``spawn`` start method and
+  load their own model copy;
+* a worker that dies unexpectedly is restarted with exponential backoff; N
+  deaths within M seconds stop that slot, with an error saying why;
+* scale-down and shutdown send SIGTERM: the worker finishes its batch,
+  replies, acknowledges and leaves the group. A second stop signal kills.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from multiprocessing.process import BaseProcess
+from typing import Callable
+
+import redis
+
+from producer.protocol import GROUP, QueueKeys
+from worker.config import WorkerSettings
+from worker.errors import ConfigError
+from worker.heartbeat import read_heartbeats
+from worker.scaling import Decision, Observation, PolicySettings, PolicyState, desired_workers
+
+__all__ = ["SupervisorSettings", "Supervisor", "resolve_devices", "observe"]
+
+log = logging.getLogger(__name__)
+
+#: A child's entry point: (worker settings, CUDA_VISIBLE_DEVICES value or None).
+ChildTarget = Callable[[WorkerSettings, "str | None"], None]
+
+
+def resolve_devices(devices: str) -> list[str]:
+    """``auto`` -> every visible GPU, else the CPU; or an explicit ``cpu`` / ``cuda:0,cuda:1`` list."""
+    if devices == "auto":
+        import torch  # only to count GPUs; children do the real work
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return [f"cuda:{i}" for i in range(count)] or ["cpu"]
+    parts = [d.strip() for d in devices.split(",") if d.strip()]
+    for part in parts:
+        if part != "cpu" and not (part.startswith("cuda:") and part[5:].isdigit()):
+            raise ConfigError(f"device {part!r} is not one of auto, cpu or cuda:N[,cuda:M...]")
+    if not parts:
+        raise ConfigError("devices is empty: use auto, cpu or cuda:N[,cuda:M...]")
+    return parts
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    """How the supervisor runs its fleet. The worker template's consumer name is replaced per slot."""
+
+    worker: WorkerSettings
+    policy: PolicySettings
+    devices: tuple[str, ...] = ("cpu",)
+    workers_per_device: int = 1
+    interval_s: float = 1.0
+    restart_backoff_s: float = 1.0
+    max_restart_backoff_s: float = 30.0
+    crash_loop_deaths: int = 5
+    crash_loop_window_s: float = 60.0
+    drain_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise ConfigError("devices is empty: use auto, cpu or cuda:N[,cuda:M...]")
+        for name, low in (("workers_per_device", 1), ("interval_s", 0.05), ("restart_backoff_s", 0.0),
+                          ("crash_loop_deaths", 1), ("crash_loop_window_s", 0.1), ("drain_timeout_s", 0.1)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        gpus = [d for d in self.devices if d != "cpu"]
+        if gpus and self.policy.max_workers > len(gpus) * self.workers_per_device:
+            raise ConfigError(f"max_workers {self.policy.max_workers} is more than {len(gpus)} GPUs x "
+                              f"{self.workers_per_device} workers per device")
+
+
+@dataclass
+class Slot:
+    """One place for a worker process; keeps its consumer name across restarts."""
+
+    index: int
+    consumer: str
+    device: str
+    process: BaseProcess | None = None
+    wanted: bool = False
+    draining: bool = False
+    deaths: deque = field(default_factory=deque)
+    next_start_s: float = 0.0
+    disabled: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+
+def observe(client: redis.Redis, keys: QueueKeys, workers: int, now_s: float) -> Observation:
+    """Read lag, pending and the workers' measured rates into an Observation."""
+    lag: int | None
+    pending = 0
+    try:
+        groups = client.xinfo_groups(keys.requests)
+    except redis.exceptions.ResponseError:  # no stream yet
+        groups = []
+    group = next((g for g in groups if g["name"] in (GROUP, GROUP.encode())), None)
+    if group is None:
+        lag = int(client.xlen(keys.requests))
+    else:
+        pending = int(group["pending"])
+        lag = int(group["lag"]) if group.get("lag") is not None else None
+    beats = read_heartbeats(client, keys)
+    capacities = sorted(c for c in (b.capacity_rps for b in beats) if c is not None)
+    capacity = capacities[len(capacities) // 2] if capacities else None
+    return Observation(now_s=now_s, workers=workers, lag=lag, pending=pending,
+                       rate_rps=sum(b.rate_rps for b in beats), capacity_rps=capacity)
+
+
+class Supervisor:
+    """Runs and sizes the worker processes of one queue until stopped."""
+
+    def __init__(self, settings: SupervisorSettings, child_target: ChildTarget,
+                 client: redis.Redis | None = None) -> None:
+        self.settings = settings
+        self.child_target = child_target
+        self.keys = QueueKeys(settings.worker.name, settings.worker.prefix)
+        self.redis = client or redis.Redis.from_url(settings.worker.redis_url, socket_connect_timeout=5)
+        self.context = multiprocessing.get_context("spawn")
+        self.slots: list[Slot] = []
+        self.state = PolicyState()
+        self.last_decision: Decision | None = None
+        self.kill_now = threading.Event()
+
+    # -- the loop ----------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Supervise until ``stop`` is set, then drain every worker."""
+        log.info("supervising %s: %d-%d workers on %s, policy %s", self.keys.requests,
+                 self.settings.policy.min_workers, self.settings.policy.max_workers,
+                 ",".join(self.settings.devices), self.settings.policy.kind)
+        while not stop.is_set():
+            self.tick(time.monotonic())
+            stop.wait(self.settings.interval_s)
+        self.shutdown()
+
+    def tick(self, now_s: float) -> None:
+        """One step: reap dead children, decide the fleet size, start what is due."""
+        self._reap(now_s)
+        try:
+            obs = observe(self.redis, self.keys, self.live_workers(), now_s)
+        except redis.exceptions.RedisError as exc:
+            log.warning("cannot observe %s (%s): holding the fleet as it is", self.keys.requests, exc)
+        else:
+            self._decide(obs)
+        self._start_due(now_s)
+        self._publish(now_s)
+
+    def live_workers(self) -> int:
+        """Slots that should run and are running or about to be (re)started."""
+        return sum(1 for s in self.slots if s.wanted and not s.disabled)
+
+    # -- deciding ----------------------------------------------------------
+
+    def _decide(self, obs: Observation) -> None:
+        decision = desired_workers(obs, self.settings.policy, self.state)
+        self.state = decision.state
+        current = obs.workers
+        if decision.workers > current:
+            log.info("scaling up %d -> %d: %s", current, decision.workers, decision.reason)
+            self._want(decision.workers - current)
+        elif decision.workers < current:
+            log.info("scaling down %d -> %d: %s", current, decision.workers, decision.reason)
+            self._unwant(current - decision.workers)
+        self.last_decision = decision
+
+    def _want(self, count: int) -> None:
+        for _ in range(count):
+            slot = next((s for s in self.slots if not s.wanted and not s.alive and not s.disabled), None)
+            if slot is None and any(s.disabled for s in self.slots):
+                return  # a crash loop: more copies of the same failure would not help
+            if slot is None:
+                index = len(self.slots)
+                slot = Slot(index, f"{self.settings.worker.name}-s{index}", self._device_for(index))
+                self.slots.append(slot)
+            slot.wanted = True
+
+    def _unwant(self, count: int) -> None:
+        for slot in sorted((s for s in self.slots if s.wanted), key=lambda s: -s.index)[:count]:
+            slot.wanted = False
+            if slot.alive:
+                self._drain(slot)
+
+    def _device_for(self, index: int) -> str:
+        devices = self.settings.devices
+        return devices[index % len(devices)]
+
+    # -- processes ---------------------------------------------------------
+
+    def _start_due(self, now_s: float) -> None:
+        for slot in self.slots:
+            if slot.wanted and not slot.disabled and not slot.alive and now_s >= slot.next_start_s:
+                self._start(slot)
+
+    def _start(self, slot: Slot) -> None:
+        visible = None
+        worker = replace(self.settings.worker, consumer=slot.consumer)
+        if slot.device.startswith("cuda:"):
+            visible = slot.device.split(":", 1)[1]
+            worker = replace(worker, device="cuda:0")  # the one GPU the child can see
+        elif worker.device == "auto":
+            worker = replace(worker, device="cpu")
+        slot.process = self.context.Process(target=self.child_target, args=(worker, visible),
+                                            name=f"inferfleet-{slot.consumer}", daemon=False)
+        slot.process.start()
+        slot.draining = False
+        log.info("started worker %s (pid %s) on %s", slot.consumer, slot.process.pid, slot.device)
+
+    def _drain(self, slot: Slot) -> None:
+        if slot.process is not None and slot.process.pid is not None and not slot.draining:
+            slot.draining = True
+            log.info("draining worker %s (pid %s)", slot.consumer, slot.process.pid)
+            os.kill(slot.process.pid, signal.SIGTERM)
+
+    def _reap(self, now_s: float) -> None:
+        for slot in self.slots:
+            proc = slot.process
+            if proc is None or proc.is_alive():
+                continue
+            code = proc.exitcode
+            proc.join(0)
+            slot.process = None
+            if slot.draining or not slot.wanted:
+                log.info("worker %s exited (status %s) after draining", slot.consumer, code)
+                slot.draining = False
+                continue
+            self._record_death(slot, now_s, code)
+
+    def _record_death(self, slot: Slot, now_s: float, code: int | None) -> None:
+        window = self.settings.crash_loop_window_s
+        slot.deaths.append(now_s)
+        while slot.deaths and slot.deaths[0] < now_s - window:
+            slot.deaths.popleft()
+        if len(slot.deaths) >= self.settings.crash_loop_deaths:
+            slot.disabled = (f"worker {slot.consumer} died {len(slot.deaths)} times in {window:.0f} s "
+                             f"(last exit status {code}); not restarting it")
+            log.error("CRASH LOOP: %s. Fix the cause (see the worker's log) and restart the supervisor.",
+                      slot.disabled)
+            return
+        backoff = min(self.settings.restart_backoff_s * 2 ** (len(slot.deaths) - 1),
+                      self.settings.max_restart_backoff_s)
+        slot.next_start_s = now_s + backoff
+        log.warning("worker %s died (exit status %s); restarting in %.1f s", slot.consumer, code, backoff)
+
+    def _publish(self, now_s: float) -> None:
+        """The supervisor's own view, for ``inferfleet status`` (best effort)."""
+        decision = self.last_decision
+        info = {"live": self.live_workers(), "running": sum(1 for s in self.slots if s.alive),
+                "desired": decision.workers if decision else self.live_workers(),
+                "reason": decision.reason if decision else "", "policy": self.settings.policy.kind,
+                "disabled": "; ".join(s.disabled for s in self.slots if s.disabled),
+                "pid": os.getpid(), "updated_ms": int(time.time() * 1000)}
+        try:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hset(self.keys.own("supervisor"), mapping=info)
+            pipe.pexpire(self.keys.own("supervisor"), int(max(5 * self.settings.interval_s, 5) * 1000))
+            pipe.execute()
+        except redis.exceptions.RedisError:
+            pass
+
+    # -- stopping ----------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Drain every worker; kill the rest after the drain timeout or on ``kill_now``."""
+        for slot in self.slots:
+            slot.wanted = False
+            if slot.alive:
+                self._drain(slot)
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while any(s.alive for s in self.slots) and time.monotonic() < deadline and not self.kill_now.is_set():
+            time.sleep(0.05)
+        for slot in self.slots:
+            if slot.alive and slot.process is not None:
+                log.warning("killing worker %s: it did not drain in time", slot.consumer)
+                slot.process.kill()
+            if slot.process is not None:
+                slot.process.join(5)
+        try:
+            self.redis.delete(self.keys.own("supervisor"))
+        except redis.exceptions.RedisError:
+            pass
+        log.info("supervisor stopped; every worker has exited")
