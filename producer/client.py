@@ -8,6 +8,7 @@ SDK's own (``producer.errors``) in :func:`_translate`.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from contextlib import contextmanager
@@ -16,6 +17,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from producer import errors
 from producer.protocol import (
@@ -52,11 +56,23 @@ def _redis_url(url: str | None) -> str:
 
 
 class _ProducerBase:
-    """What both producers share: names, ids, entry fields and reply decoding."""
+    """What both producers share: names, ids, entry fields, limits and reply decoding."""
 
-    def __init__(self, name: str, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, name: str, prefix: str = DEFAULT_PREFIX, default_deadline_s: float | None = 60.0,
+                 max_backlog: int | None = None, on_full: str = "raise", full_wait_s: float = 30.0) -> None:
+        if default_deadline_s is not None and default_deadline_s <= 0:
+            raise ValueError(f"default_deadline_s must be positive or None, got {default_deadline_s}")
+        if max_backlog is not None and max_backlog < 1:
+            raise ValueError(f"max_backlog must be at least 1 or None, got {max_backlog}")
+        if on_full not in ("raise", "wait"):
+            raise ValueError(f"on_full must be 'raise' or 'wait', got {on_full!r}")
         self.keys = QueueKeys(name, prefix)
         self.name = name
+        self.default_deadline_s = default_deadline_s
+        self.max_backlog = max_backlog
+        self.on_full = on_full
+        self.full_wait_s = full_wait_s
+        self._backlog_seen = (0.0, 0)  # (monotonic time, backlog): re-read at most every 50 ms
         token = os.urandom(6).hex()
         self._rid_base = f"{token}-"
         self._rids = count()
@@ -78,6 +94,7 @@ class _ProducerBase:
         self._check_open()
         rid = validate_request_id(request_id) if request_id is not None else self.new_request_id()
         deadline_ms = None
+        deadline_s = self.default_deadline_s if deadline_s is None else deadline_s
         if deadline_s is not None:
             if deadline_s <= 0:
                 raise errors.ProtocolError(f"deadline_s must be positive, got {deadline_s}")
@@ -91,6 +108,13 @@ class _ProducerBase:
     def _check_open(self) -> None:
         if self._closed:
             raise errors.InferfleetError("this producer is closed")
+
+    def _over_limit(self, backlog: int, adding: int) -> bool:
+        return self.max_backlog is not None and backlog + adding > self.max_backlog
+
+    def _queue_full(self, backlog: int) -> errors.QueueFull:
+        return errors.QueueFull(f"queue {self.name!r} has a backlog of {backlog}, over max_backlog "
+                                f"{self.max_backlog}: back off and retry", backlog)
 
     @staticmethod
     def _finish(raw: bytes, raise_errors: bool) -> Reply:
@@ -107,6 +131,24 @@ class _ProducerBase:
         return int(length)  # no worker has created the group yet: all is backlog
 
 
+_LIMITS_DOC = """
+    ``default_deadline_s`` (60 s) is the deadline of every request sent
+    without one: a worker answers ``expired`` instead of computing a request
+    nobody waits for any more (``None``: no deadline). With ``max_backlog``
+    set, sending while the queue's backlog (lag) is over it raises
+    :class:`~producer.errors.QueueFull` (``on_full="raise"``) or waits up to
+    ``full_wait_s`` for room (``on_full="wait"``): the bounded request buffer.
+
+    redis-py's silent command retries are off: a retried XADD could enqueue a
+    request twice and a retried pop could lose a reply. A dropped connection
+    raises :class:`~producer.errors.ConnectionError`; the next call reconnects.
+"""
+
+
+def _client_options() -> dict[str, Any]:
+    return {"socket_connect_timeout": 5, "socket_keepalive": True}
+
+
 class Producer(_ProducerBase):
     """Enqueue requests on queue ``name`` and collect their replies.
 
@@ -118,6 +160,8 @@ class Producer(_ProducerBase):
     existing ``redis.Redis`` (its ``decode_responses`` must be False).
     """
 
+    __doc__ = (__doc__ or "") + _LIMITS_DOC
+
     def __init__(
         self,
         redis_url: str | None = None,
@@ -125,13 +169,34 @@ class Producer(_ProducerBase):
         *,
         prefix: str = DEFAULT_PREFIX,
         client: redis.Redis | None = None,
+        default_deadline_s: float | None = 60.0,
+        max_backlog: int | None = None,
+        on_full: str = "raise",
+        full_wait_s: float = 30.0,
     ) -> None:
-        super().__init__(name, prefix)
+        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s)
         self._owns_client = client is None
         with _translate():
             self.redis = client or redis.Redis.from_url(
-                _redis_url(redis_url), socket_connect_timeout=5, socket_keepalive=True
+                _redis_url(redis_url), retry=Retry(NoBackoff(), 0), **_client_options()
             )
+
+    def _make_room(self, adding: int) -> None:
+        """Enforce max_backlog before sending ``adding`` requests (raise or wait)."""
+        if self.max_backlog is None:
+            return
+        give_up = time.monotonic() + self.full_wait_s
+        while True:
+            seen_at, backlog = self._backlog_seen
+            if time.monotonic() - seen_at > 0.05:
+                backlog = self.backlog()
+                self._backlog_seen = (time.monotonic(), backlog)
+            if not self._over_limit(backlog, adding):
+                self._backlog_seen = (seen_at, backlog + adding)
+                return
+            if self.on_full == "raise" or time.monotonic() > give_up:
+                raise self._queue_full(backlog)
+            time.sleep(0.02)
 
     # -- one request -------------------------------------------------------
 
@@ -146,6 +211,7 @@ class Producer(_ProducerBase):
     ) -> str:
         """Enqueue one request and return its request id."""
         rid, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
+        self._make_room(1)
         with _translate():
             self.redis.xadd(self.keys.requests, fields)
         return rid
@@ -165,8 +231,8 @@ class Producer(_ProducerBase):
         return self._finish(popped[1], raise_errors)
 
     def infer(self, inputs: Any, params: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
-        """Submit, wait and return the outputs (raises on an error reply)."""
-        return self.result(self.submit(inputs, params), timeout_s).outputs
+        """Submit (with the timeout as deadline), wait and return the outputs (raises on an error reply)."""
+        return self.result(self.submit(inputs, params, deadline_s=timeout_s), timeout_s).outputs
 
     # -- many requests -----------------------------------------------------
 
@@ -182,6 +248,7 @@ class Producer(_ProducerBase):
         rids: list[str] = []
         items = iter(inputs)
         while batch := list(islice(items, chunk)):
+            self._make_room(len(batch))
             pipe = self.redis.pipeline(transaction=False)
             for one in batch:
                 rid, fields = self._entry(one, params, deadline_s)
@@ -306,13 +373,18 @@ class Producer(_ProducerBase):
 
     def lag(self) -> int | None:
         """Requests waiting to be picked up, or None when Redis cannot tell."""
+        return self._lag_and_length()[0]
+
+    def backlog(self) -> int:
+        """The lag, or the stream length (an upper bound) when the lag is unknown."""
+        lag, length = self._lag_and_length()
+        return length if lag is None else lag
+
+    def _lag_and_length(self) -> tuple[int | None, int]:
         with _translate():
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.xlen(self.keys.requests)
-            pipe.exists(self.keys.requests)
-            length, exists = pipe.execute()
-            groups = self.redis.xinfo_groups(self.keys.requests) if exists else []
-        return self._lag_from(groups, length)
+            length = int(self.redis.xlen(self.keys.requests))
+            groups = self.redis.xinfo_groups(self.keys.requests) if length else []
+        return (self._lag_from(groups, length) if length else 0), length
 
     def close(self) -> None:
         """Release the connection pool (if this producer created it)."""
@@ -340,13 +412,30 @@ class AsyncProducer(_ProducerBase):
         *,
         prefix: str = DEFAULT_PREFIX,
         client: aioredis.Redis | None = None,
+        default_deadline_s: float | None = 60.0,
+        max_backlog: int | None = None,
+        on_full: str = "raise",
+        full_wait_s: float = 30.0,
     ) -> None:
-        super().__init__(name, prefix)
+        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s)
         self._owns_client = client is None
         with _translate():
             self.redis = client or aioredis.Redis.from_url(
-                _redis_url(redis_url), socket_connect_timeout=5, socket_keepalive=True
+                _redis_url(redis_url), retry=AsyncRetry(NoBackoff(), 0), **_client_options()
             )
+
+    async def _make_room(self, adding: int) -> None:
+        """Enforce max_backlog before sending ``adding`` requests (raise or wait)."""
+        if self.max_backlog is None:
+            return
+        give_up = time.monotonic() + self.full_wait_s
+        while True:
+            backlog = await self.backlog()
+            if not self._over_limit(backlog, adding):
+                return
+            if self.on_full == "raise" or time.monotonic() > give_up:
+                raise self._queue_full(backlog)
+            await asyncio.sleep(0.02)
 
     async def submit(
         self,
@@ -359,6 +448,7 @@ class AsyncProducer(_ProducerBase):
     ) -> str:
         """Enqueue one request and return its request id."""
         rid, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
+        await self._make_room(1)
         with _translate():
             await self.redis.xadd(self.keys.requests, fields)
         return rid
@@ -373,8 +463,8 @@ class AsyncProducer(_ProducerBase):
         return self._finish(popped[1], raise_errors)
 
     async def infer(self, inputs: Any, params: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
-        """Submit, wait and return the outputs (raises on an error reply)."""
-        return (await self.result(await self.submit(inputs, params), timeout_s)).outputs
+        """Submit (with the timeout as deadline), wait and return the outputs (raises on an error reply)."""
+        return (await self.result(await self.submit(inputs, params, deadline_s=timeout_s), timeout_s)).outputs
 
     async def submit_many(
         self,
@@ -388,6 +478,7 @@ class AsyncProducer(_ProducerBase):
         rids: list[str] = []
         items = iter(inputs)
         while batch := list(islice(items, chunk)):
+            await self._make_room(len(batch))
             pipe = self.redis.pipeline(transaction=False)
             for one in batch:
                 rid, fields = self._entry(one, params, deadline_s)
@@ -448,11 +539,18 @@ class AsyncProducer(_ProducerBase):
 
     async def lag(self) -> int | None:
         """Requests waiting to be picked up, or None when Redis cannot tell."""
+        return (await self._lag_and_length())[0]
+
+    async def backlog(self) -> int:
+        """The lag, or the stream length (an upper bound) when the lag is unknown."""
+        lag, length = await self._lag_and_length()
+        return length if lag is None else lag
+
+    async def _lag_and_length(self) -> tuple[int | None, int]:
         with _translate():
-            length = await self.redis.xlen(self.keys.requests)
-            exists = await self.redis.exists(self.keys.requests)
-            groups = await self.redis.xinfo_groups(self.keys.requests) if exists else []
-        return self._lag_from(groups, length)
+            length = int(await self.redis.xlen(self.keys.requests))
+            groups = await self.redis.xinfo_groups(self.keys.requests) if length else []
+        return (self._lag_from(groups, length) if length else 0), length
 
     async def close(self) -> None:
         """Release the connection pool (if this producer created it)."""

@@ -8,6 +8,7 @@ caller can catch the whole family at once::
     │                            (``.code`` is ``bad_request`` or ``too_large``)
     ├── ConnectionError          Redis could not be reached or dropped us
     ├── ReplyTimeout             no reply arrived within the timeout
+    ├── QueueFull                the queue's backlog is over the producer's max_backlog
     └── ReplyError               a worker answered ``ok: false``
         ├── BadRequest           code ``bad_request``
         ├── TooLarge             code ``too_large``
@@ -33,6 +34,7 @@ __all__ = [
     "ProtocolError",
     "ConnectionError",
     "ReplyTimeout",
+    "QueueFull",
     "ReplyError",
     "BadRequest",
     "TooLarge",
@@ -72,6 +74,17 @@ class ReplyTimeout(InferfleetError, TimeoutError):
     The request may still be answered later; collecting it again with the
     same request id is safe.
     """
+
+
+class QueueFull(InferfleetError):
+    """The queue's backlog is over the producer's ``max_backlog``: back off and retry.
+
+    Nothing was enqueued. ``backlog`` is the backlog that was seen.
+    """
+
+    def __init__(self, message: str, backlog: int) -> None:
+        super().__init__(message)
+        self.backlog = backlog
 
 
 class ReplyError(InferfleetError):

@@ -103,8 +103,11 @@ _worker_options = _options(
     click.option("--reply-ttl-s", type=int, default=300, help="TTL of each reply list.", **_env("reply_ttl_s")),
     click.option("--max-body-bytes", type=int, default=16 * 1024 * 1024,
                  help="Larger bodies are answered too_large.", **_env("max_body_bytes")),
-    click.option("--reclaim-idle-s", type=float, default=60.0,
-                 help="Take over entries another consumer held this long.", **_env("reclaim_idle_s")),
+    click.option("--claim-idle-s", type=float, default=2.0,
+                 help="Take over entries of a consumer with no heartbeat once idle this long.",
+                 **_env("claim_idle_s")),
+    click.option("--max-deliveries", type=int, default=3,
+                 help="Dead-letter an entry delivered more often than this.", **_env("max_deliveries")),
     _log_level,
 )
 
@@ -176,9 +179,14 @@ def child_main(settings: WorkerSettings, visible_device: str | None) -> None:
               show_envvar=True, help="How often the supervisor observes and decides.")
 @click.option("--drain-timeout-s", type=float, default=60.0, show_default=True,
               envvar="INFERFLEET_DRAIN_TIMEOUT_S", show_envvar=True, help="Kill workers still draining after this.")
+@click.option("--crash-loop-deaths", type=int, default=5, show_default=True, envvar="INFERFLEET_CRASH_LOOP_DEATHS",
+              show_envvar=True, help="Stop restarting a slot after this many deaths...")
+@click.option("--crash-loop-window-s", type=float, default=60.0, show_default=True,
+              envvar="INFERFLEET_CRASH_LOOP_WINDOW_S", show_envvar=True, help="...within this many seconds.")
 def supervise(log_level: str, min_workers: int, max_workers: int | None, devices: str, workers_per_device: int,
               policy: str, target_drain_s: float, up_cooldown_s: float, down_cooldown_s: float, max_step: int,
-              interval_s: float, drain_timeout_s: float, **options: Any) -> None:
+              interval_s: float, drain_timeout_s: float, crash_loop_deaths: int, crash_loop_window_s: float,
+              **options: Any) -> None:
     """Run and size a fleet of workers for one queue from the stream's lag."""
     _setup_logging(log_level)
     os.environ["INFERFLEET_LOG_LEVEL"] = log_level  # children inherit it
@@ -195,7 +203,9 @@ def supervise(log_level: str, min_workers: int, max_workers: int | None, devices
                                          down_cooldown_s=down_cooldown_s, max_step=max_step)
         settings = SupervisorSettings(worker=_worker_settings(options), policy=policy_settings,
                                       devices=tuple(device_list), workers_per_device=workers_per_device,
-                                      interval_s=interval_s, drain_timeout_s=drain_timeout_s)
+                                      interval_s=interval_s, drain_timeout_s=drain_timeout_s,
+                                      crash_loop_deaths=crash_loop_deaths,
+                                      crash_loop_window_s=crash_loop_window_s)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     stop = threading.Event()

@@ -47,7 +47,8 @@ class WorkerSettings:
     reply_ttl_s: int = DEFAULT_REPLY_TTL_S
     max_body_bytes: int = 16 * 1024 * 1024
     idle_block_ms: int = 1000
-    reclaim_idle_s: float = 60.0
+    claim_idle_s: float = 2.0
+    max_deliveries: int = 3
     housekeeping_s: float = 1.0
     heartbeat_s: float = 1.0
 
@@ -70,7 +71,8 @@ class WorkerSettings:
         self._check_range("reply_ttl_s", 1, 30 * 86400)
         self._check_range("max_body_bytes", 64, 1 << 31)
         self._check_range("idle_block_ms", 1, 60_000)
-        self._check_range("reclaim_idle_s", 0.1, 86400)
+        self._check_range("claim_idle_s", 0.1, 86400)
+        self._check_range("max_deliveries", 1, 1000)
         self._check_range("housekeeping_s", 0.01, 3600)
         self._check_range("heartbeat_s", 0.05, 600)
 

@@ -24,9 +24,11 @@ import redis
 from producer.protocol import GROUP, QueueKeys, encode_reply_error, encode_reply_ok
 from worker.batching import Request, collect, concat_inputs, form_batches, predict_isolated, split_outputs
 from worker.config import WorkerSettings
+from worker.deadletter import DEAD_MAXLEN, dead_fields
 from worker.heartbeat import Meter
 from worker.intake import Answer, Intake
-from worker.runtime import ModelRuntime
+from worker.recovery import Delivery, claim_from, dead_consumers, own_pending, start_attempt
+from worker.runtime import ModelRuntime, is_out_of_memory
 
 __all__ = ["Consumer", "REPLY_SCRIPT", "ensure_group"]
 
@@ -94,7 +96,9 @@ class Consumer:
                              runtime.input_spec, runtime.accepts_params)
         self._sha = ""
         self._ready = False
-        self._backlog: list[tuple[bytes, Any]] = []
+        self._suspects: list[Delivery] = []  # replayed or taken over: computed one at a time
+        self.row_limit = settings.max_batch_rows  # lowered after an out-of-memory error
+        self._good_batches = 0
         self._replay_own = True  # first thing after start or reconnect
         self._next_housekeeping = 0.0
         self._next_stats_log = time.monotonic() + 10.0
@@ -158,7 +162,9 @@ class Consumer:
         """One round: collect entries, answer them, acknowledge. Returns entries handled."""
         if self._replay_own:
             self._load_own_pending()
-        items = collect(self._read, self.settings.max_batch_rows, self.settings.max_wait_s,
+        if self._suspects:
+            return self._run_suspect(self._suspects.pop(0))
+        items = collect(self._read, self.row_limit, self.settings.max_wait_s,
                         rows_of=lambda item: item.rows if isinstance(item, Request) else 0)
         if items:
             started = time.perf_counter()
@@ -171,7 +177,7 @@ class Consumer:
         """Compute and reply to one round of items; returns (batches, rows)."""
         answers = [item for item in items if isinstance(item, Answer)]
         requests = [item for item in items if isinstance(item, Request)]
-        batches = form_batches(requests, self.settings.max_batch_rows)
+        batches = form_batches(requests, self.row_limit)
         for batch in batches:
             answers.extend(self._infer(batch))
         self._write(answers)
@@ -183,28 +189,48 @@ class Consumer:
     # -- reading -----------------------------------------------------------
 
     def _read(self, count: int, timeout_s: float | None) -> list[Request | Answer]:
-        if self._backlog:
-            taken, self._backlog = self._backlog[:count], self._backlog[count:]
-            return self._admit(taken)
         block_ms = self.settings.idle_block_ms if timeout_s is None else int(timeout_s * 1000)
         response = self.redis.xreadgroup(
             GROUP, self.settings.consumer, {self.keys.requests: ">"},
             count=count, block=block_ms if block_ms >= 1 else None,
         )
-        return self._admit(response[0][1]) if response else []
-
-    def _admit(self, entries: Iterable[tuple[bytes, Any]]) -> list[Request | Answer]:
+        if not response:
+            return []
         now_ms = time.time() * 1000.0
-        return [self.intake.admit(entry_id, fields, now_ms) for entry_id, fields in entries]
+        return [self.intake.admit(entry_id, fields, now_ms) for entry_id, fields in response[0][1]]
+
+    def _run_suspect(self, delivery: Delivery) -> int:
+        """Compute one entry whose previous holder died, alone, counting the attempt.
+
+        Alone, so a request that kills its worker takes no batch-mates with it;
+        past ``max_deliveries`` attempts it is dead-lettered instead.
+        """
+        entry_id, fields, delivered = delivery
+        if not fields:
+            self._write([Answer(entry_id, None, None)])  # deleted while pending: acknowledge only
+            return 1
+        if not start_attempt(self.redis, self.keys, self.settings.consumer, entry_id):
+            return 0  # no longer ours: answered elsewhere
+        if delivered + 1 > self.settings.max_deliveries:
+            self._write([self._dead_letter(entry_id, fields, delivered + 1)])
+        else:
+            self._answer([self.intake.admit(entry_id, fields, time.time() * 1000.0)])
+        return 1
+
+    def _dead_letter(self, entry_id: bytes, fields: Any, delivered: int) -> Answer:
+        reason = (f"delivery {delivered} is over the limit of {self.settings.max_deliveries}: "
+                  f"every worker that computed it died or lost it")
+        log.error("request entry %s dead-lettered: %s", entry_id.decode(errors="replace"), reason)
+        answer = self.intake.refuse_entry(entry_id, fields, "dead_letter", reason)
+        answer.dead = dead_fields(entry_id, fields, reason, delivered, self.settings.consumer)
+        return answer
 
     def _load_own_pending(self) -> None:
-        """Replay what this consumer name was given but never acknowledged (a restart)."""
-        response = self.redis.xreadgroup(GROUP, self.settings.consumer, {self.keys.requests: "0"},
-                                         count=100_000)
-        entries = response[0][1] if response else []
-        if entries:
-            log.info("replaying %d pending entries of consumer %s", len(entries), self.settings.consumer)
-        self._backlog.extend(entries)
+        """Replay what this consumer name holds but never answered (a restart or a lost reply)."""
+        self._suspects = own_pending(self.redis, self.keys, self.settings.consumer)
+        if self._suspects:
+            log.info("replaying %d pending entries of consumer %s, one at a time",
+                     len(self._suspects), self.settings.consumer)
         self._replay_own = False
 
     # -- computing ---------------------------------------------------------
@@ -214,10 +240,16 @@ class Consumer:
         started = time.perf_counter()
 
         def predict(part: list[Request]) -> list[Any]:
-            outputs = self.runtime.predict(concat_inputs(part), part[0].params)
+            try:
+                outputs = self.runtime.predict(concat_inputs(part), part[0].params)
+            except Exception as exc:
+                if is_out_of_memory(exc):
+                    self._out_of_memory(sum(r.rows for r in part))
+                raise
             return split_outputs(outputs, [r.rows for r in part])
 
         results = predict_isolated(batch, predict)
+        self._recover_row_limit()
         infer_ms = (time.perf_counter() - started) * 1000.0
         self.stats.batches += 1
         self.stats.rows += rows_total
@@ -225,6 +257,26 @@ class Consumer:
         log.debug("consumer %s: batch of %d rows, %d requests, %.2f ms",
                   self.settings.consumer, rows_total, len(batch), infer_ms)
         return [self._encode(req, res, infer_ms, rows_total) for req, res in zip(batch, results)]
+
+    def _out_of_memory(self, rows: int) -> None:
+        """Halve the row limit below the batch that did not fit; bisection retries the halves."""
+        self.runtime.release_memory()
+        new_limit = max(1, min(self.row_limit, rows) // 2)
+        if new_limit < self.row_limit:
+            log.warning("consumer %s: out of memory on %d rows; row limit %d -> %d",
+                        self.settings.consumer, rows, self.row_limit, new_limit)
+            self.row_limit = new_limit
+        self._good_batches = 0
+
+    def _recover_row_limit(self) -> None:
+        """After a run of good batches, double the row limit back toward the configured one."""
+        if self.row_limit >= self.settings.max_batch_rows:
+            return
+        self._good_batches += 1
+        if self._good_batches >= 100:
+            self.row_limit = min(self.settings.max_batch_rows, self.row_limit * 2)
+            self._good_batches = 0
+            log.info("consumer %s: row limit raised to %d", self.settings.consumer, self.row_limit)
 
     def _encode(self, req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
         meta = self.runtime.model_meta
@@ -245,6 +297,12 @@ class Consumer:
         """Reply and XACK every answer in one atomic script call."""
         if not answers:
             return
+        dead = [a.dead for a in answers if a.dead is not None]
+        if dead:  # dead letter first: a crash before the reply duplicates it, never loses it
+            pipe = self.redis.pipeline(transaction=False)
+            for fields in dead:
+                pipe.xadd(self.keys.dead, fields, maxlen=DEAD_MAXLEN, approximate=True)
+            pipe.execute()
         keys = [self.keys.requests]
         args: list[Any] = [GROUP, self.settings.reply_ttl_s * 1000]
         for answer in answers:
@@ -269,7 +327,8 @@ class Consumer:
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + self.settings.housekeeping_s
             self._trim()
-            if not self._backlog:
+            self._check_orphans()
+            if not self._suspects:
                 self._reclaim()
         if now >= self._next_stats_log:
             self._next_stats_log = now + 10.0
@@ -279,32 +338,40 @@ class Consumer:
                          self.settings.consumer, s.requests, s.batches, s.rows / max(s.batches, 1), s.errors)
 
     def _trim(self) -> None:
-        """Drop acknowledged entries: everything below the oldest one still needed.
+        """Drop entries every group is done with: everything below the oldest one still needed.
 
-        Entries at or after the group's last-delivered id may be undelivered;
-        entries at or after the oldest pending id are still owed a reply.
+        In each group, entries after its last-delivered id may be undelivered
+        and entries from its oldest pending id on are still owed a reply.
         Neither bound can move backwards, so a concurrent read is safe.
         """
-        groups = self.redis.xinfo_groups(self.keys.requests)
-        group = next((g for g in groups if g["name"] in (GROUP, GROUP.encode())), None)
-        if group is None:
-            return
-        bound = _id_key(group["last-delivered-id"])
-        pending = self.redis.xpending(self.keys.requests, GROUP)
-        if pending["pending"]:
-            bound = min(bound, _id_key(pending["min"]))
-        if bound > (0, 0):
+        bound: tuple[int, int] | None = None
+        for group in self.redis.xinfo_groups(self.keys.requests):
+            need = _id_key(group["last-delivered-id"])
+            if int(group["pending"]):
+                pending = self.redis.xpending(self.keys.requests, group["name"])
+                if pending["pending"]:
+                    need = min(need, _id_key(pending["min"]))
+            bound = need if bound is None else min(bound, need)
+        if bound is not None and bound > (0, 0):
             self.redis.xtrim(self.keys.requests, minid=f"{bound[0]}-{bound[1]}", approximate=False)
 
     def _reclaim(self) -> None:
-        """Take over entries another consumer has held for too long (it likely died)."""
-        min_idle_ms = int(self.settings.reclaim_idle_s * 1000)
-        response = self.redis.xautoclaim(self.keys.requests, GROUP, self.settings.consumer,
-                                         min_idle_ms, start_id="0-0", count=self.settings.max_batch_rows)
-        entries = response[1] if len(response) > 1 else []
-        deleted = response[2] if len(response) > 2 else []
-        entries = list(entries) + [(entry_id, None) for entry_id in deleted]
-        if entries:
-            log.warning("consumer %s reclaimed %d entries idle for over %.0f s",
-                        self.settings.consumer, len(entries), self.settings.reclaim_idle_s)
-            self._backlog.extend(entries)
+        """Take over the pending entries of consumers whose heartbeat has lapsed."""
+        for dead in dead_consumers(self.redis, self.keys, self.settings.consumer):
+            taken = claim_from(self.redis, self.keys, dead, self.settings.consumer,
+                               int(self.settings.claim_idle_s * 1000), self.settings.max_batch_rows * 4)
+            if taken:
+                log.warning("consumer %s took over %d entries of %s (no heartbeat)",
+                            self.settings.consumer, len(taken), dead)
+                self._suspects.extend(taken)
+                return
+
+    def _check_orphans(self) -> None:
+        """Entries pending on us that we do not hold were lost in transit (a reply lost
+        on a dropped connection): replay them. Between rounds we hold only the suspects."""
+        for consumer in self.redis.xinfo_consumers(self.keys.requests, GROUP):
+            name = consumer["name"]
+            if (name.decode() if isinstance(name, bytes) else name) == self.settings.consumer:
+                if int(consumer["pending"]) > len(self._suspects):
+                    self._replay_own = True
+                return

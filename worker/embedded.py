@@ -73,7 +73,8 @@ class EmbeddedRedis:
         return self
 
     def _start_real(self, binary: str) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="inferfleet-redis-")
+        if self._dir is None:  # kept across crash() and start(), so AOF files survive
+            self._dir = tempfile.TemporaryDirectory(prefix="inferfleet-redis-")
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", self._dir.name, "--daemonize", "no",
                 "--logfile", os.path.join(self._dir.name, "redis.log"), *self.extra_args]
@@ -104,6 +105,13 @@ class EmbeddedRedis:
                 time.sleep(0.02)
         self.stop()
         raise RuntimeError(f"Redis did not answer on port {self.port} within {timeout_s} s")
+
+    def crash(self) -> None:
+        """SIGKILL the server (no shutdown save); ``start()`` brings it back on the same port and data."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
 
     def stop(self) -> None:
         if self._proc is not None:

@@ -130,6 +130,11 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{consumer}", daemon=True)
 
     def start(self) -> Heartbeat:
+        """Publish once now (so the worker is alive before its first read), then every interval."""
+        try:
+            self.beat()
+        except redis.exceptions.RedisError as exc:
+            log.warning("first heartbeat of %s failed: %s", self.consumer, exc)
         self._thread.start()
         return self
 

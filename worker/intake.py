@@ -42,12 +42,21 @@ class Answer:
     reply_key: str | None
     payload: bytes | None
     ok: bool = False
+    dead: dict | None = None  # fields for the dead-letter stream, written before the reply
 
 
 def _readable_rid(fields: Mapping[bytes, bytes] | None) -> str | None:
     try:
         return validate_request_id(fields[b"id"]) if fields else None
     except (KeyError, ProtocolError, TypeError):
+        return None
+
+
+def _readable_reply_to(fields: Mapping[bytes, bytes]) -> str | None:
+    raw = fields.get(b"reply_to")
+    try:
+        return raw.decode("ascii") if isinstance(raw, bytes) else None
+    except UnicodeDecodeError:
         return None
 
 
@@ -116,6 +125,15 @@ class Intake:
         if self.input_spec is not None and spec != self.input_spec:
             return f"the model takes {describe_spec(self.input_spec)}, got {describe_spec(spec)}"
         return None
+
+    def refuse_entry(self, entry_id: bytes, fields: Mapping[bytes, bytes], code: str, message: str) -> Answer:
+        """Answer an entry with ``code`` without decoding its body (dead letters)."""
+        rid = _readable_rid(fields)
+        if rid is None:
+            return Answer(entry_id, None, None)
+        reply_to = _readable_reply_to(fields)
+        key = reply_to if reply_to and self.keys.is_inbox(reply_to) else self.keys.reply(rid)
+        return self._refuse(entry_id, rid, key, code, message)
 
     def _refuse(self, entry_id: bytes, rid: str, key: str, code: str, message: str) -> Answer:
         return Answer(entry_id, key, encode_reply_error(rid, code, message, self.model))

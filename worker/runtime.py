@@ -34,7 +34,7 @@ from worker.errors import ModelLoadError, OutputError
 from worker.handler import Handler, ModuleHandler
 from worker.npfiles import load_inputs
 
-__all__ = ["ModelRuntime", "load_runtime", "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
+__all__ = ["ModelRuntime", "is_out_of_memory", "load_runtime", "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,11 @@ def to_numpy(outputs: Any) -> Any:
     raise OutputError(f"a model output must be a tensor, list or dict of tensors, got {type(outputs).__name__}")
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for a device out-of-memory error (CUDA's, or the generic torch one)."""
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
 class ModelRuntime:
     """One loaded, warmed-up model copy on one device."""
 
@@ -97,6 +102,11 @@ class ModelRuntime:
             y = self.handler.predict(x, params)
             out = to_numpy(self.handler.postprocess(y, params))
         return out
+
+    def release_memory(self) -> None:
+        """Return cached device memory (after an out-of-memory error)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def warmup(self, max_rows: int, iters: int) -> float:
         """Run the example at its own size and at ``max_rows`` rows; return seconds spent.

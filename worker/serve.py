@@ -6,6 +6,8 @@ import logging
 import threading
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from worker.config import WorkerSettings
 from worker.consumer import Consumer
@@ -18,9 +20,15 @@ log = logging.getLogger(__name__)
 
 
 def connect(redis_url: str) -> redis.Redis:
-    """A client for the worker: bytes replies, keepalive, no read timeout (reads block)."""
+    """A client for the worker: bytes replies, keepalive, no read timeout (reads block).
+
+    redis-py's silent command retries are off: a retried XREADGROUP whose first
+    reply was lost would leave entries pending on us unseen. A connection error
+    reaches the consumer loop, which backs off, reconnects and replays its own
+    pending entries.
+    """
     return redis.Redis.from_url(redis_url, socket_connect_timeout=5, socket_keepalive=True,
-                                health_check_interval=30)
+                                health_check_interval=30, retry=Retry(NoBackoff(), 0))
 
 
 def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:

@@ -122,7 +122,7 @@ def test_computed_twice_answered_once(affine, redis_url, redis_client, models_di
     assert len(entries) == 1
     # consumer c2 reclaims it and answers
     other = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="c2",
-                          idle_block_ms=50, reclaim_idle_s=0.1)
+                          idle_block_ms=50, claim_idle_s=0.1)
     time.sleep(0.15)
     other._reclaim()
     drain(other)
@@ -159,7 +159,8 @@ def test_acknowledged_entries_are_trimmed_but_pending_kept(affine, redis_url, re
     affine._trim()
     assert redis_client.xlen(keys.requests) == 4  # the held entry and the three undelivered
     drain(affine)
-    other._answer(other._admit(redis_client.xrange(keys.requests, "-", "+", count=1)))
+    (entry_id, fields), = redis_client.xrange(keys.requests, "-", "+", count=1)
+    other._answer([other.intake.admit(entry_id, fields, time.time() * 1000)])
     assert producer.result(held, 5).ok
 
 

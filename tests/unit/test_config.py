@@ -102,7 +102,7 @@ def test_consumer_names_with_host_punctuation_are_valid() -> None:
         ("reply_ttl_s", 0),
         ("max_body_bytes", 63),
         ("idle_block_ms", 0),
-        ("reclaim_idle_s", 0.0),
+        ("claim_idle_s", 0.0),
         ("housekeeping_s", 0.0),
     ],
 )

@@ -20,6 +20,7 @@ def test_producer_exported_members() -> None:
         "ModelError",
         "Producer",
         "ProtocolError",
+        "QueueFull",
         "QueueKeys",
         "Reply",
         "ReplyError",

@@ -59,11 +59,13 @@ def ok_reply(rid: str, outputs: object = None) -> bytes:
 
 
 def test_submit_writes_one_entry_that_decodes_to_the_inputs(client: fakeredis.FakeRedis, producer: Producer) -> None:
+    before = time.time() * 1000
     rid = producer.submit(X, {"t": 0.5})
     written = entries(client, producer)
     assert len(written) == 1
     _, fields = written[0]
-    assert set(fields) == {b"id", b"body"}
+    assert set(fields) == {b"id", b"body", b"deadline"}  # the default deadline
+    assert before + 59_000 <= int(fields[b"deadline"]) <= time.time() * 1000 + 60_000
     assert fields[b"id"] == rid.encode()
     inputs, params = decode_body(fields[b"body"])
     np.testing.assert_array_equal(inputs, X)
@@ -427,3 +429,50 @@ def test_other_redis_errors_become_inferfleet_errors(client: fakeredis.FakeRedis
         producer.submit(X)
     assert not isinstance(info.value, errors.ConnectionError)
     assert isinstance(info.value.__cause__, redis.exceptions.ResponseError)
+
+
+# --------------------------------------------------------------------------- deadlines and backpressure
+
+
+def test_no_default_deadline_when_disabled(client: fakeredis.FakeRedis) -> None:
+    with Producer(client=client, name="q", default_deadline_s=None) as p:
+        p.submit(X)
+    (_, fields), = client.xrange("inferfleet:{q}:requests")
+    assert set(fields) == {b"id", b"body"}
+
+
+def test_infer_uses_its_timeout_as_deadline(client: fakeredis.FakeRedis, producer: Producer) -> None:
+    with pytest.raises(errors.ReplyTimeout):
+        producer.infer(X, timeout_s=0.05)
+    (_, fields), = entries(client, producer)
+    assert int(fields[b"deadline"]) <= time.time() * 1000 + 100
+
+
+def test_queue_full_raises_and_writes_nothing(client: fakeredis.FakeRedis) -> None:
+    with Producer(client=client, name="q", max_backlog=3) as p:
+        p.submit_many([X] * 3)
+        with pytest.raises(errors.QueueFull) as info:
+            p.submit(X)
+        time.sleep(0.06)  # past the backlog cache
+        with pytest.raises(errors.QueueFull):
+            p.submit(X)
+    assert info.value.backlog == 3
+    assert client.xlen("inferfleet:{q}:requests") == 3
+
+
+def test_queue_full_waits_for_room(client: fakeredis.FakeRedis) -> None:
+    with Producer(client=client, name="q", max_backlog=2, on_full="wait", full_wait_s=5) as p:
+        p.submit_many([X] * 2)
+        timer = threading.Timer(0.3, lambda: client.delete("inferfleet:{q}:requests"))
+        timer.start()
+        started = time.monotonic()
+        p.submit(X)  # blocks until the backlog drops
+        timer.join()
+    assert time.monotonic() - started >= 0.25
+    assert client.xlen("inferfleet:{q}:requests") == 1
+
+
+def test_bad_limit_settings_are_refused(client: fakeredis.FakeRedis) -> None:
+    for kwargs in ({"max_backlog": 0}, {"on_full": "drop"}, {"default_deadline_s": 0}):
+        with pytest.raises(ValueError):
+            Producer(client=client, name="q", **kwargs)

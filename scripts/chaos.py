@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Reliability scenarios with real processes on a real redis-server; the figures in docs/reliability.md.
+
+Each scenario starts a private redis-server and ``inferfleet supervise``,
+pushes requests, breaks something, and counts what came back:
+
+* ``kill``:   SIGKILL a random worker every second while requests flow;
+* ``redis``:  SIGKILL redis-server mid-run and start it again (AOF, fsync always);
+* ``poison``: one request kills every worker that computes it, others keep flowing.
+
+Every scenario reports requests, answered, lost (no reply), duplicated (more
+than one reply in a reply list), wrong (outputs not 2x inputs) and recovery
+time. The tests in tests/integration/test_reliability.py run the same
+functions smaller and assert on them.
+
+    python scripts/chaos.py kill --requests 5000
+    python scripts/chaos.py redis --requests 3000
+    python scripts/chaos.py poison --requests 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from producer import Producer, errors  # noqa: E402
+from producer.protocol import QueueKeys, decode_reply  # noqa: E402
+from scripts.example_handlers import POISON  # noqa: E402
+from worker.embedded import EmbeddedRedis  # noqa: E402
+from worker.heartbeat import read_heartbeats  # noqa: E402
+
+NAME = "chaos"
+KEYS = QueueKeys(NAME)
+
+
+@contextmanager
+def fleet(url: str, workers: int, handler: str = "SimulatedAccelerator", *extra: str) -> Iterator[subprocess.Popen]:
+    """``inferfleet supervise`` with a fixed fleet, until the block ends (then drained)."""
+    env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT), BATCH_S="0.005")
+    cmd = [sys.executable, "-m", "worker.cli", "supervise", "--name", NAME,
+           "--model", f"scripts.example_handlers:{handler}", "--max-batch-rows", "16", "--devices", "cpu",
+           "--policy", "fixed", "--min-workers", str(workers), "--max-workers", str(workers),
+           "--interval-s", "0.2", "--log-level", "warning", *extra]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
+    client = redis.Redis.from_url(url)
+    try:
+        wait_for(lambda: len(read_heartbeats(client, KEYS)) >= workers, 120, "the fleet to start")
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        client.close()
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except redis.exceptions.ConnectionError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def inputs_for(i: int) -> np.ndarray:
+    return np.full((1, 4), float(i % 1000), np.float32)
+
+
+def feed(url: str, requests: int, per_s: float, accepted: dict[str, int]) -> None:
+    """Submit ``requests`` in small chunks at about ``per_s``; record what Redis accepted."""
+    producer = Producer(url, NAME, default_deadline_s=None)
+    chunk = 50
+    for start in range(0, requests, chunk):
+        indices = range(start, min(start + chunk, requests))
+        while True:
+            try:
+                rids = producer.submit_many([inputs_for(i) for i in indices])
+                accepted.update(zip(rids, indices))
+                break
+            except errors.ConnectionError:
+                time.sleep(0.1)  # Redis is down: this chunk was not accepted; retry it
+        time.sleep(chunk / per_s)
+    producer.close()
+
+
+def tally(client: redis.Redis, accepted: dict[str, int], timeout_s: float) -> dict[str, float]:
+    """Wait for every accepted request's reply; count lost, duplicated, wrong, dead-lettered."""
+    pending = dict(accepted)
+    counts = {"answered": 0, "duplicated": 0, "wrong": 0, "dead_lettered": 0}
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        rids = list(pending)
+        pipe = client.pipeline(transaction=False)
+        for rid in rids:
+            pipe.llen(KEYS.reply(rid))
+        for rid, length in zip(rids, pipe.execute()):
+            if length:
+                _check(client, rid, pending.pop(rid), int(length), counts)
+        time.sleep(0.1)
+    counts["lost"] = len(pending)
+    counts["requests"] = len(accepted)
+    return counts
+
+
+def _check(client: redis.Redis, rid: str, index: int, length: int, counts: dict) -> None:
+    counts["answered"] += 1
+    counts["duplicated"] += length > 1
+    reply = decode_reply(client.lindex(KEYS.reply(rid), 0))
+    if not reply.ok:
+        counts["dead_lettered" if reply.error_code == "dead_letter" else "wrong"] += 1
+    elif not np.array_equal(reply.outputs, inputs_for(index) * 2):
+        counts["wrong"] += 1
+
+
+def scenario_kill(requests: int = 5000, workers: int = 3, kill_every_s: float = 1.0) -> dict:
+    """SIGKILL a random worker every ``kill_every_s`` while requests flow."""
+    with EmbeddedRedis() as server, fleet(server.url, workers, "SimulatedAccelerator",
+                                          "--crash-loop-deaths", "1000", "--max-deliveries", "20"):
+        client = redis.Redis.from_url(server.url)
+        accepted: dict[str, int] = {}
+        feeder = threading.Thread(target=feed, args=(server.url, requests, 600, accepted))
+        feeder.start()
+        kills = 0
+        while feeder.is_alive():
+            time.sleep(kill_every_s)
+            pids = [b.pid for b in read_heartbeats(client, KEYS)]
+            if pids:
+                try:
+                    os.kill(random.choice(pids), signal.SIGKILL)
+                    kills += 1
+                except ProcessLookupError:
+                    pass
+        feeder.join()
+        last_kill = time.monotonic()
+        result = tally(client, accepted, 120)
+        result.update(kills=kills, recover_s=round(time.monotonic() - last_kill, 2))
+        client.close()
+    return result
+
+
+def scenario_redis(requests: int = 3000, workers: int = 2, down_s: float = 1.0) -> dict:
+    """SIGKILL redis-server mid-run, then start it again on the same AOF (appendfsync always)."""
+    aof = ("--appendonly", "yes", "--appendfsync", "always")
+    with EmbeddedRedis(extra_args=aof) as server, fleet(server.url, workers):
+        accepted: dict[str, int] = {}
+        feeder = threading.Thread(target=feed, args=(server.url, requests, 800, accepted))
+        feeder.start()
+        time.sleep(1.5)
+        server.crash()
+        time.sleep(down_s)
+        server.start()
+        back = time.monotonic()
+        client = redis.Redis.from_url(server.url)
+        probe = Producer(server.url, NAME, default_deadline_s=None)
+        probe.result(probe.submit(inputs_for(0)), timeout_s=60)  # a full round trip through the fleet
+        first_reply_s = time.monotonic() - back
+        probe.close()
+        feeder.join()
+        result = tally(client, accepted, 120)
+        result.update(redis_down_s=down_s, first_reply_after_restart_s=round(first_reply_s, 2))
+        client.close()
+    return result
+
+
+def scenario_poison(requests: int = 2000, workers: int = 2) -> dict:
+    """One request kills every worker that computes it; the rest must keep flowing."""
+    with EmbeddedRedis() as server, fleet(server.url, workers, "CrashOnPoison", "--crash-loop-deaths", "100"):
+        client = redis.Redis.from_url(server.url)
+        producer = Producer(server.url, NAME, default_deadline_s=None)
+        started = time.monotonic()
+        poison = producer.submit(np.full((1, 4), POISON, np.float32))
+        accepted: dict[str, int] = {}
+        feed(server.url, requests, 200, accepted)
+        reply = producer.result(poison, timeout_s=120, raise_errors=False)
+        result = tally(client, accepted, 120)
+        result.update(poison_code=reply.error_code, poison_answered_s=round(time.monotonic() - started, 2),
+                      dead_letters=int(client.xlen(KEYS.dead)))
+        producer.close()
+        client.close()
+    return result
+
+
+SCENARIOS = {"kill": scenario_kill, "redis": scenario_redis, "poison": scenario_poison}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument("--requests", type=int, default=None)
+    args = parser.parse_args()
+    kwargs = {"requests": args.requests} if args.requests else {}
+    print(json.dumps(SCENARIOS[args.scenario](**kwargs)))
+
+
+if __name__ == "__main__":
+    main()

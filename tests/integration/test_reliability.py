@@ -1,0 +1,41 @@
+"""Nothing lost, nothing answered twice: the chaos scenarios of scripts/chaos.py, asserted.
+
+Each scenario runs real supervisors, workers and redis-servers of its own.
+They are slow (10-30 s each) and run in CI with the rest of the suite.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts.chaos import scenario_kill, scenario_poison, scenario_redis
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def assert_all_answered_once(result: dict) -> None:
+    assert result["lost"] == 0, result
+    assert result["duplicated"] == 0, result
+    assert result["wrong"] == 0, result
+    assert result["answered"] == result["requests"], result
+
+
+def test_sigkill_a_random_worker_every_second_loses_nothing():
+    result = scenario_kill(requests=5000, workers=3, kill_every_s=1.0)
+    assert result["kills"] >= 3, result
+    assert_all_answered_once(result)
+    assert result["dead_lettered"] == 0, result
+
+
+def test_redis_crash_and_restart_with_aof_loses_no_accepted_request():
+    result = scenario_redis(requests=3000, workers=2, down_s=1.0)
+    assert_all_answered_once(result)
+    assert result["dead_lettered"] == 0, result
+
+
+def test_a_request_that_kills_its_worker_is_dead_lettered_while_others_flow():
+    result = scenario_poison(requests=1000, workers=2)
+    assert result["poison_code"] == "dead_letter", result
+    assert result["dead_letters"] == 1, result  # only the poison: its batch-mates were answered
+    assert_all_answered_once(result)
+    assert result["dead_lettered"] == 0, result
