@@ -53,3 +53,12 @@ class Slow(Scale):
 
         time.sleep(float(os.environ.get("SLOW_BATCH_S", "0.02")))
         return x * 2.0
+
+
+class OutOfMemoryOverRows(Scale):
+    """Raises torch.OutOfMemoryError on batches over OOM_ROWS rows (a GPU that is too small)."""
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        if x.shape[0] > int(os.environ.get("OOM_ROWS", "8")):
+            raise torch.OutOfMemoryError(f"CUDA out of memory on {x.shape[0]} rows (simulated)")
+        return x * 2.0

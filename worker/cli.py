@@ -377,6 +377,106 @@ def status(name: str | None, watch: bool, interval_s: float, redis_url: str | No
         pass
 
 
+# --------------------------------------------------------------------------- dead letters
+
+
+def _dead_context(name: str, redis_url: str | None, prefix: str) -> tuple[Any, Any]:
+    import redis
+
+    from producer.client import _redis_url as resolve_url
+    from producer.protocol import QueueKeys
+
+    try:
+        keys = QueueKeys(name, prefix)
+    except errors.ProtocolError as exc:
+        raise click.BadParameter(str(exc), param_hint="--name") from exc
+    return redis.Redis.from_url(resolve_url(redis_url), socket_connect_timeout=5), keys
+
+
+@main.group()
+def dead() -> None:
+    """Inspect, replay or purge a queue's dead letters (requests given up on)."""
+
+
+@dead.command("list")
+@_name
+@click.option("--count", type=int, default=100, show_default=True, help="Most entries to show.")
+@_redis_url
+@_prefix
+def dead_list(name: str, count: int, redis_url: str | None, prefix: str) -> None:
+    """List dead letters, oldest first."""
+    from datetime import datetime, timezone
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from worker.deadletter import list_dead
+
+    client, keys = _dead_context(name, redis_url, prefix)
+    table = Table(title=f"dead letters of {name}", title_justify="left")
+    for column in ("dead id", "request id", "when (UTC)", "deliveries", "reason"):
+        table.add_column(column)
+    for letter in list_dead(client, keys, count):
+        when = datetime.fromtimestamp(letter.dead_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(letter.dead_id, letter.request_id, when, str(letter.deliveries), letter.reason)
+    Console().print(table if table.row_count else f"no dead letters in {keys.dead}")
+
+
+@dead.command("show")
+@_name
+@click.argument("ident")
+@_redis_url
+@_prefix
+def dead_show(name: str, ident: str, redis_url: str | None, prefix: str) -> None:
+    """Show one dead letter (IDENT: its dead id or its request id) as JSON."""
+    from worker.deadletter import find_dead
+
+    client, keys = _dead_context(name, redis_url, prefix)
+    letter = find_dead(client, keys, ident)
+    if letter is None:
+        raise click.ClickException(f"no dead letter {ident!r} in {keys.dead}")
+    shown = {k: v for k, v in vars(letter).items() if k != "fields"}
+    shown["fields"] = sorted(k.decode(errors="replace") for k in letter.fields)
+    click.echo(json.dumps(shown, indent=2))
+
+
+@dead.command("replay")
+@_name
+@click.argument("ident", required=False)
+@click.option("--all", "replay_all", is_flag=True, help="Replay every dead letter.")
+@_redis_url
+@_prefix
+def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str | None, prefix: str) -> None:
+    """Put a dead letter (or --all) back on the request stream, same request id."""
+    from worker.deadletter import find_dead, list_dead, replay_dead
+
+    if bool(ident) == replay_all:
+        raise click.UsageError("give a dead id or request id, or --all")
+    client, keys = _dead_context(name, redis_url, prefix)
+    letters = list_dead(client, keys, 1_000_000) if replay_all else [find_dead(client, keys, ident or "")]
+    if letters == [None]:
+        raise click.ClickException(f"no dead letter {ident!r} in {keys.dead}")
+    for letter in letters:
+        if letter is not None:
+            new_id = replay_dead(client, keys, letter)
+            click.echo(f"replayed {letter.request_id} as entry {new_id.decode()}")
+
+
+@dead.command("purge")
+@_name
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@_redis_url
+@_prefix
+def dead_purge(name: str, yes: bool, redis_url: str | None, prefix: str) -> None:
+    """Delete every dead letter of the queue."""
+    from worker.deadletter import purge_dead
+
+    client, keys = _dead_context(name, redis_url, prefix)
+    if not yes:
+        click.confirm(f"delete every dead letter in {keys.dead}?", abort=True)
+    click.echo(f"purged {purge_dead(client, keys)} dead letters")
+
+
 # --------------------------------------------------------------------------- bench
 
 

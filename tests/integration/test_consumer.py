@@ -19,8 +19,9 @@ from worker.runtime import load_runtime
 
 
 def make_consumer(redis_url: str, model: str, name: str = "q", **overrides) -> Consumer:
+    overrides.setdefault("warmup_iters", 1)
     settings = WorkerSettings(name=name, model=model, redis_url=redis_url, consumer=overrides.pop("consumer", "c1"),
-                              warmup_iters=1, **overrides)
+                              **overrides)
     consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
     consumer.prepare()
     return consumer
@@ -175,3 +176,52 @@ def test_worker_serves_until_stopped(affine, redis_url, redis_client):
         stop.set()
         thread.join(5)
     assert not thread.is_alive()
+
+
+def test_out_of_memory_splits_the_batch_and_lowers_the_row_limit(redis_url, redis_client, monkeypatch):
+    monkeypatch.setenv("OOM_ROWS", "8")
+    consumer = make_consumer(redis_url, "tests.handlers:OutOfMemoryOverRows", idle_block_ms=50,
+                             max_batch_rows=32, warmup_iters=0)
+    producer = Producer(redis_url, "q")
+    inputs = [np.full((1, 4), i, np.float32) for i in range(32)]
+    rids = producer.submit_many(inputs)
+    drain(consumer)
+    replies = producer.results(rids, timeout_s=5)
+    assert all(r.ok for r in replies)  # every request answered despite the OOM
+    for x, r in zip(inputs, replies):
+        np.testing.assert_array_equal(r.outputs, x * 2)
+    assert consumer.row_limit == 8  # halved twice: 32 -> 16 -> 8
+    more = producer.submit_many(inputs)
+    drain(consumer)
+    assert max(r.timing["batch_rows"] for r in producer.results(more, timeout_s=5)) <= 8
+
+
+def test_dead_letter_commands(redis_url, redis_client, models_dir):
+    import subprocess
+    import sys
+
+    from tests.conftest import worker_env
+    from worker.deadletter import dead_fields
+
+    keys = QueueKeys("q")
+    body = encode_body(np.ones((1, 16), np.float32))
+    fields = {b"id": b"victim-1", b"body": body}
+    redis_client.xadd(keys.dead, dead_fields(b"1-0", fields, "delivered 4 times", 4, "c9"))
+    cli = [sys.executable, "-m", "worker.cli", "dead"]
+    env = {**worker_env(redis_url), "COLUMNS": "200"}  # rich wraps tables to the terminal width
+    listed = subprocess.run([*cli, "list", "--name", "q"], env=env, capture_output=True, text=True, check=True)
+    assert "victim-1" in listed.stdout and "delivered 4 times" in listed.stdout
+    shown = subprocess.run([*cli, "show", "--name", "q", "victim-1"], env=env, capture_output=True, text=True,
+                           check=True)
+    assert '"deliveries": 4' in shown.stdout
+    subprocess.run([*cli, "replay", "--name", "q", "victim-1"], env=env, check=True, capture_output=True)
+    assert redis_client.xlen(keys.dead) == 0
+    consumer = make_consumer(redis_url, str(models_dir / "affine.pt"), idle_block_ms=50)
+    drain(consumer)
+    assert Producer(redis_url, "q").result("victim-1", timeout_s=5).ok  # replayed and answered
+    redis_client.xadd(keys.dead, dead_fields(b"2-0", fields, "x", 4, "c9"))
+    purged = subprocess.run([*cli, "purge", "--name", "q", "--yes"], env=env, capture_output=True, text=True,
+                            check=True)
+    assert "purged 1" in purged.stdout and redis_client.xlen(keys.dead) == 0
+    missing = subprocess.run([*cli, "show", "--name", "q", "nope"], env=env, capture_output=True, text=True)
+    assert missing.returncode == 1 and "no dead letter" in missing.stderr
