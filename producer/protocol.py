@@ -250,7 +250,7 @@ def encode_tensor(value: Any) -> dict:
     if arr.ndim == 0:
         raise ProtocolError("a tensor needs at least one dimension: shape[0] is the row count")
     arr = np.ascontiguousarray(arr, dtype=DTYPES[name])
-    data = memoryview(arr).cast("B") if arr.size else b""  # memoryview cannot cast empty shapes
+    data = memoryview(arr).cast("B") if arr.size else b""  # type: ignore[arg-type]  # cannot cast empty
     return {"dtype": name, "shape": list(arr.shape), "data": data}
 
 
@@ -304,21 +304,23 @@ def decode_inputs(obj: Any, limits: Limits = DEFAULT_LIMITS, where: str = "input
     Returns an array, a list of arrays or a dict of arrays, and checks that
     every tensor has the same row count.
     """
+    arrays: list[np.ndarray]
+    result: Inputs
     if isinstance(obj, dict) and isinstance(obj.get("dtype"), str):
-        result: Inputs = _decode_tensor(obj, limits, where)
-        arrays = [result]
+        tensor = _decode_tensor(obj, limits, where)
+        arrays, result = [tensor], tensor
     elif isinstance(obj, dict):
         if not 1 <= len(obj) <= limits.max_tensors:
             raise ProtocolError(f"{where}: a map of 1 to {limits.max_tensors} tensors is required")
         if not all(isinstance(k, str) for k in obj):
             raise ProtocolError(f"{where}: the keys of an inputs map must be msgpack strings")
-        result = {k: _decode_tensor(v, limits, f"{where}[{k!r}]") for k, v in obj.items()}
-        arrays = list(result.values())
+        by_name = {k: _decode_tensor(v, limits, f"{where}[{k!r}]") for k, v in obj.items()}
+        arrays, result = list(by_name.values()), by_name
     elif isinstance(obj, list):
         if not 1 <= len(obj) <= limits.max_tensors:
             raise ProtocolError(f"{where}: a list of 1 to {limits.max_tensors} tensors is required")
-        result = [_decode_tensor(v, limits, f"{where}[{i}]") for i, v in enumerate(obj)]
-        arrays = result
+        arrays = [_decode_tensor(v, limits, f"{where}[{i}]") for i, v in enumerate(obj)]
+        result = arrays
     else:
         raise ProtocolError(f"{where}: must be a tensor, a list of tensors or a map of tensors")
     rows = {a.shape[0] for a in arrays}

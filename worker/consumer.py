@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import redis
 
@@ -239,7 +239,7 @@ class Consumer:
         rows_total = sum(r.rows for r in batch)
         started = time.perf_counter()
 
-        def predict(part: list[Request]) -> list[Any]:
+        def predict(part: Sequence[Request]) -> list[Any]:
             try:
                 outputs = self.runtime.predict(concat_inputs(part), part[0].params)
             except Exception as exc:
@@ -261,7 +261,7 @@ class Consumer:
     def _out_of_memory(self, rows: int) -> None:
         """Halve the row limit below the batch that did not fit; bisection retries the halves."""
         self.runtime.release_memory()
-        new_limit = max(1, min(self.row_limit, rows) // 2)
+        new_limit = max(1, rows // 2)
         if new_limit < self.row_limit:
             log.warning("consumer %s: out of memory on %d rows; row limit %d -> %d",
                         self.settings.consumer, rows, self.row_limit, new_limit)
