@@ -20,7 +20,7 @@ import numpy as np
 
 from producer import Producer, errors
 from producer.protocol import DEFAULT_PREFIX, Reply
-from worker.config import DEVICE_CHOICES, ENV_VARS, WorkerSettings
+from worker.config import DEVICE_CHOICES, ENV_VARS, PRECISIONS, WorkerSettings
 from worker.errors import ConfigError, ModelLoadError
 from worker.npfiles import load_inputs, save_outputs
 
@@ -100,6 +100,13 @@ _worker_options = _options(
                  envvar=ENV_VARS["warmup_input"], show_envvar=True),
     click.option("--torch-threads", type=int, default=1, help="Intra-op threads of each worker process.",
                  **_env("torch_threads")),
+    click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32",
+                 help="fp16/bf16 run the model under torch.autocast; outputs stay float32.",
+                 **_env("precision")),
+    click.option("--compile/--no-compile", default=False,
+                 help="torch.compile the model (torch.export .pt2 models).", **_env("compile")),
+    click.option("--empty-cache-every", type=int, default=0,
+                 help="Return cached GPU memory every N batches (0: never).", **_env("empty_cache_every")),
     click.option("--reply-ttl-s", type=int, default=300, help="TTL of each reply list.", **_env("reply_ttl_s")),
     click.option("--max-body-bytes", type=int, default=16 * 1024 * 1024,
                  help="Larger bodies are answered too_large.", **_env("max_body_bytes")),

@@ -16,7 +16,10 @@ from producer.protocol import DEFAULT_PREFIX, DEFAULT_REPLY_TTL_S, Limits, valid
 from producer.errors import ProtocolError
 from worker.errors import ConfigError
 
-__all__ = ["WorkerSettings", "ENV_VARS", "DEVICE_CHOICES", "default_consumer_name"]
+__all__ = ["WorkerSettings", "ENV_VARS", "DEVICE_CHOICES", "PRECISIONS", "default_consumer_name"]
+
+#: fp32 as trained; fp16 and bf16 run under torch.autocast (GPU, and CPU where the ops support it).
+PRECISIONS = ("fp32", "fp16", "bf16")
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 _DEVICE_RE = re.compile(r"(auto|cpu|cuda|cuda:\d{1,3})\Z")
@@ -51,6 +54,9 @@ class WorkerSettings:
     max_deliveries: int = 3
     housekeeping_s: float = 1.0
     heartbeat_s: float = 1.0
+    precision: str = "fp32"
+    compile: bool = False
+    empty_cache_every: int = 0
 
     def __post_init__(self) -> None:
         try:
@@ -75,6 +81,9 @@ class WorkerSettings:
         self._check_range("max_deliveries", 1, 1000)
         self._check_range("housekeeping_s", 0.01, 3600)
         self._check_range("heartbeat_s", 0.05, 600)
+        self._check_range("empty_cache_every", 0, 10**9)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
 
     def _check_range(self, name: str, low: float, high: float) -> None:
         value = getattr(self, name)

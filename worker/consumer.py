@@ -250,6 +250,9 @@ class Consumer:
 
         results = predict_isolated(batch, predict)
         self._recover_row_limit()
+        every = self.settings.empty_cache_every
+        if every and self.total.batches % every == every - 1:
+            self.runtime.release_memory()  # the article's memory hygiene: return cached blocks
         infer_ms = (time.perf_counter() - started) * 1000.0
         self.stats.batches += 1
         self.stats.rows += rows_total

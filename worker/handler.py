@@ -26,7 +26,10 @@ def to_device(inputs: Any, device: torch.device) -> Any:
     """Numpy inputs (a tensor, list or dict of them) as torch tensors on ``device``."""
     if isinstance(inputs, np.ndarray):
         tensor = torch.from_numpy(inputs)
-        return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
+        if device.type == "cpu":
+            return tensor
+        # pinned host memory lets the copy run asynchronously with the host's next work
+        return tensor.pin_memory().to(device, non_blocking=True)
     if isinstance(inputs, dict):
         return {k: to_device(v, device) for k, v in inputs.items()}
     return [to_device(v, device) for v in inputs]
@@ -51,6 +54,10 @@ class Handler:
         """Turn the batch's numpy inputs into what ``predict`` takes (default: tensors)."""
         return to_device(inputs, self.device)
 
+    def compile(self) -> None:
+        """Compile the model for ``--compile``; a handler that supports it overrides this."""
+        raise ValueError(f"{type(self).__name__} does not support --compile (override Handler.compile)")
+
     def predict(self, x: Any, params: dict) -> Any:
         """Run the model on one batch."""
         raise NotImplementedError("a Handler must implement predict(x, params)")
@@ -74,6 +81,13 @@ class ModuleHandler(Handler):
 
     def example_inputs(self) -> Any:
         return self._example
+
+    def compile(self) -> None:
+        """Wrap the module in ``torch.compile`` (torch.export programs only)."""
+        if isinstance(self.module, torch.jit.ScriptModule):
+            raise ValueError("torch.compile cannot compile a TorchScript model: export it with "
+                             "torch.export (.pt2) or serve it without --compile")
+        self.module = torch.compile(self.module, dynamic=True)
 
     def predict(self, x: Any, params: dict) -> Any:
         if params:

@@ -9,7 +9,8 @@ Fields (all strings, as Redis stores them): ``consumer pid host device
 version state requests batches rows rate_rps busy started_ms last_seen_ms``.
 ``rate_rps`` is requests per second over the last interval; ``busy`` is the
 fraction of that interval spent computing and replying (not waiting), so
-``rate_rps / busy`` estimates what the worker could do flat out.
+``rate_rps / busy`` estimates what the worker could do flat out. ``rss_mb``
+is the process's resident memory (the soak benchmark plots it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,17 @@ __all__ = ["Heartbeat", "HeartbeatInfo", "Meter", "read_heartbeats", "heartbeat_
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INDEX = "hb"
+
+
+def rss_mb() -> float:
+    """This process's resident set size in MiB (Linux /proc; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def heartbeat_key(keys: QueueKeys, consumer: str) -> str:
@@ -96,6 +108,7 @@ class HeartbeatInfo:
     busy: float
     started_ms: int
     last_seen_ms: int
+    rss_mb: float = 0.0
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> HeartbeatInfo:
@@ -104,7 +117,8 @@ class HeartbeatInfo:
         return cls(d.get("consumer", "?"), _int(d.get("pid")), d.get("host", "?"), d.get("device", "?"),
                    d.get("version", "?"), d.get("state", "?"), _int(d.get("requests")),
                    _int(d.get("batches")), _int(d.get("rows")), _rate(d.get("rate_rps")),
-                   min(_rate(d.get("busy")), 1.0), _int(d.get("started_ms")), _int(d.get("last_seen_ms")))
+                   min(_rate(d.get("busy")), 1.0), _int(d.get("started_ms")), _int(d.get("last_seen_ms")),
+                   _rate(d.get("rss_mb")))
 
     @property
     def capacity_rps(self) -> float | None:
@@ -143,7 +157,8 @@ class Heartbeat:
         rate, busy = self.meter.sample()
         now_ms = int(time.time() * 1000)
         key = heartbeat_key(self.keys, self.consumer)
-        mapping = {**self._fields, "state": self.state, "requests": self.meter.requests,
+        mapping = {**self._fields, "state": self.state, "rss_mb": round(rss_mb(), 1),
+                   "requests": self.meter.requests,
                    "batches": self.meter.batches, "rows": self.meter.rows, "rate_rps": round(rate, 2),
                    "busy": round(busy, 4), "last_seen_ms": now_ms}
         pipe = self.client.pipeline(transaction=True)

@@ -71,6 +71,20 @@ def to_numpy(outputs: Any) -> Any:
     raise OutputError(f"a model output must be a tensor, list or dict of tensors, got {type(outputs).__name__}")
 
 
+_AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _as_float32(outputs: Any) -> Any:
+    """Reduced-precision float outputs back to float32: clients see the same dtypes as with fp32."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.float() if outputs.dtype in (torch.float16, torch.bfloat16) else outputs
+    if isinstance(outputs, dict):
+        return {k: _as_float32(v) for k, v in outputs.items()}
+    if isinstance(outputs, (list, tuple)):
+        return [_as_float32(v) for v in outputs]
+    return outputs
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """True for a device out-of-memory error (CUDA's, or the generic torch one)."""
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
@@ -80,8 +94,10 @@ class ModelRuntime:
     """One loaded, warmed-up model copy on one device."""
 
     def __init__(self, handler: Handler, name: str, version: str, device: torch.device,
-                 example: Any = None) -> None:
+                 example: Any = None, precision: str = "fp32") -> None:
         self.handler = handler
+        self.precision = precision
+        self._autocast = _AUTOCAST.get(precision)
         self.name = name
         self.version = version
         self.device = device
@@ -99,7 +115,11 @@ class ModelRuntime:
         """Run one batch (numpy in, numpy out) under ``torch.inference_mode``."""
         with torch.inference_mode():
             x = self.handler.preprocess(inputs, params)
-            y = self.handler.predict(x, params)
+            if self._autocast is None:
+                y = self.handler.predict(x, params)
+            else:
+                with torch.autocast(self.device.type, dtype=self._autocast):
+                    y = _as_float32(self.handler.predict(x, params))
             out = to_numpy(self.handler.postprocess(y, params))
         return out
 
@@ -244,9 +264,16 @@ def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     handler, example, version = load_model(settings.model, device)
     if settings.warmup_input:
         example = _load_example_file(settings.warmup_input)
-    runtime = ModelRuntime(handler, settings.name, settings.model_version or version, device, example)
+    if settings.compile:
+        try:
+            handler.compile()
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
+    runtime = ModelRuntime(handler, settings.name, settings.model_version or version, device, example,
+                           settings.precision)
     loaded = time.perf_counter() - started
     warm = runtime.warmup(settings.max_batch_rows, settings.warmup_iters)
-    log.info("model %s version %s on %s: loaded in %.0f ms, warmed up in %.0f ms",
-             settings.name, runtime.version, device, loaded * 1000, warm * 1000)
+    log.info("model %s version %s on %s (%s%s): loaded in %.0f ms, warmed up in %.0f ms",
+             settings.name, runtime.version, device, settings.precision,
+             ", compiled" if settings.compile else "", loaded * 1000, warm * 1000)
     return runtime

@@ -1,0 +1,79 @@
+"""The model runtime on the example models: precision, compile, memory hygiene, heartbeat RSS."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+from producer import Producer
+from scripts.build_models import example_inputs
+from worker.config import WorkerSettings
+from worker.consumer import Consumer
+from worker.errors import ModelLoadError
+from worker.handler import to_device
+from worker.heartbeat import Heartbeat, read_heartbeats
+from worker.runtime import load_runtime
+
+
+def runtime(models_dir, kind: str, **settings):
+    suffix = ".pt2" if kind == "affine2" else ".pt"
+    path = models_dir / f"{kind.rstrip('2')}{suffix}"
+    return load_runtime(WorkerSettings(name="q", model=str(path), warmup_iters=1, **settings))
+
+
+@pytest.mark.parametrize("precision,tolerance", [("bf16", 0.05), ("fp16", 0.01)])
+@pytest.mark.parametrize("kind", ["ctr", "cnn"])
+def test_reduced_precision_stays_close_and_returns_float32(models_dir, kind, precision, tolerance):
+    x = example_inputs(kind, rows=8, seed=5)
+    full = runtime(models_dir, kind).predict(x, {})
+    reduced = runtime(models_dir, kind, precision=precision).predict(x, {})
+    assert reduced.dtype == np.float32
+    scale = np.abs(full).max()
+    assert np.abs(reduced - full).max() <= tolerance * scale
+    assert not np.array_equal(reduced, full)  # it really ran in reduced precision
+
+
+def test_compile_an_exported_model(models_dir):
+    x = example_inputs("affine", rows=5, seed=1)
+    compiled = runtime(models_dir, "affine2", compile=True)
+    np.testing.assert_allclose(compiled.predict(x, {}), runtime(models_dir, "affine2").predict(x, {}),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_compile_refuses_torchscript_clearly(models_dir):
+    with pytest.raises(ModelLoadError, match="torch.compile cannot compile a TorchScript model"):
+        runtime(models_dir, "affine", compile=True)
+
+
+def test_cpu_inputs_are_not_copied_to_the_device():
+    x = np.ones((4, 16), np.float32)
+    assert to_device(x, torch.device("cpu")).data_ptr() == x.ctypes.data
+
+
+def test_memory_hygiene_cadence(redis_url, redis_client, models_dir, monkeypatch):
+    settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=redis_url,
+                              consumer="c1", warmup_iters=1, idle_block_ms=50, max_batch_rows=1,
+                              empty_cache_every=10)
+    consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
+    consumer.prepare()
+    calls = []
+    monkeypatch.setattr(consumer.runtime, "release_memory", lambda: calls.append(1))
+    Producer(redis_url, "q").submit_many([np.ones((1, 16), np.float32)] * 35)
+    while consumer.run_once():
+        pass
+    assert consumer.total.batches == 35 and len(calls) == 3
+
+
+def test_heartbeat_reports_resident_memory(redis_url, redis_client):
+    from producer.protocol import QueueKeys
+    from worker.heartbeat import Meter
+
+    beat = Heartbeat(redis_client, QueueKeys("q"), "c1", Meter(), {"device": "cpu", "version": "1"}).start()
+    try:
+        (info,) = read_heartbeats(redis_client, QueueKeys("q"))
+        assert 10 < info.rss_mb < 100_000
+    finally:
+        beat.stop()
+    assert read_heartbeats(redis_client, QueueKeys("q")) == []
