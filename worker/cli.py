@@ -105,6 +105,8 @@ _worker_options = _options(
                  **_env("precision")),
     click.option("--compile/--no-compile", default=False,
                  help="torch.compile the model (torch.export .pt2 models).", **_env("compile")),
+    click.option("--prefetch", type=click.Choice(["auto", "on", "off"]), default="auto",
+                 help="Read and decode the next batch while one computes (auto: on GPUs).", **_env("prefetch")),
     click.option("--empty-cache-every", type=int, default=0,
                  help="Return cached GPU memory every N batches (0: never).", **_env("empty_cache_every")),
     click.option("--reply-ttl-s", type=int, default=300, help="TTL of each reply list.", **_env("reply_ttl_s")),

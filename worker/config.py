@@ -57,6 +57,7 @@ class WorkerSettings:
     precision: str = "fp32"
     compile: bool = False
     empty_cache_every: int = 0
+    prefetch: str = "auto"
 
     def __post_init__(self) -> None:
         try:
@@ -82,6 +83,8 @@ class WorkerSettings:
         self._check_range("housekeeping_s", 0.01, 3600)
         self._check_range("heartbeat_s", 0.05, 600)
         self._check_range("empty_cache_every", 0, 10**9)
+        if self.prefetch not in ("auto", "on", "off"):
+            raise ConfigError(f"prefetch {self.prefetch!r} is not one of auto, on, off")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -97,6 +98,9 @@ class Consumer:
         self._sha = ""
         self._ready = False
         self._suspects: list[Delivery] = []  # replayed or taken over: computed one at a time
+        self._prefetched: list[Request | Answer] = []  # read ahead, answered next round
+        self._pool: ThreadPoolExecutor | None = None
+        self.prefetch = settings.prefetch == "on" or (settings.prefetch == "auto" and runtime.device.type == "cuda")
         self.row_limit = settings.max_batch_rows  # lowered after an out-of-memory error
         self._good_batches = 0
         self._replay_own = True  # first thing after start or reconnect
@@ -120,6 +124,7 @@ class Consumer:
             except _RETRYABLE as exc:
                 log.warning("Redis unreachable (%s); retrying in %.1f s", exc, backoff)
                 self._replay_own = True
+                self._prefetched = []  # still pending on us: the replay brings them back
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
             except redis.exceptions.ResponseError as exc:
@@ -127,9 +132,21 @@ class Consumer:
                     raise
                 log.warning("stream or group %s vanished; recreating it", self.keys.requests)
                 self._ready = False
+        self._finish_prefetched()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self.leave()
         log.info("consumer %s stopped after %d requests in %d batches",
                  self.settings.consumer, self.total.requests, self.total.batches)
+
+    def _finish_prefetched(self) -> None:
+        """Answer what was read ahead before stopping (best effort: else it is taken over)."""
+        try:
+            if self._prefetched:
+                items, self._prefetched = self._prefetched, []
+                self._answer(items)
+        except redis.exceptions.RedisError as exc:
+            log.warning("consumer %s could not answer its read-ahead entries: %s", self.settings.consumer, exc)
 
     def leave(self) -> bool:
         """Delete this consumer from the group, but only if it holds no pending entries.
@@ -168,10 +185,24 @@ class Consumer:
                         rows_of=lambda item: item.rows if isinstance(item, Request) else 0)
         if items:
             started = time.perf_counter()
+            ahead = self._read_ahead() if self.prefetch else None
             batches, rows = self._answer(items)
+            if ahead is not None:
+                self._prefetched = ahead.result()
             self.meter.record(len(items), batches, rows, time.perf_counter() - started)
         self._maybe_housekeep()
         return len(items)
+
+    def _read_ahead(self) -> Future:
+        """Read and decode the next round's entries in a thread while this round computes.
+
+        torch releases the GIL inside operators, so decoding overlaps the
+        forward pass. The read does not block: it takes what is queued now.
+        The entries are held in ``_prefetched`` until the next round.
+        """
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"read-ahead-{self.settings.consumer}")
+        return self._pool.submit(self._read, self.row_limit, 0.0)
 
     def _answer(self, items: list[Request | Answer]) -> tuple[int, int]:
         """Compute and reply to one round of items; returns (batches, rows)."""
@@ -189,6 +220,9 @@ class Consumer:
     # -- reading -----------------------------------------------------------
 
     def _read(self, count: int, timeout_s: float | None) -> list[Request | Answer]:
+        if self._prefetched:
+            items, self._prefetched = self._prefetched, []
+            return items
         block_ms = self.settings.idle_block_ms if timeout_s is None else int(timeout_s * 1000)
         response = self.redis.xreadgroup(
             GROUP, self.settings.consumer, {self.keys.requests: ">"},
@@ -227,6 +261,7 @@ class Consumer:
 
     def _load_own_pending(self) -> None:
         """Replay what this consumer name holds but never answered (a restart or a lost reply)."""
+        self._prefetched = []  # pending on us too: they come back among the suspects
         self._suspects = own_pending(self.redis, self.keys, self.settings.consumer)
         if self._suspects:
             log.info("replaying %d pending entries of consumer %s, one at a time",
@@ -371,10 +406,11 @@ class Consumer:
 
     def _check_orphans(self) -> None:
         """Entries pending on us that we do not hold were lost in transit (a reply lost
-        on a dropped connection): replay them. Between rounds we hold only the suspects."""
+        on a dropped connection): replay them. Between rounds we hold only the suspects
+        and the read-ahead entries."""
         for consumer in self.redis.xinfo_consumers(self.keys.requests, GROUP):
             name = consumer["name"]
             if (name.decode() if isinstance(name, bytes) else name) == self.settings.consumer:
-                if int(consumer["pending"]) > len(self._suspects):
+                if int(consumer["pending"]) > len(self._suspects) + len(self._prefetched):
                     self._replay_own = True
                 return

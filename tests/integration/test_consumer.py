@@ -225,3 +225,39 @@ def test_dead_letter_commands(redis_url, redis_client, models_dir):
     assert "purged 1" in purged.stdout and redis_client.xlen(keys.dead) == 0
     missing = subprocess.run([*cli, "show", "--name", "q", "nope"], env=env, capture_output=True, text=True)
     assert missing.returncode == 1 and "no dead letter" in missing.stderr
+
+
+def test_read_ahead_answers_everything_once(redis_url, redis_client, models_dir):
+    consumer = make_consumer(redis_url, str(models_dir / "cnn.pt"), idle_block_ms=50, max_batch_rows=8,
+                             prefetch="on")
+    assert consumer.prefetch
+    producer = Producer(redis_url, "q")
+    inputs = [np.random.default_rng(i).standard_normal((1, 3, 32, 32), dtype=np.float32) for i in range(50)]
+    rids = producer.submit_many(inputs)
+    drain(consumer)
+    assert consumer._prefetched == []
+    model = torch.jit.load(str(models_dir / "cnn.pt"))
+    for x, rid in zip(inputs, rids):
+        assert redis_client.llen(affine_keys().reply(rid)) == 1
+        with torch.no_grad():
+            np.testing.assert_allclose(producer.result(rid, 5).outputs, model(torch.from_numpy(x)).numpy(),
+                                       rtol=1e-4, atol=1e-5)
+    assert pending(redis_client, consumer.keys) == 0
+
+
+def test_stopping_answers_what_was_read_ahead(redis_url, redis_client, models_dir):
+    consumer = make_consumer(redis_url, str(models_dir / "affine.pt"), idle_block_ms=50, max_batch_rows=4,
+                             prefetch="on")
+    producer = Producer(redis_url, "q")
+    rids = producer.submit_many([np.ones((1, 16), np.float32)] * 8)
+    consumer.run_once()  # answers 4, reads the next 4 ahead
+    assert len(consumer._prefetched) == 4
+    stop = threading.Event()
+    stop.set()
+    consumer.run(stop)  # stops at once, but answers the read-ahead first
+    assert all(r.ok for r in producer.results(rids, timeout_s=5))
+    assert pending(redis_client, consumer.keys) == 0
+
+
+def affine_keys() -> QueueKeys:
+    return QueueKeys("q")
