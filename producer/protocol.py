@@ -287,6 +287,8 @@ def _decode_tensor(obj: Any, limits: Limits, where: str) -> np.ndarray:
         )
     if not isinstance(data, bytes):
         raise ProtocolError(f"{where}: data must be msgpack bin, got {type(data).__name__}")
+    if prod(d for d in shape if d) > limits.max_body_bytes:  # bounds empty tensors' shapes too
+        raise ProtocolError(f"{where}: shape {shape} is too large")
     expected = prod(shape) * dtype.itemsize
     if expected != len(data):
         raise ProtocolError(

@@ -5,10 +5,11 @@ by the pure modules (:mod:`worker.batching`, :mod:`worker.intake`); this
 module only moves bytes between them and Redis.
 
 Replies are written by one Lua script per round (:data:`REPLY_SCRIPT`): for
-each entry it XACKs, and pushes the reply only if that XACK removed the
-entry from the pending list. The push and the acknowledgement are one atomic
-step, and a request computed twice (a slow worker whose entry was reclaimed)
-is answered once: whoever acknowledges first answers.
+each entry it pushes the reply, then XACKs, and takes the reply back if that
+XACK found the entry already acknowledged. The push and the acknowledgement
+are one atomic step (the reply is written first, as the contract asks), and
+a request computed twice (a slow worker whose entry was taken over) is
+answered once: whoever acknowledges first answers.
 """
 
 from __future__ import annotations
@@ -36,19 +37,30 @@ __all__ = ["Consumer", "REPLY_SCRIPT", "ensure_group"]
 log = logging.getLogger(__name__)
 
 #: KEYS = [stream, reply_key...]; ARGV = [group, ttl_ms, (entry_id, payload)...].
-#: An empty payload means "acknowledge only". Returns the number of replies pushed.
+#: An empty payload means "acknowledge only". The reply is pushed first and
+#: taken back if the XACK finds the entry already answered (so exactly one
+#: reply stands); a push that fails (the key holds another type) leaves the
+#: entry pending and unacknowledged. Returns {pushed, {failed 0-based indexes}}.
 REPLY_SCRIPT = """
 local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
-local pushed = 0
+local pushed, failed = 0, {}
 for i = 2, #KEYS do
   local id, payload = ARGV[2 * i - 1], ARGV[2 * i]
-  if redis.call('XACK', stream, group, id) == 1 and payload ~= '' then
-    redis.call('RPUSH', KEYS[i], payload)
-    redis.call('PEXPIRE', KEYS[i], ttl)
-    pushed = pushed + 1
+  if payload == '' then
+    redis.call('XACK', stream, group, id)
+  else
+    local res = redis.pcall('RPUSH', KEYS[i], payload)
+    if type(res) == 'table' and res.err then
+      table.insert(failed, i - 2)
+    elseif redis.call('XACK', stream, group, id) == 1 then
+      redis.call('PEXPIRE', KEYS[i], ttl)
+      pushed = pushed + 1
+    else
+      redis.call('RPOP', KEYS[i])
+    end
   end
 end
-return pushed
+return {pushed, failed}
 """
 
 _RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -170,6 +182,8 @@ class Consumer:
     def prepare(self) -> None:
         """Join the group (creating it if needed) and load the reply script."""
         ensure_group(self.redis, self.keys.requests)
+        # Redis 7.0 lists a consumer only once it has been handed an entry; make it visible now
+        self.redis.xgroup_createconsumer(self.keys.requests, GROUP, self.settings.consumer)
         self._sha = self.redis.script_load(REPLY_SCRIPT)
         self._ready = True
         log.info("consumer %s serving %s (max %d rows, wait %.1f ms)", self.settings.consumer,
@@ -322,17 +336,19 @@ class Consumer:
                   "infer_ms": infer_ms, "batch_rows": batch_rows}
         if not isinstance(result, Exception):
             try:
-                return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True)
+                return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True,
+                              rid=req.rid)
             except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
                 result = exc
         log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, result)
         message = f"{type(result).__name__}: {result}"
-        return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing))
+        return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
+                      rid=req.rid)
 
     # -- writing -----------------------------------------------------------
 
     def _write(self, answers: list[Answer]) -> None:
-        """Reply and XACK every answer in one atomic script call."""
+        """Reply and XACK every answer in one atomic script call (dead letters first)."""
         if not answers:
             return
         dead = [a.dead for a in answers if a.dead is not None]
@@ -341,6 +357,16 @@ class Consumer:
             for fields in dead:
                 pipe.xadd(self.keys.dead, fields, maxlen=DEAD_MAXLEN, approximate=True)
             pipe.execute()
+        pushed, failed = self._run_reply_script(answers)
+        expected = sum(1 for a in answers if a.payload) - len(failed)
+        if pushed < expected:
+            self.stats.skipped += expected - pushed
+            log.info("%d replies skipped: those requests were already answered by another consumer",
+                     expected - pushed)
+        if failed:
+            self._reply_elsewhere([answers[i] for i in failed])
+
+    def _run_reply_script(self, answers: list[Answer]) -> tuple[int, list[int]]:
         keys = [self.keys.requests]
         args: list[Any] = [GROUP, self.settings.reply_ttl_s * 1000]
         for answer in answers:
@@ -348,15 +374,28 @@ class Consumer:
             args.append(answer.entry_id)
             args.append(answer.payload or b"")
         try:
-            pushed = self.redis.evalsha(self._sha, len(keys), *keys, *args)
+            pushed, failed = self.redis.evalsha(self._sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:  # Redis restarted or SCRIPT FLUSH
             self._sha = self.redis.script_load(REPLY_SCRIPT)
-            pushed = self.redis.evalsha(self._sha, len(keys), *keys, *args)
-        expected = sum(1 for a in answers if a.payload)
-        if pushed < expected:
-            self.stats.skipped += expected - pushed
-            log.info("%d replies skipped: those requests were already answered by another consumer",
-                     expected - pushed)
+            pushed, failed = self.redis.evalsha(self._sha, len(keys), *keys, *args)
+        return int(pushed), [int(i) for i in failed]
+
+    def _reply_elsewhere(self, answers: list[Answer]) -> None:
+        """Replies whose key holds another type: answer bad_request to the default key,
+        and if even that fails, acknowledge without a reply (logged) rather than loop."""
+        retry = []
+        for a in answers:
+            log.error("entry %s: reply key %s holds a non-list value", a.entry_id.decode(), a.reply_key)
+            default = self.keys.reply(a.rid) if a.rid else None
+            if a.rid and default and default != a.reply_key:
+                message = f"reply key {a.reply_key} holds a value that is not a list"
+                retry.append(Answer(a.entry_id, default, encode_reply_error(
+                    a.rid, "bad_request", message, self.runtime.model_meta), rid=a.rid))
+            else:
+                retry.append(Answer(a.entry_id, None, None))
+        _, failed = self._run_reply_script(retry)
+        if failed:
+            self._run_reply_script([Answer(retry[i].entry_id, None, None) for i in failed])
 
     # -- housekeeping ------------------------------------------------------
 

@@ -43,6 +43,7 @@ class Answer:
     payload: bytes | None
     ok: bool = False
     dead: dict | None = None  # fields for the dead-letter stream, written before the reply
+    rid: str | None = None  # the request id, when readable
 
 
 def _readable_rid(fields: Mapping[bytes, bytes] | None) -> str | None:
@@ -75,12 +76,13 @@ class Intake:
         try:
             return self._admit(entry_id, fields, now_ms)
         except Exception as exc:  # noqa: BLE001 - a decoder bug must not kill the worker
-            log.exception("entry %s could not be admitted", entry_id.decode(errors="replace"))
-            rid = _readable_rid(fields)
-            if rid is None:
+            # one line, no traceback: a hostile client must not be able to flood the logs
+            log.error("entry %s could not be admitted: %s: %s", entry_id.decode(errors="replace"),
+                      type(exc).__name__, exc)
+            if not fields:
                 return Answer(entry_id, None, None)
-            return self._refuse(entry_id, rid, self.keys.reply(rid), "bad_request",
-                                f"the request could not be decoded: {type(exc).__name__}")
+            return self.refuse_entry(entry_id, fields, "bad_request",
+                                     f"the request could not be decoded: {type(exc).__name__}")
 
     def _admit(self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float) -> Request | Answer:
         if not fields:
@@ -136,4 +138,4 @@ class Intake:
         return self._refuse(entry_id, rid, key, code, message)
 
     def _refuse(self, entry_id: bytes, rid: str, key: str, code: str, message: str) -> Answer:
-        return Answer(entry_id, key, encode_reply_error(rid, code, message, self.model))
+        return Answer(entry_id, key, encode_reply_error(rid, code, message, self.model), rid=rid)

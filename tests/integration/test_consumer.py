@@ -261,3 +261,20 @@ def test_stopping_answers_what_was_read_ahead(redis_url, redis_client, models_di
 
 def affine_keys() -> QueueKeys:
     return QueueKeys("q")
+
+
+def test_reply_key_of_the_wrong_type_is_answered_on_the_default_key(affine, redis_url, redis_client):
+    keys = affine.keys
+    inbox = keys.inbox("broken")
+    redis_client.set(inbox, "not a list")
+    producer = Producer(redis_url, "q")
+    x = np.ones((1, 16), np.float32)
+    before = producer.submit(x)
+    broken = producer.submit(x, reply_to=inbox)
+    after = producer.submit(x)
+    drain(affine)
+    assert producer.result(before, 5).ok and producer.result(after, 5).ok
+    reply = producer.result(broken, 5, raise_errors=False)
+    assert reply.error_code == "bad_request" and "not a list" in reply.error_message
+    assert redis_client.get(inbox) == b"not a list"  # untouched
+    assert pending(redis_client, keys) == 0
