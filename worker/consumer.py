@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 #: An empty payload means "acknowledge only". The reply is pushed first and
 #: taken back if the XACK finds the entry already answered (so exactly one
 #: reply stands); a push that fails (the key holds another type) leaves the
-#: entry pending and unacknowledged. Returns {pushed, {failed 0-based indexes}}.
+#: entry pending and unacknowledged (a non-list key: answered elsewhere; any
+#: other error, such as Redis out of memory, aborts the round, which is retried).
+#: Returns {pushed, {failed 0-based indexes}}.
 REPLY_SCRIPT = """
 local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
 local pushed, failed = 0, {}
@@ -51,6 +53,9 @@ for i = 2, #KEYS do
   else
     local res = redis.pcall('RPUSH', KEYS[i], payload)
     if type(res) == 'table' and res.err then
+      if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then
+        return redis.error_reply(res.err)  -- out of memory and the like: retry the round later
+      end
       table.insert(failed, i - 2)
     elseif redis.call('XACK', stream, group, id) == 1 then
       redis.call('PEXPIRE', KEYS[i], ttl)
@@ -63,7 +68,17 @@ end
 return {pushed, failed}
 """
 
-_RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+#: Errors the loop waits out: Redis unreachable, or full (maxmemory with noeviction).
+_RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+              redis.exceptions.OutOfMemoryError)
+
+
+def _describe_outage(exc: Exception) -> str:
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        return "Redis refused our credentials"
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return "Redis is out of memory (maxmemory)"
+    return "Redis unreachable"
 
 
 def ensure_group(client: redis.Redis, stream: str) -> None:
@@ -134,7 +149,7 @@ class Consumer:
                 self.run_once()
                 backoff = 0.1
             except _RETRYABLE as exc:
-                log.warning("Redis unreachable (%s); retrying in %.1f s", exc, backoff)
+                log.warning("%s (%s); retrying in %.1f s", _describe_outage(exc), exc, backoff)
                 self._replay_own = True
                 self._prefetched = []  # still pending on us: the replay brings them back
                 stop.wait(backoff)

@@ -60,3 +60,33 @@ def test_worker_waits_out_a_redis_restart_and_carries_on(aof_redis, models_dir, 
     finally:
         stop.set()
         thread.join(10)
+
+
+def test_a_full_redis_is_waited_out_without_losing_replies(redis_url, redis_client, models_dir, caplog):
+    """At maxmemory (noeviction) the reply script is refused: nothing is acknowledged, the round is retried."""
+    caplog.set_level(logging.WARNING, logger="worker.consumer")
+    settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=redis_url,
+                              consumer="c1", idle_block_ms=100, warmup_iters=1)
+    consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
+    consumer.prepare()
+    producer = Producer(redis_url, "q")
+    rids = producer.submit_many([np.ones((1, 16), np.float32)] * 20)
+    used = int(redis_client.info("memory")["used_memory"])
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    redis_client.config_set("maxmemory", used)  # full: every write that grows memory is refused
+    stop = threading.Event()
+    thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not any("out of memory" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the worker never hit the memory limit"
+            time.sleep(0.05)
+        assert redis_client.xpending("inferfleet:{q}:requests", "workers")["pending"] == 20  # nothing acked
+        redis_client.config_set("maxmemory", 0)
+        assert all(r.ok for r in producer.results(rids, timeout_s=15))
+    finally:
+        redis_client.config_set("maxmemory", 0)
+        stop.set()
+        thread.join(10)
+    assert redis_client.xpending("inferfleet:{q}:requests", "workers")["pending"] == 0
