@@ -8,6 +8,7 @@
                  ``{"dense": ..., "sparse": ...}``.
 * ``cnn.pt``     a small image CNN, float32[N,3,32,32] -> 10 logits.
 * ``affine.pt2`` the affine model as a torch.export program (dynamic batch).
+* ``resnet50.pt`` only with ``--only resnet50``: ResNet-50's architecture, random weights.
 
 Every file carries an example request body, base64 (extra file ``inferfleet_example``),
 that workers use to warm up and to check request shapes. Weights come from a
@@ -92,14 +93,55 @@ def example_inputs(kind: str, rows: int = 2, seed: int = 0) -> object:
         }
     if kind == "cnn":
         return rng.standard_normal((rows, 3, 32, 32), dtype=np.float32)
+    if kind == "resnet50":
+        return rng.standard_normal((rows, 3, 224, 224), dtype=np.float32)
     raise ValueError(f"unknown example model {kind!r}: use affine, ctr or cnn")
 
 
-MODELS = {"affine": Affine, "ctr": CTR, "cnn": SmallCNN}
+class Bottleneck(nn.Module):
+    def __init__(self, cin: int, mid: int, stride: int) -> None:
+        super().__init__()
+        cout = mid * 4
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+            nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+            nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout),
+        )
+        self.skip = (nn.Identity() if stride == 1 and cin == cout else
+                     nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.skip(x))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50's architecture (25.6 M parameters, random weights): the article's cold-start example.
+
+    Not built by default (about 100 MB): ``--only resnet50``. Input float32[N,3,224,224].
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                   nn.MaxPool2d(3, 2, 1)]
+        cin = 64
+        for mid, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for b in range(blocks):
+                layers.append(Bottleneck(cin, mid, stride if b == 0 else 1))
+                cin = mid * 4
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(2048, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+MODELS = {"affine": Affine, "ctr": CTR, "cnn": SmallCNN, "resnet50": ResNet50}
+DEFAULT_MODELS = ("affine", "ctr", "cnn")
 
 
 def build(kind: str, out: str) -> list[str]:
-    torch.manual_seed({"affine": 1, "ctr": 2, "cnn": 3}[kind])
+    torch.manual_seed({"affine": 1, "ctr": 2, "cnn": 3, "resnet50": 4}[kind])
     model = MODELS[kind]().eval()
     extra = {EXTRA: base64.b64encode(encode_body(example_inputs(kind))).decode()}
     path = os.path.join(out, f"{kind}.pt")
@@ -117,7 +159,8 @@ def build(kind: str, out: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="models", help="output folder (default: models)")
-    parser.add_argument("--only", default=",".join(MODELS), help="comma-separated subset")
+    parser.add_argument("--only", default=",".join(DEFAULT_MODELS),
+                        help=f"comma-separated subset of {', '.join(MODELS)} (default: {', '.join(DEFAULT_MODELS)})")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     for kind in args.only.split(","):
