@@ -54,7 +54,7 @@ def bench_once(url: str, name: str, model: str, args: argparse.Namespace) -> dic
            "--warmup", str(args.warmup)]
     out = subprocess.run(cmd, env=dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT)),
                          capture_output=True, text=True, check=True, cwd=ROOT)
-    return json.loads(out.stdout)
+    return json.loads(out.stdout)["runs"][0]
 
 
 def main() -> None:

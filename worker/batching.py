@@ -92,25 +92,39 @@ def collect(
     max_wait_s: float,
     rows_of: Callable[[T], int],
     clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    linger_s: float = 0.0005,
 ) -> list[T]:
     """Gather items for one round of batching.
 
-    ``read(max_items, timeout_s)`` returns what has arrived; ``timeout_s`` None
-    means "block for the idle period". After the first item arrives, keep
-    reading until ``max_rows`` rows are gathered or ``max_wait_s`` has passed.
+    ``read(max_items, timeout_s)`` returns what has arrived: ``timeout_s`` None
+    means "block for the idle period", 0.0 "do not block". After the first
+    item, keep reading while items keep coming, until ``max_rows`` rows or
+    ``max_wait_s``. A batch also closes once nothing new arrived for
+    ``linger_s``: when no more requests are on their way (a closed loop of a
+    few clients waiting on us), waiting out ``max_wait_s`` would only add
+    latency. Under load, reads keep returning items and batches fill up.
     """
     items = read(max_rows, None)
     if not items:
         return []
     rows = sum(rows_of(item) for item in items)
     deadline = clock() + max_wait_s
+    lingered = False
     while rows < max_rows:
         remaining = deadline - clock()
         if remaining <= 0:
             break
-        more = read(max_rows - rows, remaining)
-        items.extend(more)
-        rows += sum(rows_of(item) for item in more)
+        more = read(max_rows - rows, 0.0)
+        if more:
+            items.extend(more)
+            rows += sum(rows_of(item) for item in more)
+            lingered = False
+        elif lingered:
+            break  # quiet for a whole linger: the batch is complete
+        else:
+            sleep(min(linger_s, remaining))
+            lingered = True
     return items
 
 

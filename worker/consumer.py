@@ -252,10 +252,12 @@ class Consumer:
         if self._prefetched:
             items, self._prefetched = self._prefetched, []
             return items
-        block_ms = self.settings.idle_block_ms if timeout_s is None else int(timeout_s * 1000)
+        # Idle: block in Redis (an arriving entry wakes it at once). Filling a batch:
+        # never block in Redis, which ends a short BLOCK only at its next timer tick
+        # (up to 100 ms with the default hz 10); collect() sleeps between polls instead.
+        block = self.settings.idle_block_ms if timeout_s is None else None
         response = self.redis.xreadgroup(
-            GROUP, self.settings.consumer, {self.keys.requests: ">"},
-            count=count, block=block_ms if block_ms >= 1 else None,
+            GROUP, self.settings.consumer, {self.keys.requests: ">"}, count=count, block=block,
         )
         if not response:
             return []

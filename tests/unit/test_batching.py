@@ -291,25 +291,50 @@ def test_collect_first_read_over_max_rows_returns_at_once() -> None:
     assert len(read.calls) == 1
 
 
-def test_collect_passes_remaining_timeout_and_row_budget() -> None:
+class FakeSleep:
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.calls: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+        self.clock.now += seconds
+
+
+def test_collect_reads_without_blocking_and_passes_the_row_budget() -> None:
     clock = FakeClock()
-    read = FakeRead(clock, [[1], [2], [], [1]], advance_s=0.25)
-    items = collect(read, max_rows=10, max_wait_s=1.0, rows_of=rows_of, clock=clock)
+    read = FakeRead(clock, [[1], [2], [], [1]], advance_s=0.01)
+    sleep = FakeSleep(clock)
+    items = collect(read, max_rows=10, max_wait_s=1.0, rows_of=rows_of, clock=clock, sleep=sleep, linger_s=0.1)
     assert items == [1, 2, 1]
-    budgets = [c[0] for c in read.calls]
-    timeouts = [c[1] for c in read.calls]
-    assert budgets == [10, 9, 7, 7, 6]
-    assert timeouts[0] is None
-    assert timeouts[1:] == pytest.approx([1.0, 0.75, 0.5, 0.25])
+    assert [c[0] for c in read.calls] == [10, 9, 7, 7, 6, 6]
+    assert [c[1] for c in read.calls] == [None, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert sleep.calls == [0.1, 0.1]  # lingered after each empty read; closed on the second quiet one
+
+
+def test_collect_closes_the_batch_after_a_quiet_linger() -> None:
+    clock = FakeClock()
+    read = FakeRead(clock, [[1], [], [], [5]])
+    sleep = FakeSleep(clock)
+    items = collect(read, max_rows=8, max_wait_s=10.0, rows_of=rows_of, clock=clock, sleep=sleep, linger_s=0.001)
+    assert items == [1]  # did not wait out the 10 s for the [5]
+    assert sleep.calls == [0.001] and clock.now - 1000.0 < 0.01
+
+
+def test_collect_never_lingers_past_the_deadline() -> None:
+    clock = FakeClock()
+    read = FakeRead(clock, [[1], [], []], advance_s=0.0)
+    sleep = FakeSleep(clock)
+    collect(read, max_rows=8, max_wait_s=0.0002, rows_of=rows_of, clock=clock, sleep=sleep, linger_s=0.001)
+    assert sleep.calls == [pytest.approx(0.0002)]
 
 
 def test_collect_stops_when_max_wait_passes() -> None:
     clock = FakeClock()
     read = FakeRead(clock, [[1]] * 100, advance_s=0.3)
-    items = collect(read, max_rows=1000, max_wait_s=1.0, rows_of=rows_of, clock=clock)
+    items = collect(read, max_rows=1000, max_wait_s=1.0, rows_of=rows_of, clock=clock, sleep=FakeSleep(clock))
     # First read (t=0.3, starts the wait), then reads at remaining 1.0, 0.7, 0.4, 0.1.
     assert items == [1] * 5
-    assert all(t is None or 0 < t <= 1.0 for _, t in read.calls)
 
 
 def test_collect_with_zero_wait_reads_once() -> None:
@@ -328,9 +353,8 @@ def test_collect_wait_starts_after_the_first_item() -> None:
             clock.now += 100.0  # a long idle block before the first item
         return read(max_items, timeout_s)
 
-    items = collect(slow_first, max_rows=8, max_wait_s=1.0, rows_of=rows_of, clock=clock)
-    assert items == [1, 1]
-    assert [t for _, t in read.calls] == [None, pytest.approx(1.0), pytest.approx(0.5)]
+    items = collect(slow_first, max_rows=8, max_wait_s=1.0, rows_of=rows_of, clock=clock, sleep=FakeSleep(clock))
+    assert items == [1, 1]  # the second read came 0.5 s after the first: inside the 1 s wait
 
 
 # --------------------------------------------------------------------------- predict_isolated

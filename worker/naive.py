@@ -1,0 +1,163 @@
+"""A deliberately naive model server: the baseline of ``inferfleet bench --baseline naive``.
+
+The article's "synchronous batch processing", kept on purpose so the fleet
+has something honest to be compared with:
+
+* one process reads ONE request at a time from its queue
+  (``XREADGROUP COUNT 1`` in group ``workers``);
+* the model is loaded only when the first request arrives, so that request
+  pays the load (and the first forward pass);
+* each request runs alone under ``torch.no_grad`` (no batching), then the
+  reply is pushed (to ``reply_to`` or the default reply key) and the entry
+  acknowledged, and only then is the next request read.
+
+It speaks the same wire protocol as the fleet (``producer.protocol``), so
+the same producer drives both. It checks no deadlines, reclaims nothing and
+never trims its stream: it is a yardstick, not a server. Torch runs with one
+intra-op thread by default, like each fleet worker.
+
+    python -m worker.naive --name ctr-naive --model models/ctr.pt --redis-url redis://127.0.0.1:6390/0
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any, Mapping
+
+import redis
+import torch
+
+from producer.client import DEFAULT_REDIS_URL
+from producer.errors import ProtocolError
+from producer.protocol import (
+    DEFAULT_PREFIX,
+    DEFAULT_REPLY_TTL_S,
+    GROUP,
+    QueueKeys,
+    decode_body,
+    encode_reply_error,
+    encode_reply_ok,
+    parse_entry,
+    row_count,
+)
+from worker.consumer import ensure_group
+from worker.handler import Handler
+from worker.runtime import load_model, to_numpy
+
+__all__ = ["NaiveServer", "main"]
+
+log = logging.getLogger(__name__)
+
+_BLOCK_MS = 200  # longest wait for a request before checking whether to stop
+
+
+class NaiveServer:
+    """One request at a time, model loaded on the first one, no batching."""
+
+    def __init__(self, client: redis.Redis, keys: QueueKeys, model: str, consumer: str) -> None:
+        self.redis = client
+        self.keys = keys
+        self.model = model
+        self.consumer = consumer
+        self.handler: Handler | None = None
+        self.version = ""
+        self.served = 0
+
+    def serve(self, stop: threading.Event) -> int:
+        """Serve until ``stop`` is set; return how many requests were answered."""
+        ensure_group(self.redis, self.keys.requests)
+        self.redis.xgroup_createconsumer(self.keys.requests, GROUP, self.consumer)  # visible before it reads
+        while not stop.is_set():
+            self.serve_one(_BLOCK_MS)
+        return self.served
+
+    def serve_one(self, block_ms: int) -> bool:
+        """Read one request, answer it, acknowledge it. False when none came within ``block_ms``."""
+        got = self.redis.xreadgroup(GROUP, self.consumer, {self.keys.requests: ">"}, count=1, block=block_ms)
+        if not got or not got[0][1]:
+            return False
+        entry_id, fields = got[0][1][0]
+        reply_key, payload = self.answer(fields)
+        pipe = self.redis.pipeline(transaction=False)
+        if reply_key is not None:
+            pipe.rpush(reply_key, payload)
+            pipe.expire(reply_key, DEFAULT_REPLY_TTL_S)
+        pipe.xack(self.keys.requests, GROUP, entry_id)
+        pipe.execute()
+        self.served += 1
+        return True
+
+    def answer(self, fields: Mapping[bytes, bytes]) -> tuple[str | None, bytes]:
+        """The reply key and payload for one entry (None: no readable id, nothing to answer)."""
+        try:
+            env = parse_entry(fields)
+        except ProtocolError as exc:
+            rid = getattr(exc, "rid", None)
+            key = self.keys.reply(rid) if rid else None
+            return key, encode_reply_error(rid or "-", exc.code, exc.message)
+        key = env.reply_to if env.reply_to and self.keys.is_inbox(env.reply_to) else self.keys.reply(env.rid)
+        try:
+            inputs, params = decode_body(env.body)
+        except ProtocolError as exc:
+            return key, encode_reply_error(env.rid, exc.code, exc.message)
+        return key, self._compute(env.rid, inputs, params)
+
+    def _compute(self, rid: str, inputs: Any, params: dict) -> bytes:
+        started = time.perf_counter()
+        try:
+            outputs = self.predict(inputs, params)
+        except Exception as exc:  # noqa: BLE001 - answered, like the fleet does
+            return encode_reply_error(rid, "model_error", f"{type(exc).__name__}: {exc}")
+        timing = {"infer_ms": (time.perf_counter() - started) * 1000, "batch_rows": row_count(inputs)}
+        return encode_reply_ok(rid, outputs, (self.keys.name, self.version), timing)
+
+    def predict(self, inputs: Any, params: dict) -> Any:
+        """Run one request alone, loading the model first if this is the first request."""
+        if self.handler is None:
+            self.handler = self._load()
+        with torch.no_grad():
+            x = self.handler.preprocess(inputs, params)
+            return to_numpy(self.handler.postprocess(self.handler.predict(x, params), params))
+
+    def _load(self) -> Handler:
+        started = time.perf_counter()
+        handler, _, self.version = load_model(self.model, torch.device("cpu"))
+        log.info("naive server: model %s loaded on the first request in %.0f ms",
+                 self.model, (time.perf_counter() - started) * 1000)
+        return handler
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m worker.naive", description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True, help="queue name (bench uses NAME-naive)")
+    parser.add_argument("--model", required=True, help="TorchScript or .pt2 file, or module:Handler")
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL)
+    parser.add_argument("--prefix", default=DEFAULT_PREFIX)
+    parser.add_argument("--consumer", default=f"naive-{socket.gethostname()}-{os.getpid()}")
+    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: ``python -m worker.naive --name Q --model PATH [--redis-url URL]``."""
+    args = _parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s naive %(message)s")
+    torch.set_num_threads(args.torch_threads)
+    torch.set_num_interop_threads(1)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    client = redis.Redis.from_url(args.redis_url, socket_connect_timeout=5)
+    server = NaiveServer(client, QueueKeys(args.name, args.prefix), args.model, args.consumer)
+    log.info("naive server on %s: %d requests served", args.name, server.serve(stop))
+
+
+if __name__ == "__main__":
+    main()
