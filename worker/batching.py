@@ -101,16 +101,20 @@ def collect(
     means "block for the idle period", 0.0 "do not block". After the first
     item, keep reading while items keep coming, until ``max_rows`` rows or
     ``max_wait_s``. A batch also closes once nothing new arrived for
-    ``linger_s``: when no more requests are on their way (a closed loop of a
-    few clients waiting on us), waiting out ``max_wait_s`` would only add
-    latency. Under load, reads keep returning items and batches fill up.
+    ``linger_s`` (not at all if the first item itself had to be waited for):
+    when no more requests are on their way (a closed loop of a few clients
+    waiting on us), waiting out ``max_wait_s`` would only add latency. Under
+    load, reads keep returning items and batches fill up.
     """
+    started = clock()
     items = read(max_rows, None)
     if not items:
         return []
     rows = sum(rows_of(item) for item in items)
     deadline = clock() + max_wait_s
-    lingered = False
+    # If we had to wait for the first item, requests are sparse: lingering would
+    # mostly add latency, so close at the first empty poll.
+    lingered = deadline - max_wait_s - started > linger_s
     while rows < max_rows:
         remaining = deadline - clock()
         if remaining <= 0:

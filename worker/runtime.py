@@ -129,16 +129,17 @@ class ModelRuntime:
             torch.cuda.empty_cache()
 
     def warmup(self, max_rows: int, iters: int) -> float:
-        """Run the example at its own size and at ``max_rows`` rows; return seconds spent.
+        """Run the example at every batch size in :func:`warmup_sizes`; return seconds spent.
 
-        Runs the largest batch too so kernels, allocator pools and oneDNN
-        primitives for it exist before the first request arrives.
+        So kernels, allocator pools, oneDNN primitives and TorchScript's
+        shape-specialised plans exist for the sizes batches will have before
+        the first request arrives (a lone first request is a batch of 1 row).
         """
         if self.example is None or iters == 0:
             log.warning("no example inputs for %s: skipping warm-up, the first batch will be slower", self.name)
             return 0.0
         start = time.perf_counter()
-        for rows in sorted({_rows(self.example), max_rows}):
+        for rows in warmup_sizes(_rows(self.example), max_rows):
             batch = _tile_rows(self.example, rows)
             for _ in range(iters):
                 try:
@@ -151,6 +152,16 @@ class ModelRuntime:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
+
+
+def warmup_sizes(example_rows: int, max_rows: int) -> list[int]:
+    """1, the powers of two up to ``max_rows``, ``max_rows`` and the example's own size."""
+    sizes = {1, example_rows, max_rows}
+    power = 2
+    while power < max_rows:
+        sizes.add(power)
+        power *= 2
+    return sorted(sizes)
 
 
 def _rows(inputs: Any) -> int:

@@ -321,6 +321,21 @@ def test_collect_closes_the_batch_after_a_quiet_linger() -> None:
     assert sleep.calls == [0.001] and clock.now - 1000.0 < 0.01
 
 
+def test_collect_does_not_linger_after_waiting_for_the_first_item() -> None:
+    clock = FakeClock()
+    read = FakeRead(clock, [[1], [], [5]])
+
+    def idle_first(max_items: int, timeout_s: float | None) -> list[int]:
+        if timeout_s is None:
+            clock.now += 0.2  # the queue was empty: we blocked for the first item
+        return read(max_items, timeout_s)
+
+    sleep = FakeSleep(clock)
+    items = collect(idle_first, max_rows=8, max_wait_s=1.0, rows_of=rows_of, clock=clock, sleep=sleep,
+                    linger_s=0.001)
+    assert items == [1] and sleep.calls == []  # sparse traffic: closed at the first empty poll
+
+
 def test_collect_never_lingers_past_the_deadline() -> None:
     clock = FakeClock()
     read = FakeRead(clock, [[1], [], []], advance_s=0.0)
