@@ -58,6 +58,7 @@ class WorkerSettings:
     compile: bool = False
     empty_cache_every: int = 0
     prefetch: str = "auto"
+    tune_malloc: bool = True
 
     def __post_init__(self) -> None:
         try:

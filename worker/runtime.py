@@ -32,6 +32,7 @@ from worker.batching import spec_of
 from worker.config import WorkerSettings
 from worker.errors import ModelLoadError, OutputError
 from worker.handler import Handler, ModuleHandler
+from worker.memory import tune_allocator
 from worker.npfiles import load_inputs
 
 __all__ = ["ModelRuntime", "is_out_of_memory", "load_runtime", "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
@@ -269,6 +270,8 @@ def _load_example_file(path: str) -> Any:
 
 def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     """Load, place and warm up the model that ``settings`` names."""
+    if settings.tune_malloc:
+        tune_allocator()
     _set_threads(settings.torch_threads)
     device = resolve_device(settings.device)
     started = time.perf_counter()

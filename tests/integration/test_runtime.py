@@ -77,3 +77,32 @@ def test_heartbeat_reports_resident_memory(redis_url, redis_client):
     finally:
         beat.stop()
     assert read_heartbeats(redis_client, QueueKeys("q")) == []
+
+
+_MMAP_PROBE = """
+import ctypes, sys
+from worker.memory import tune_allocator
+if sys.argv[1] == "tuned":
+    assert tune_allocator()
+libc = ctypes.CDLL("libc.so.6")
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+before = libc.mallinfo2().hblks
+block = libc.malloc(4 * 1024 * 1024)  # a batch-sized buffer: 4 MiB
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+@pytest.mark.parametrize("mode,mmapped", [("default", "1"), ("tuned", "0")])
+def test_allocator_tuning_keeps_batch_buffers_in_the_heap(mode, mmapped):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run([sys.executable, "-c", _MMAP_PROBE, mode], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == mmapped  # default glibc mmaps the buffer; tuned, it comes from the heap
