@@ -6,8 +6,9 @@ the median printed as a markdown table:
 
 * ctr:    fleet QPS against the naive baseline (closed loop, 256 in flight),
           then p99 of an open Poisson load at half the fleet's peak QPS;
-* cnn:    fleet QPS against a bare torch loop at its best batch size (no
-          Redis), then p99 of an open Poisson load at half the fleet's peak;
+* cnn:    fleet QPS (32-row batches, read-ahead on) against a bare torch loop
+          at its best batch size (no Redis), then p99 of an open Poisson load
+          at half the fleet's peak;
 * first:  the first request after start against the steady-state p50, beside
           the naive baseline's first request (which pays the model load).
 
@@ -58,11 +59,11 @@ def ctr_run() -> dict:
 def cnn_run(rows: int) -> dict:
     model = str(ROOT / "models" / "cnn.pt")
     bare = bare_best(model, "8,16,32,64")
-    closed = runs_of(bench("--model", model, "-n", "6000", "--concurrency", "256",
-                           f"--worker-arg=--max-batch-rows={rows}"))
+    worker = (f"--worker-arg=--max-batch-rows={rows}", "--worker-arg=--prefetch=on")
+    closed = runs_of(bench("--model", model, "-n", "6000", "--concurrency", "256", *worker))
     half = closed["fleet"]["qps"] / 2
     opened = runs_of(bench("--model", model, "--rate", f"{half:.0f}", "--arrival", "poisson", "-n", "4000",
-                           f"--worker-arg=--max-batch-rows={rows}"))
+                           *worker))
     return {"bare_rows_per_s": bare["best_rows_per_s"], "bare_batch": bare["best_batch"],
             "fleet_qps": closed["fleet"]["qps"], "ratio": closed["fleet"]["qps"] / bare["best_rows_per_s"],
             "half_rate": half, "half_p99_ms": opened["fleet"]["p99_ms"], "half_p50_ms": opened["fleet"]["p50_ms"]}
@@ -87,7 +88,7 @@ def joined(runs: list[dict], key: str, fmt: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--cnn-rows", type=int, default=16, help="--max-batch-rows of the CNN worker")
+    parser.add_argument("--cnn-rows", type=int, default=32, help="--max-batch-rows of the CNN worker")
     args = parser.parse_args()
     ctr = [ctr_run() for _ in range(args.runs)]
     cnn = [cnn_run(args.cnn_rows) for _ in range(args.runs)]
