@@ -19,38 +19,32 @@ from the inbox. Before its warm-up each target answers one request timed on
 its own (``first_ms``): a fleet worker loads and warms its model before it
 joins the group, the naive baseline (:mod:`worker.naive`) loads it then.
 
-Schedules, summaries, the markdown table and the comparison are pure.
-:class:`BenchFleet` starts and stops what a run needs: a private Redis, the
-``--spawn`` workers and the naive server. Errors: :class:`BenchError` (bad
-options, a ``ValueError``: the CLI exits 2) and :class:`FleetStartError`
-(something it started did not come up: exit 1).
+Schedules are pure; summaries, the markdown table, the comparison, JSON and
+the PNG live in :mod:`worker.bench_report`; :class:`~worker.bench_fleet.BenchFleet`
+starts and stops what a run needs (a private Redis, the ``--spawn`` workers
+and the naive server). Errors: :class:`BenchError` (bad options, a
+``ValueError``: the CLI exits 2) and :class:`FleetStartError` (something it
+started did not come up: exit 1). Every public name is re-exported here.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import textwrap
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import redis
 
 from producer import Producer, errors
-from producer.client import DEFAULT_REDIS_URL
-from producer.protocol import DEFAULT_PREFIX, GROUP, QueueKeys, Reply, decode_reply, encode_body, request_fields
-from worker.embedded import EmbeddedRedis
-from worker.errors import WorkerError
+from producer.protocol import Reply, decode_reply, encode_body, request_fields
+from worker.bench_fleet import BASELINES, BenchError, BenchFleet, FleetSetup, FleetStartError
+from worker.bench_report import (BenchReport, RunSpec, Samples, compare, first_latencies,
+                                 latency_percentiles_ms, markdown_table, mean_batch_rows, render_markdown,
+                                 report_json, summarize, write_outputs, write_png)
 from worker.npfiles import load_inputs
 
 __all__ = [
@@ -89,51 +83,17 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ARRIVALS = ("fixed", "poisson")
-BASELINES = ("none", "naive")
-NAIVE_SUFFIX = "-naive"  # the naive server's queue is NAME-naive
 DEFAULT_CONCURRENCY = 256
-DEFAULT_NAME = "bench"
 _POOL = 256  # distinct inputs cycled through (avoids measuring input generation)
 _POP_COUNT = 1000  # replies taken from the inbox per round trip
 _POLL_S = 0.05  # longest blocking wait for a reply
 _DEADLINE_S = 60.0  # the deadline of every open-loop request, like the producer's default
-_JOIN_TIMEOUT_S = 120.0
-_STOP_TIMEOUT_S = 10.0
 
 #: ``on_progress(label, done, total)``: how far the current step is.
 ProgressFn = Callable[[str, int, int], None]
 
 
-class BenchError(ValueError):
-    """The benchmark was asked for something it cannot do (bad or contradictory options)."""
-
-
-class FleetStartError(WorkerError):
-    """Something the benchmark started (Redis, a worker, the naive server) did not come up."""
-
-
 # --------------------------------------------------------------------------- what to run
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One measured run: a closed loop (``concurrency``) or an open loop (``rate``)."""
-
-    concurrency: int | None = None
-    rate: float | None = None
-    arrival: str = "poisson"
-
-    @property
-    def mode(self) -> str:
-        """``closed`` or ``open``."""
-        return "closed" if self.rate is None else "open"
-
-    @property
-    def label(self) -> str:
-        """How the run reads in tables and legends."""
-        if self.rate is None:
-            return f"closed, {self.concurrency} in flight"
-        return f"open, {self.arrival} {self.rate:,.0f}/s"
 
 
 def parse_rates(rate: float | None, rates: str | None) -> tuple[float, ...]:
@@ -209,61 +169,6 @@ class BenchPlan:
         return f"{self.requests:,} requests of {rows} per run after {self.warmup_requests:,} warm-up requests"
 
 
-@dataclass(frozen=True)
-class FleetSetup:
-    """Which fleet to measure and what to start for it. Validated on construction."""
-
-    name: str | None
-    model: str | None = None
-    spawn: int = 0
-    worker_args: tuple[str, ...] = ()
-    baseline: str = "none"
-    redis_url: str | None = None
-    prefix: str = DEFAULT_PREFIX
-
-    def __post_init__(self) -> None:
-        if self.spawn < 0:
-            raise BenchError(f"--spawn must be at least 0, got {self.spawn}")
-        if self.spawn and not self.model:
-            raise BenchError("--spawn needs --model: the model the spawned workers serve")
-        if self.worker_args and not self.spawn:
-            raise BenchError("--worker-arg is passed to spawned workers: it needs --spawn")
-        if self.baseline not in BASELINES:
-            raise BenchError(f"--baseline must be one of {', '.join(BASELINES)}, got {self.baseline!r}")
-        if self.baseline == "naive" and not self.model:
-            raise BenchError("--baseline naive needs --model: the model the naive server loads")
-        if self.name is None and not self.spawn:
-            raise BenchError("--name is required to measure running workers (or use --spawn N --model PATH)")
-        try:
-            QueueKeys(self.naive_queue if self.baseline == "naive" else self.queue, self.prefix)
-        except errors.ProtocolError as exc:
-            raise BenchError(str(exc)) from exc
-
-    @property
-    def queue(self) -> str:
-        """The fleet's queue name."""
-        return self.name or DEFAULT_NAME
-
-    @property
-    def naive_queue(self) -> str:
-        """The naive server's queue name: the fleet's plus ``-naive``."""
-        return self.queue + NAIVE_SUFFIX
-
-    def targets(self) -> list[tuple[str, str]]:
-        """(target label, queue name) of everything to measure: the fleet, then the baseline."""
-        found = [("fleet", self.queue)]
-        return found + [("naive", self.naive_queue)] if self.baseline == "naive" else found
-
-    def describe(self) -> str:
-        """One line on what was measured, for report headings."""
-        fleet = f"{self.spawn} spawned worker{'s' if self.spawn != 1 else ''}" if self.spawn else "running workers"
-        if self.worker_args:
-            fleet += f" ({' '.join(self.worker_args)})"
-        baseline = "; baseline: naive (one request at a time, model loaded on the first)" \
-            if self.baseline == "naive" else ""
-        return f"queue `{self.queue}`, fleet: {fleet}, model: `{self.model or '-'}`{baseline}"
-
-
 # --------------------------------------------------------------------------- inputs
 
 
@@ -331,136 +236,7 @@ def send_schedule(requests: int, rate: float, arrival: str, seed: int = 0) -> np
     return np.concatenate(([0.0], np.cumsum(gaps)))
 
 
-def latency_percentiles_ms(latencies_s: np.ndarray) -> tuple[float, float, float, float]:
-    """(p50, p95, p99, max) of latencies given in seconds, in milliseconds."""
-    p50, p95, p99 = np.percentile(latencies_s, [50, 95, 99]) * 1000
-    return float(p50), float(p95), float(p99), float(np.max(latencies_s) * 1000)
-
-
-def mean_batch_rows(batch_rows: np.ndarray) -> float:
-    """Mean rows of the batches replies came from (replies without the figure left out)."""
-    known = batch_rows[batch_rows > 0]
-    return float(known.mean()) if known.size else 0.0
-
-
-@dataclass
-class Samples:
-    """Raw measurements of one run. ``send_rate``: open loop only, the rate actually sent."""
-
-    latencies_s: np.ndarray
-    batch_rows: np.ndarray
-    errors: int
-    seconds: float
-    send_rate: float | None = None
-
-
-@dataclass
-class BenchReport:
-    """What one run against one target measured. Times in milliseconds, rates per second."""
-
-    target: str
-    mode: str
-    concurrency: int | None
-    arrival: str | None
-    offered_qps: float | None
-    sent_qps: float | None
-    requests: int
-    errors: int
-    seconds: float
-    qps: float
-    p50_ms: float
-    p95_ms: float
-    p99_ms: float
-    max_ms: float
-    first_ms: float | None
-    mean_batch_rows: float
-    latencies_ms: np.ndarray = field(repr=False, compare=False)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every figure but the raw latencies, floats rounded to 3 places."""
-        shown = {k: v for k, v in asdict(self).items() if k != "latencies_ms"}
-        return {k: round(v, 3) if isinstance(v, float) else v for k, v in shown.items()}
-
-    @property
-    def spec(self) -> RunSpec:
-        """The run this report measured (runs of two targets pair up by it)."""
-        return RunSpec(self.concurrency, self.offered_qps, self.arrival or "poisson")
-
-
-def summarize(samples: Samples, target: str, spec: RunSpec, first_ms: float | None = None) -> BenchReport:
-    """Turn one run's samples into its report."""
-    p50, p95, p99, top = latency_percentiles_ms(samples.latencies_s)
-    count = len(samples.latencies_s)
-    return BenchReport(
-        target=target, mode=spec.mode, concurrency=spec.concurrency,
-        arrival=spec.arrival if spec.rate is not None else None, offered_qps=spec.rate,
-        sent_qps=samples.send_rate, requests=count, errors=samples.errors, seconds=samples.seconds,
-        qps=count / samples.seconds if samples.seconds > 0 else 0.0, p50_ms=p50, p95_ms=p95, p99_ms=p99,
-        max_ms=top, first_ms=first_ms, mean_batch_rows=mean_batch_rows(samples.batch_rows),
-        latencies_ms=samples.latencies_s * 1000)
-
-
 # --------------------------------------------------------------------------- tables
-
-
-_COLUMNS = ("target", "mode", "offered/s", "QPS", "p50 ms", "p95 ms", "p99 ms", "max ms", "first ms",
-            "mean batch rows", "errors")
-
-
-def _offered_cell(report: BenchReport) -> str:
-    if report.offered_qps is None:
-        return "-"
-    cell = f"{report.offered_qps:,.0f}"
-    if report.sent_qps is not None and report.sent_qps < 0.95 * report.offered_qps:
-        cell += f" (sent {report.sent_qps:,.0f})"
-    return cell
-
-
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def markdown_table(reports: list[BenchReport]) -> str:
-    """One row per run: target, mode, offered rate, QPS, latencies, first request, batch rows, errors."""
-    lines = [_row(list(_COLUMNS)), _row(["---", "---"] + ["---:"] * (len(_COLUMNS) - 2))]
-    for r in reports:
-        first = f"{r.first_ms:.2f}" if r.first_ms is not None else "-"
-        lines.append(_row([r.target, r.spec.label, _offered_cell(r), f"{r.qps:,.0f}", f"{r.p50_ms:.2f}",
-                           f"{r.p95_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.max_ms:.2f}", first,
-                           f"{r.mean_batch_rows:.1f}", str(r.errors)]))
-    return "\n".join(lines)
-
-
-def compare(reports: list[BenchReport]) -> list[dict[str, Any]]:
-    """fleet / naive ratios of QPS and p99 for every run both targets made."""
-    naive = {r.spec: r for r in reports if r.target == "naive"}
-    pairs = [(r, naive[r.spec]) for r in reports if r.target == "fleet" and r.spec in naive]
-    return [{"run": f.spec.label, "qps_ratio": round(f.qps / n.qps, 3) if n.qps else None,
-             "p99_ratio": round(f.p99_ms / n.p99_ms, 3) if n.p99_ms else None} for f, n in pairs]
-
-
-def first_latencies(reports: list[BenchReport]) -> dict[str, float]:
-    """Each target's first-request latency (ms)."""
-    return {r.target: r.first_ms for r in reports if r.first_ms is not None}
-
-
-def _ratio_text(value: float | None) -> str:
-    return f"{value:.2f}x" if value is not None else "-"
-
-
-def render_markdown(reports: list[BenchReport], heading: str | None = None) -> str:
-    """The whole report: the runs table, fleet/naive ratios if any, first-request latencies."""
-    parts = [heading] if heading else []
-    parts.append(markdown_table(reports))
-    ratios = compare(reports)
-    if ratios:
-        lines = [_row(["run", "QPS fleet/naive", "p99 fleet/naive"]), _row(["---", "---:", "---:"])]
-        lines += [_row([c["run"], _ratio_text(c["qps_ratio"]), _ratio_text(c["p99_ratio"])]) for c in ratios]
-        parts.append("\n".join(lines))
-    firsts = first_latencies(reports)
-    if firsts:
-        parts.append("first request: " + ", ".join(f"{t} {ms:,.1f} ms" for t, ms in firsts.items()))
-    return "\n\n".join(parts) + "\n"
 
 
 def heading(setup: FleetSetup, plan: BenchPlan) -> str:
@@ -468,87 +244,7 @@ def heading(setup: FleetSetup, plan: BenchPlan) -> str:
     return f"# inferfleet bench\n\n{setup.describe()}; {plan.describe()}."
 
 
-def report_json(reports: list[BenchReport], setup: str = "") -> dict[str, Any]:
-    """The machine-readable report: setup, every run, ratios, first-request latencies."""
-    return {"setup": setup, "runs": [r.as_dict() for r in reports], "comparison": compare(reports),
-            "first_ms": {t: round(ms, 3) for t, ms in first_latencies(reports).items()}}
-
-
 # --------------------------------------------------------------------------- the picture
-
-
-def _is_sweep(reports: list[BenchReport]) -> bool:
-    targets = [r.target for r in reports if r.offered_qps is not None]
-    return any(targets.count(t) > 1 for t in set(targets))
-
-
-_LINE_STYLES = ("-", "--", ":", "-.")
-
-
-def _plot_cdf(ax: Any, reports: list[BenchReport]) -> None:
-    targets = list(dict.fromkeys(r.target for r in reports))  # one colour per target
-    for i, r in enumerate(reports):
-        lat = np.sort(r.latencies_ms)
-        nth = sum(1 for other in reports[:i] if other.target == r.target)  # one line style per run
-        ax.plot(lat, np.arange(1, lat.size + 1) / lat.size, drawstyle="steps-post",
-                color=f"C{targets.index(r.target)}", linestyle=_LINE_STYLES[nth % len(_LINE_STYLES)],
-                label=f"{r.target}, {r.spec.label}")
-    ax.set_xscale("log")
-    ax.set_xlabel("latency (ms, log scale)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title("latency CDF")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small", loc="lower right")
-
-
-def _plot_sweep(ax: Any, reports: list[BenchReport]) -> None:
-    opened = [r for r in reports if r.offered_qps is not None]
-    for target in dict.fromkeys(r.target for r in opened):
-        runs = sorted((r for r in opened if r.target == target), key=lambda r: r.offered_qps or 0.0)
-        ax.plot([r.offered_qps for r in runs], [r.qps for r in runs], "o-", label=target)
-    top = max(r.offered_qps or 0.0 for r in opened)
-    ax.plot([0, top], [0, top], "--", color="grey", label="achieved = offered")
-    ax.set_xlabel("offered load (requests/s)")
-    ax.set_ylabel("achieved QPS")
-    ax.set_title("QPS against offered load")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-
-
-def _plot_bars(ax: Any, reports: list[BenchReport]) -> None:
-    labels = [f"{r.target}\n{r.spec.label}" for r in reports]
-    targets = list(dict.fromkeys(r.target for r in reports))
-    bars = ax.bar(range(len(reports)), [r.qps for r in reports],
-                  color=[f"C{targets.index(r.target)}" for r in reports])
-    ax.bar_label(bars, labels=[f"{r.qps:,.0f}" for r in reports])
-    ax.set_xticks(range(len(reports)), labels, fontsize="small")
-    ax.set_ylabel("achieved QPS")
-    ax.set_title("QPS per run")
-    ax.grid(True, axis="y", alpha=0.3)
-
-
-def write_png(reports: list[BenchReport], path: str | Path, title: str = "") -> None:
-    """Latency CDF of every run (left) and QPS against offered load, or QPS per run (right)."""
-    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
-
-    fig = Figure(figsize=(13, 5), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    _plot_cdf(left, reports)
-    (_plot_sweep if _is_sweep(reports) else _plot_bars)(right, reports)
-    if title:
-        fig.suptitle(textwrap.fill(title, 130), fontsize="medium")
-    fig.savefig(str(path), dpi=100, format="png")
-
-
-def write_outputs(out_dir: str | Path, reports: list[BenchReport], markdown: str, setup: str = "") -> list[Path]:
-    """Write report.md, report.json and report.png into ``out_dir`` (created); return their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "report.md", out / "report.json", out / "report.png"]
-    paths[0].write_text(markdown)
-    paths[1].write_text(json.dumps(report_json(reports, setup), indent=2) + "\n")
-    write_png(reports, paths[2], setup.replace("`", ""))
-    return paths
 
 
 # --------------------------------------------------------------------------- load generators
@@ -801,182 +497,3 @@ class ProgressBars:
 # --------------------------------------------------------------------------- the fleet under test
 
 
-@dataclass
-class _Child:
-    """A process bench started, the consumer it should join as, and its captured stderr."""
-
-    what: str
-    queue: str
-    consumer: str
-    proc: subprocess.Popen
-    log: IO[bytes]
-
-    def log_tail(self, chars: int = 2000) -> str:
-        """The end of what the process wrote to stderr."""
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-chars:].strip()
-
-    def check_alive(self) -> None:
-        """Raise FleetStartError (with its stderr) if the process has exited."""
-        if self.proc.poll() is not None:
-            raise FleetStartError(f"{self.what} exited with status {self.proc.returncode} before joining "
-                                  f"group {GROUP}:\n{self.log_tail()}")
-
-
-def _child_env(url: str) -> dict[str, str]:
-    env = dict(os.environ, REDIS_URL=url)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    return env
-
-
-def _consumers(client: redis.Redis, stream: str) -> set[str]:
-    """Names of the consumers in group ``workers`` of ``stream`` (none yet: empty)."""
-    try:
-        found = client.xinfo_consumers(stream, GROUP)
-    except redis.exceptions.ResponseError:
-        return set()  # no stream or no group yet
-    return {c["name"].decode() if isinstance(c["name"], bytes) else c["name"] for c in found}
-
-
-def _connect(url: str) -> redis.Redis:
-    try:
-        return redis.Redis.from_url(url, socket_connect_timeout=5)
-    except ValueError as exc:
-        raise BenchError(f"--redis-url: {exc}") from exc
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-class BenchFleet:
-    """``with BenchFleet(setup) as fleet:`` everything ``setup`` asks to start, stopped on the way out.
-
-    Resolves the Redis URL (a private :class:`EmbeddedRedis` when workers
-    are spawned and no URL is given), starts ``setup.spawn`` ``inferfleet
-    worker`` processes and the naive server, and waits until each joined
-    group ``workers``. Leaving the block, normally, on an error, on Ctrl-C
-    or on SIGTERM, stops what it started: SIGTERM, wait, SIGKILL.
-    """
-
-    def __init__(self, setup: FleetSetup) -> None:
-        self.setup = setup
-        self.url = ""
-        self._redis: EmbeddedRedis | None = None
-        self._children: list[_Child] = []
-        self._old_sigterm: Any = None
-
-    def __enter__(self) -> BenchFleet:
-        if threading.current_thread() is threading.main_thread():
-            self._old_sigterm = signal.signal(signal.SIGTERM, _interrupt)
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _start(self) -> None:
-        self.url = self._resolve_url()
-        if not self.setup.spawn:
-            self._check_workers_running()
-        for i in range(self.setup.spawn):
-            consumer = f"bench-{os.getpid()}-{i}"
-            self._launch(f"worker {i}", self.setup.queue, consumer, self._worker_command(consumer))
-        if self.setup.baseline == "naive":
-            consumer = f"naive-{os.getpid()}"
-            self._launch("the naive server", self.setup.naive_queue, consumer, self._naive_command(consumer))
-        self._wait_joined()
-
-    def _resolve_url(self) -> str:
-        if self.setup.redis_url:
-            return self.setup.redis_url
-        if not self.setup.spawn:
-            return os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
-        try:
-            self._redis = EmbeddedRedis().start()
-        except RuntimeError as exc:
-            raise FleetStartError(f"cannot start a private Redis: {exc} (or pass --redis-url)") from exc
-        return self._redis.url
-
-    def _check_workers_running(self) -> None:
-        stream = QueueKeys(self.setup.queue, self.setup.prefix).requests
-        client = _connect(self.url)
-        try:
-            if not _consumers(client, stream):
-                raise FleetStartError(f"no worker serves queue {self.setup.queue!r} (no consumer in group "
-                                      f"{GROUP} of {stream}): start workers, or use --spawn N --model PATH")
-        except redis.exceptions.RedisError as exc:
-            raise FleetStartError(f"cannot reach Redis: {exc}") from exc
-        finally:
-            client.close()
-
-    def _worker_command(self, consumer: str) -> list[str]:
-        return [sys.executable, "-m", "worker.cli", "worker", "--name", self.setup.queue,
-                "--model", self.setup.model or "", "--prefix", self.setup.prefix, "--consumer", consumer,
-                "--log-level", "warning", *self.setup.worker_args]
-
-    def _naive_command(self, consumer: str) -> list[str]:
-        return [sys.executable, "-m", "worker.naive", "--name", self.setup.naive_queue,
-                "--model", self.setup.model or "", "--redis-url", self.url, "--prefix", self.setup.prefix,
-                "--consumer", consumer]
-
-    def _launch(self, what: str, queue: str, consumer: str, command: list[str]) -> None:
-        err = tempfile.TemporaryFile()
-        proc = subprocess.Popen(command, env=_child_env(self.url), stdout=subprocess.DEVNULL, stderr=err)
-        self._children.append(_Child(what, queue, consumer, proc, err))
-
-    def _wait_joined(self) -> None:
-        if not self._children:
-            return
-        client = _connect(self.url)
-        waiting = list(self._children)
-        deadline = time.monotonic() + _JOIN_TIMEOUT_S
-        try:
-            while waiting:
-                for child in list(waiting):
-                    child.check_alive()
-                    if child.consumer in _consumers(client, QueueKeys(child.queue, self.setup.prefix).requests):
-                        waiting.remove(child)
-                if waiting and time.monotonic() > deadline:
-                    raise FleetStartError(f"{waiting[0].what} did not join within {_JOIN_TIMEOUT_S:.0f} s")
-                time.sleep(0.05)
-        except redis.exceptions.RedisError as exc:
-            raise FleetStartError(f"Redis error while waiting for the workers to join: {exc}") from exc
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        """Stop every process started (SIGTERM, wait, SIGKILL) and the private Redis."""
-        for child in self._children:
-            if child.proc.poll() is None:
-                child.proc.terminate()
-        for child in self._children:
-            try:
-                child.proc.wait(_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
-            child.log.close()
-        if self.setup.baseline == "naive" and self._children and self._redis is None:
-            self._drop_naive_queue()
-        self._children = []
-        if self._redis is not None:
-            self._redis.stop()
-            self._redis = None
-        if self._old_sigterm is not None:
-            signal.signal(signal.SIGTERM, self._old_sigterm)
-            self._old_sigterm = None
-
-    def _drop_naive_queue(self) -> None:
-        """The naive server never trims its stream: delete it on a shared Redis."""
-        try:
-            client = _connect(self.url)
-            client.delete(QueueKeys(self.setup.naive_queue, self.setup.prefix).requests)
-            client.close()
-        except redis.exceptions.RedisError as exc:
-            log.warning("could not delete the naive server's stream: %s", exc)
