@@ -32,13 +32,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import redis
 
+from producer.client import _translate  # the SDK's one seam for redis-py errors
 from producer import Producer, errors
 from producer.protocol import Reply, decode_reply, encode_body, request_fields
 from worker.bench_fleet import BASELINES, BenchError, BenchFleet, FleetSetup, FleetStartError
@@ -244,21 +244,7 @@ def heading(setup: FleetSetup, plan: BenchPlan) -> str:
     return f"# inferfleet bench\n\n{setup.describe()}; {plan.describe()}."
 
 
-# --------------------------------------------------------------------------- the picture
-
-
 # --------------------------------------------------------------------------- load generators
-
-
-@contextmanager
-def _redis_errors() -> Iterator[None]:
-    """redis-py exceptions of the open loop's own commands, as the SDK's."""
-    try:
-        yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise errors.ConnectionError(f"Redis connection failed: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        raise errors.InferfleetError(f"Redis error: {exc}") from exc
 
 
 class _Tally:
@@ -364,7 +350,7 @@ class _OpenLoop:
             body = self.bodies[i % len(self.bodies)]
             pipe.xadd(self.producer.keys.requests, request_fields(rid, body, deadline_ms, self.producer.inbox))
             self.due_at[rid] = self.start + float(self.offsets[i])
-        with _redis_errors():
+        with _translate():
             pipe.execute()
         self.last_send = time.perf_counter()
 
@@ -377,7 +363,7 @@ class _OpenLoop:
             self.failed.set()
 
     def _receive_some(self) -> None:
-        with _redis_errors():
+        with _translate():
             got = self.producer.redis.blpop([self.producer.inbox], timeout=_POLL_S)
             more = self.producer.redis.lpop(self.producer.inbox, _POP_COUNT) if got else None
         now = time.perf_counter()
