@@ -102,3 +102,20 @@ def test_sigterm_stops_a_worker_cleanly(spawn_worker, redis_url, models_dir):
     producer = Producer(redis_url, "affine")
     assert len(producer.map([np.ones((1, 16), np.float32)] * 200, timeout_s=20)) == 200
     assert stop_process(proc) == 0
+
+
+def test_status_shows_the_queue_and_its_workers(spawn_worker, redis_url, redis_client, models_dir):
+    spawn_worker("affine", str(models_dir / "affine.pt"), consumer="status-w0")
+    Producer(redis_url, "affine").map([np.ones((1, 16), np.float32)] * 50, timeout_s=20)
+    redis_client.xadd("inferfleet:{affine}:dead", {"id": "x", "reason": "test"})
+    env = {**worker_env(redis_url), "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "worker.cli", "status"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert "queue affine" in out
+    assert "status-w0" in out and "cpu" in out and "serving" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if "dead letters" in line)
+    assert lines[header + 2].split("│")[4].strip() == "1"  # one dead letter
+    bad = subprocess.run([sys.executable, "-m", "worker.cli", "status", "--name", "bad name"], env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid queue name" in bad.stderr
