@@ -62,3 +62,17 @@ class OutOfMemoryOverRows(Scale):
         if x.shape[0] > int(os.environ.get("OOM_ROWS", "8")):
             raise torch.OutOfMemoryError(f"CUDA out of memory on {x.shape[0]} rows (simulated)")
         return x * 2.0
+
+
+STALL = -7.0
+
+
+class Stall(Scale):
+    """Scale, but a batch holding a row that starts with STALL takes STALL_S seconds (30 by default)."""
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        if bool((x[:, 0] == STALL).any()):
+            import time
+
+            time.sleep(float(os.environ.get("STALL_S", "30")))
+        return x * 2.0

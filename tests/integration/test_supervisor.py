@@ -13,6 +13,7 @@ import redis
 
 from producer import Producer
 from producer.protocol import GROUP, QueueKeys
+from tests.handlers import STALL
 from worker.cli import child_main
 from worker.config import WorkerSettings
 from worker.heartbeat import read_heartbeats
@@ -144,3 +145,37 @@ def test_stopping_drains_every_worker_without_loss(redis_url, redis_client, mode
     answered = sum(redis_client.llen(keys.reply(r)) for r in rids)
     assert answered + group["lag"] == 2000  # answered once each, or still queued for the next fleet
     assert all(redis_client.llen(keys.reply(r)) <= 1 for r in rids)
+
+
+def test_a_second_signal_kills_the_draining_workers(redis_url, redis_client, monkeypatch):
+    import subprocess
+    import sys
+
+    from tests.conftest import worker_env
+
+    env = {**worker_env(redis_url), "STALL_S": "30"}  # a batch that would take 30 s to drain
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "supervise", "--name", "q", "--model",
+                             "tests.handlers:Stall", "--devices", "cpu", "--policy", "fixed", "--min-workers", "1",
+                             "--max-workers", "1", "--interval-s", "0.2", "--log-level", "warning"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        keys = QueueKeys("q")
+        wait_until(lambda: len(read_heartbeats(redis_client, keys)) == 1, 60, "the worker")
+        child = read_heartbeats(redis_client, keys)[0].pid
+        Producer(redis_url, "q").submit(np.full((1, 4), STALL, np.float32))
+        wait_until(lambda: redis_client.xpending(keys.requests, GROUP)["pending"] == 1, 10, "the batch to start")
+        proc.send_signal(signal.SIGTERM)  # drain: would wait for the 30 s batch
+        time.sleep(0.5)
+        assert proc.poll() is None
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # second signal: kill now
+        proc.wait(10)
+        assert time.monotonic() - started < 5
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+        # the request was not lost: it stays pending for the next fleet to take over
+        assert redis_client.xpending(keys.requests, GROUP)["pending"] == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
