@@ -17,35 +17,16 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scripts.fleet_procs import start_workers  # noqa: E402
 from worker.embedded import EmbeddedRedis  # noqa: E402
 
 FIGURES = ("qps", "p50_ms", "p95_ms", "p99_ms", "mean_batch_rows")
-
-
-def start_workers(url: str, name: str, model: str, count: int, extra: list[str]) -> list[subprocess.Popen]:
-    env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, "-m", "worker.cli", "worker", "--name", name, "--model", model,
-                               "--consumer", f"bench-{i}", "--log-level", "warning", *extra], env=env, cwd=ROOT)
-             for i in range(count)]
-    client = redis.Redis.from_url(url)
-    stream = f"inferfleet:{{{name}}}:requests"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if len(client.xinfo_consumers(stream, "workers")) >= count:
-                return procs
-        except redis.exceptions.ResponseError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit("workers did not start")
 
 
 def bench_once(url: str, name: str, model: str, args: argparse.Namespace) -> dict:
@@ -70,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     name = "bench"
     with EmbeddedRedis() as server:
-        procs = start_workers(server.url, name, args.model, args.workers, args.worker_arg)
+        procs = start_workers(server.url, name, args.model, args.workers, "bench", args.worker_arg)
         try:
             runs = []
             for i in range(args.runs):

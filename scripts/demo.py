@@ -14,11 +14,9 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-import redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -28,33 +26,11 @@ sys.path.insert(0, str(ROOT))
 
 from producer import Producer  # noqa: E402
 from scripts.build_models import example_inputs  # noqa: E402
+from scripts.fleet_procs import start_workers  # noqa: E402
 from worker.bench import bench_inputs, run_bench  # noqa: E402
 from worker.embedded import EmbeddedRedis  # noqa: E402
 
 console = Console()
-
-
-def start_workers(url: str, name: str, model: Path, count: int) -> list[subprocess.Popen]:
-    env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT))
-    procs = []
-    for i in range(count):
-        cmd = [sys.executable, "-m", "worker.cli", "worker", "--name", name, "--model", str(model),
-               "--consumer", f"demo-{i}", "--log-level", "warning"]
-        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT))
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 120
-    stream = f"inferfleet:{{{name}}}:requests"
-    with console.status(f"loading and warming up {count} workers"):
-        while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in procs):
-                raise SystemExit("a worker exited during start-up; see its log above")
-            try:
-                if len(client.xinfo_consumers(stream, "workers")) >= count:
-                    return procs
-            except redis.exceptions.ResponseError:
-                pass
-            time.sleep(0.1)
-    raise SystemExit("workers did not become ready within 120 s")
 
 
 def check_sample(producer: Producer, model: Path) -> float:
@@ -77,7 +53,8 @@ def check_sample(producer: Producer, model: Path) -> float:
 
 def run(url: str, requests: int, workers: int) -> None:
     model = ROOT / "models" / "ctr.pt"
-    procs = start_workers(url, "demo-ctr", model, workers)
+    with console.status(f"loading and warming up {workers} workers"):
+        procs = start_workers(url, "demo-ctr", str(model), workers, "demo")
     try:
         with Producer(url, "demo-ctr") as producer:
             pool = bench_inputs(str(model), None, rows=1)
