@@ -24,7 +24,10 @@ def load_inputs(path: str) -> Any:
                 return data
             return _arrays(data, path)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"cannot read {path!r} as .npy or .npz: {exc}") from exc
+        reason = str(exc)
+        if "pickled" in reason:  # numpy says so for any file that is not .npy/.npz
+            reason = "not a .npy/.npz file of plain arrays (pickled objects are never loaded)"
+        raise ValueError(f"cannot read {path!r} as .npy or .npz: {reason}") from exc
 
 
 def _arrays(data: Any, path: str) -> Any:
