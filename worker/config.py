@@ -18,8 +18,9 @@ from worker.errors import ConfigError
 
 __all__ = ["WorkerSettings", "ENV_VARS", "DEVICE_CHOICES", "PRECISIONS", "default_consumer_name"]
 
-#: fp32 as trained; fp16 and bf16 run under torch.autocast (GPU, and CPU where the ops support it).
-PRECISIONS = ("fp32", "fp16", "bf16")
+#: fp32 as trained; fp16 and bf16 run under torch.autocast (GPU, and CPU where the ops support it);
+#: int8 is dynamic quantization of the linear layers (CPU only).
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 _DEVICE_RE = re.compile(r"(auto|cpu|cuda|cuda:\d{1,3})\Z")
@@ -59,6 +60,18 @@ class WorkerSettings:
     empty_cache_every: int = 0
     prefetch: str = "auto"
     tune_malloc: bool = True
+    # result cache (worker.cache): 0 entries turns the per-worker LFU off; a TTL of 0 the fleet cache
+    cache_size: int = 0
+    fleet_cache_ttl_s: int = 0
+    # result checks (worker.validation): 0 turns a check off
+    min_confidence: float = 0.0
+    consistency_tol: float = 0.0
+    nan_guard: bool = True
+    # observability: Prometheus /metrics on this port (0: off)
+    metrics_port: int = 0
+    # Redis Cluster sharding: this worker serves shard `shard` of `shards` (queue NAME.shard)
+    shards: int = 1
+    shard: int = 0
 
     def __post_init__(self) -> None:
         try:
@@ -84,6 +97,13 @@ class WorkerSettings:
         self._check_range("housekeeping_s", 0.01, 3600)
         self._check_range("heartbeat_s", 0.05, 600)
         self._check_range("empty_cache_every", 0, 10**9)
+        self._check_range("cache_size", 0, 10**8)
+        self._check_range("fleet_cache_ttl_s", 0, 30 * 86400)
+        self._check_range("min_confidence", 0.0, 1.0)
+        self._check_range("consistency_tol", 0.0, 1e30)
+        self._check_range("metrics_port", 0, 65535)
+        self._check_range("shards", 1, 1024)
+        self._check_range("shard", 0, self.shards - 1)
         if self.prefetch not in ("auto", "on", "off"):
             raise ConfigError(f"prefetch {self.prefetch!r} is not one of auto, on, off")
         if self.precision not in PRECISIONS:
