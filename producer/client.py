@@ -1,9 +1,13 @@
 """Producer and AsyncProducer: enqueue inference requests and collect replies.
 
 Both share :class:`_ProducerBase`, which owns everything that is not I/O
-(request ids, entry fields, reply decoding); the two subclasses only differ
-in how they talk to Redis. Every redis-py exception is translated into the
-SDK's own (``producer.errors``) in :func:`_translate`.
+(request ids, entry fields, shard routing, reply decoding); the two
+subclasses only differ in how they talk to Redis. Every redis-py exception
+is translated into the SDK's own (``producer.errors``) in :func:`_translate`.
+
+A queue may be sharded into ``shards`` streams (``NAME.0`` ...), each in its
+own Redis Cluster slot: a request goes to shard
+:func:`~producer.protocol.shard_for` of its id, and so does its reply.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
+from redis.cluster import RedisCluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -30,6 +36,8 @@ from producer.protocol import (
     decode_reply,
     encode_body,
     request_fields,
+    shard_for,
+    shard_keys,
     validate_request_id,
 )
 
@@ -49,6 +57,8 @@ def _translate() -> Iterator[None]:
         raise errors.ConnectionError(f"Redis connection failed: {exc}") from exc
     except redis.exceptions.RedisError as exc:
         raise errors.InferfleetError(f"Redis error: {exc}") from exc
+    except redis.exceptions.RedisClusterException as exc:  # not a RedisError: cross-slot and the like
+        raise errors.InferfleetError(f"Redis Cluster error: {exc}") from exc
 
 
 def _redis_url(url: str | None) -> str:
@@ -59,14 +69,18 @@ class _ProducerBase:
     """What both producers share: names, ids, entry fields, limits and reply decoding."""
 
     def __init__(self, name: str, prefix: str = DEFAULT_PREFIX, default_deadline_s: float | None = 60.0,
-                 max_backlog: int | None = None, on_full: str = "raise", full_wait_s: float = 30.0) -> None:
+                 max_backlog: int | None = None, on_full: str = "raise", full_wait_s: float = 30.0,
+                 shards: int = 1) -> None:
         if default_deadline_s is not None and default_deadline_s <= 0:
             raise ValueError(f"default_deadline_s must be positive or None, got {default_deadline_s}")
         if max_backlog is not None and max_backlog < 1:
             raise ValueError(f"max_backlog must be at least 1 or None, got {max_backlog}")
         if on_full not in ("raise", "wait"):
             raise ValueError(f"on_full must be 'raise' or 'wait', got {on_full!r}")
-        self.keys = QueueKeys(name, prefix)
+        #: every shard's keys, shard 0 first; ``keys`` is shard 0 (the queue's own when unsharded)
+        self.shard_keys = shard_keys(name, shards, prefix)
+        self.keys = self.shard_keys[0]
+        self.shards = shards
         self.name = name
         self.default_deadline_s = default_deadline_s
         self.max_backlog = max_backlog
@@ -76,12 +90,24 @@ class _ProducerBase:
         token = os.urandom(6).hex()
         self._rid_base = f"{token}-"
         self._rids = count()
-        self.inbox = self.keys.inbox(f"p-{token}")
+        #: this producer's reply inbox in each shard (one BLPOP cannot span cluster slots)
+        self.inboxes = tuple(keys.inbox(f"p-{token}") for keys in self.shard_keys)
+        self.inbox = self.inboxes[0]
+        self._turn = 0  # which shard's inbox a cluster client blocks on next
+        self.cluster = False  # set by the subclass: one BLPOP may then name one shard's key only
         self._closed = False
 
     def new_request_id(self) -> str:
         """A request id unique to this producer (random base + counter)."""
         return f"{self._rid_base}{next(self._rids):x}"
+
+    def shard_of(self, request_id: str) -> int:
+        """The shard of ``request_id``: CRC-32 of its bytes mod ``shards`` (0 when unsharded)."""
+        return shard_for(request_id, self.shards) if self.shards > 1 else 0
+
+    def keys_for(self, request_id: str) -> QueueKeys:
+        """The keys of the shard that request ``request_id`` (and its reply) lives in."""
+        return self.shard_keys[self.shard_of(validate_request_id(request_id))]
 
     def _entry(
         self,
@@ -90,20 +116,27 @@ class _ProducerBase:
         deadline_s: float | None,
         request_id: str | None = None,
         reply_to: str | None = None,
-    ) -> tuple[str, dict]:
+        *,
+        to_inbox: bool = False,
+    ) -> tuple[str, QueueKeys, dict]:
+        """(request id, its shard's keys, entry fields); ``to_inbox``: reply to our inbox there."""
         self._check_open()
         rid = validate_request_id(request_id) if request_id is not None else self.new_request_id()
+        shard = self.shard_of(rid)
+        keys = self.shard_keys[shard]
+        reply_to = self.inboxes[shard] if to_inbox else reply_to
         deadline_ms = None
         deadline_s = self.default_deadline_s if deadline_s is None else deadline_s
         if deadline_s is not None:
             if deadline_s <= 0:
                 raise errors.ProtocolError(f"deadline_s must be positive, got {deadline_s}")
             deadline_ms = int((time.time() + deadline_s) * 1000)
-        if reply_to is not None and not self.keys.is_inbox(reply_to):
+        if reply_to is not None and not keys.is_inbox(reply_to):
             raise errors.ProtocolError(
-                f"reply_to must be a key under {self.keys.inbox_prefix!r}, got {reply_to!r}"
+                f"reply_to must be a key under {keys.inbox_prefix!r} (the shard of request {rid!r}), "
+                f"got {reply_to!r}"
             )
-        return rid, request_fields(rid, encode_body(inputs, params), deadline_ms, reply_to)
+        return rid, keys, request_fields(rid, encode_body(inputs, params), deadline_ms, reply_to)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -130,6 +163,98 @@ class _ProducerBase:
                 return int(lag) if lag is not None else None
         return int(length)  # no worker has created the group yet: all is backlog
 
+    @classmethod
+    def _sum_shards(cls, lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[int | None, int]:
+        """(lag, backlog) of the queue from each shard's stream length and groups.
+
+        Lags are summed, and the sum is unknown (None) if one shard's is; the
+        backlog counts such a shard's length (an upper bound) instead.
+        """
+        lag: int | None = 0
+        backlog = 0
+        for length, shard_groups in zip(lengths, groups):
+            one = cls._lag_from(shard_groups, length) if length else 0
+            backlog += length if one is None else one
+            lag = None if lag is None or one is None else lag + one
+        return lag, backlog
+
+    # -- map/imap bookkeeping (no I/O: commands are queued on a pipeline) ---
+
+    def _fill(self, pipe: Any, items: Iterator[Any], in_flight: _InFlight, window: int,
+              params: Mapping[str, Any] | None, deadline_s: float | None, sent: int) -> tuple[list[str], bool]:
+        """Queue XADDs on ``pipe`` until ``window`` requests are in flight: (their ids, inputs exhausted)."""
+        batch: list[str] = []
+        while len(in_flight) < window:
+            one = next(items, _END)
+            if one is _END:
+                return batch, True
+            rid, keys, fields = self._entry(one, params, deadline_s, to_inbox=True)
+            pipe.xadd(keys.requests, fields)
+            in_flight.add(rid, self.shard_of(rid), sent + len(batch))
+            batch.append(rid)
+        return batch, False
+
+    def _queue_pops(self, pipe: Any, waiting: list[int]) -> None:
+        for shard in waiting:
+            pipe.lpop(self.inboxes[shard], _POP_COUNT)
+
+    @staticmethod
+    def _popped(results: list, waiting: list[int]) -> list[bytes]:
+        """The replies the pipeline's trailing LPOPs (one per waiting shard) took."""
+        return [raw for got in results[len(results) - len(waiting):] for raw in (got or [])]
+
+    def _block_keys(self, waiting: list[int]) -> list[str]:
+        """Inboxes to block on when a round found no reply: every waiting one, or on a
+        cluster (where one BLPOP cannot span slots) one shard's in turn; the others
+        are popped again at the next round, a poll interval later at most."""
+        if not self.cluster or len(waiting) == 1:
+            return [self.inboxes[shard] for shard in waiting]
+        self._turn += 1
+        return [self.inboxes[waiting[self._turn % len(waiting)]]]
+
+    @staticmethod
+    def _take(popped: list[bytes], in_flight: _InFlight, raise_errors: bool) -> list[tuple[int, Reply]]:
+        """(input index, reply) of each popped reply that this call is waiting for."""
+        taken = []
+        for raw in popped:
+            reply = decode_reply(raw)
+            index = in_flight.pop(reply.id)
+            if index is not None:  # else a stale reply of an earlier, abandoned call
+                taken.append((index, reply.raise_for_error() if raise_errors else reply))
+        return taken
+
+    @staticmethod
+    def _check_stall(in_flight: _InFlight, last_progress: float, timeout_s: float) -> None:
+        if in_flight and time.monotonic() - last_progress > timeout_s:
+            raise errors.ReplyTimeout(f"no reply for {timeout_s} s with {len(in_flight)} requests in flight")
+
+
+class _InFlight:
+    """The requests a map/imap call sent and has no reply for: id -> input index, counted per shard."""
+
+    def __init__(self, shards: int) -> None:
+        self._where: dict[str, tuple[int, int]] = {}
+        self._per_shard = [0] * shards
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def add(self, rid: str, shard: int, index: int) -> None:
+        self._where[rid] = (index, shard)
+        self._per_shard[shard] += 1
+
+    def pop(self, rid: str) -> int | None:
+        """The input index of ``rid`` (now answered), or None if this call did not send it."""
+        found = self._where.pop(rid, None)
+        if found is None:
+            return None
+        self._per_shard[found[1]] -= 1
+        return found[0]
+
+    def shards(self) -> list[int]:
+        """Shards with requests in flight: the inboxes worth popping."""
+        return [shard for shard, count in enumerate(self._per_shard) if count]
+
 
 _LIMITS_DOC = """
     ``default_deadline_s`` (60 s) is the deadline of every request sent
@@ -142,11 +267,31 @@ _LIMITS_DOC = """
     redis-py's silent command retries are off: a retried XADD could enqueue a
     request twice and a retried pop could lose a reply. A dropped connection
     raises :class:`~producer.errors.ConnectionError`; the next call reconnects.
+
+    ``shards`` (default 1) splits the queue into that many streams, queues
+    ``NAME.0`` to ``NAME.{shards-1}``, each in its own Redis Cluster slot: a
+    request goes to shard ``shard_for(id, shards)`` (CRC-32 of the id, mod
+    ``shards``) and so does its reply. Every producer and worker of a queue
+    must agree on ``shards``. ``cluster=True`` connects with redis-py's
+    ``RedisCluster`` (the URL names any one node); it still follows MOVED and
+    ASK redirects, which never re-run a command.
 """
 
 
 def _client_options() -> dict[str, Any]:
     return {"socket_connect_timeout": 5, "socket_keepalive": True}
+
+
+def _connect(url: str, cluster: bool) -> Any:
+    """A redis.Redis, or a RedisCluster when asked, with redis-py's command retries off."""
+    factory = RedisCluster.from_url if cluster else redis.Redis.from_url
+    return factory(url, retry=Retry(NoBackoff(), 0), **_client_options())
+
+
+def _connect_async(url: str, cluster: bool) -> Any:
+    """The asyncio twin of :func:`_connect`."""
+    factory = AsyncRedisCluster.from_url if cluster else aioredis.Redis.from_url
+    return factory(url, retry=AsyncRetry(NoBackoff(), 0), **_client_options())
 
 
 class Producer(_ProducerBase):
@@ -157,7 +302,8 @@ class Producer(_ProducerBase):
     >>> p.result(rid, timeout_s=5).outputs                   # doctest: +SKIP
 
     ``redis_url`` defaults to ``$REDIS_URL``; pass ``client`` to reuse an
-    existing ``redis.Redis`` (its ``decode_responses`` must be False).
+    existing ``redis.Redis`` or ``RedisCluster`` (its ``decode_responses``
+    must be False).
     """
 
     __doc__ = (__doc__ or "") + _LIMITS_DOC
@@ -168,18 +314,19 @@ class Producer(_ProducerBase):
         name: str = "default",
         *,
         prefix: str = DEFAULT_PREFIX,
-        client: redis.Redis | None = None,
+        client: redis.Redis | RedisCluster | None = None,
         default_deadline_s: float | None = 60.0,
         max_backlog: int | None = None,
         on_full: str = "raise",
         full_wait_s: float = 30.0,
+        shards: int = 1,
+        cluster: bool = False,
     ) -> None:
-        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s)
+        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards)
         self._owns_client = client is None
+        self.cluster = cluster or isinstance(client, RedisCluster)
         with _translate():
-            self.redis = client or redis.Redis.from_url(
-                _redis_url(redis_url), retry=Retry(NoBackoff(), 0), **_client_options()
-            )
+            self.redis = client or _connect(_redis_url(redis_url), self.cluster)
 
     def _make_room(self, adding: int) -> None:
         """Enforce max_backlog before sending ``adding`` requests (raise or wait)."""
@@ -210,10 +357,10 @@ class Producer(_ProducerBase):
         reply_to: str | None = None,
     ) -> str:
         """Enqueue one request and return its request id."""
-        rid, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
+        rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
         self._make_room(1)
         with _translate():
-            self.redis.xadd(self.keys.requests, fields)
+            self.redis.xadd(keys.requests, fields)
         return rid
 
     def result(self, request_id: str, timeout_s: float = 30.0, *, raise_errors: bool = True) -> Reply:
@@ -223,7 +370,7 @@ class Producer(_ProducerBase):
         ``raise_errors`` (the default) an ``ok: false`` reply raises the
         matching :class:`~producer.errors.ReplyError`.
         """
-        key = self.keys.reply(validate_request_id(request_id))
+        key = self.keys_for(request_id).reply(validate_request_id(request_id))
         with _translate():
             popped = self.redis.blpop([key], timeout=max(timeout_s, 0.01))
         if popped is None:
@@ -251,8 +398,8 @@ class Producer(_ProducerBase):
             self._make_room(len(batch))
             pipe = self.redis.pipeline(transaction=False)
             for one in batch:
-                rid, fields = self._entry(one, params, deadline_s)
-                pipe.xadd(self.keys.requests, fields)
+                rid, keys, fields = self._entry(one, params, deadline_s)
+                pipe.xadd(keys.requests, fields)
                 rids.append(rid)
             with _translate():
                 pipe.execute()
@@ -265,7 +412,7 @@ class Producer(_ProducerBase):
 
         Raises ReplyTimeout if some are still missing after ``timeout_s``.
         """
-        keys = {self.keys.reply(validate_request_id(r)): i for i, r in enumerate(request_ids)}
+        keys = {self.keys_for(r).reply(validate_request_id(r)): i for i, r in enumerate(request_ids)}
         found: dict[int, Reply] = {}
         deadline = time.monotonic() + timeout_s
         while keys:
@@ -323,7 +470,7 @@ class Producer(_ProducerBase):
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
         items = iter(inputs)
-        in_flight: dict[str, int] = {}
+        in_flight = _InFlight(self.shards)
         ready: dict[int, Reply] = {}
         next_out = sent = 0
         exhausted = False
@@ -331,31 +478,19 @@ class Producer(_ProducerBase):
         while not exhausted or in_flight:
             pipe = self.redis.pipeline(transaction=False)
             batch: list[str] = []
-            while not exhausted and len(in_flight) < window:
-                one = next(items, _END)
-                if one is _END:
-                    exhausted = True
-                    break
-                rid, fields = self._entry(one, params, deadline_s, reply_to=self.inbox)
-                pipe.xadd(self.keys.requests, fields)
-                in_flight[rid] = sent
-                batch.append(rid)
-                sent += 1
-            pipe.lpop(self.inbox, _POP_COUNT)
+            if not exhausted:
+                batch, exhausted = self._fill(pipe, items, in_flight, window, params, deadline_s, sent)
+                sent += len(batch)
+            waiting = in_flight.shards()
+            self._queue_pops(pipe, waiting)
             if on_send is not None and batch:
                 on_send(batch)
             with _translate():
-                popped = pipe.execute()[-1] or []
+                popped = self._popped(pipe.execute(), waiting)
                 if not popped and in_flight:
-                    got = self.redis.blpop([self.inbox], timeout=_POLL_S)
+                    got = self.redis.blpop(self._block_keys(waiting), timeout=_POLL_S)
                     popped = [got[1]] if got else []
-            for raw in popped:
-                reply = decode_reply(raw)
-                index = in_flight.pop(reply.id, None)
-                if index is None:
-                    continue  # a stale reply of an earlier, abandoned call
-                if raise_errors:
-                    reply.raise_for_error()
+            for index, reply in self._take(popped, in_flight, raise_errors):
                 last_progress = time.monotonic()
                 if ordered:
                     ready[index] = reply
@@ -364,27 +499,30 @@ class Producer(_ProducerBase):
             while ordered and next_out in ready:
                 yield ready.pop(next_out)
                 next_out += 1
-            if in_flight and time.monotonic() - last_progress > timeout_s:
-                raise errors.ReplyTimeout(
-                    f"no reply for {timeout_s} s with {len(in_flight)} requests in flight"
-                )
+            self._check_stall(in_flight, last_progress, timeout_s)
 
     # -- queue state and lifecycle -----------------------------------------
 
     def lag(self) -> int | None:
-        """Requests waiting to be picked up, or None when Redis cannot tell."""
-        return self._lag_and_length()[0]
+        """Requests waiting to be picked up (summed over the shards), or None when Redis cannot tell."""
+        return self._lag_and_backlog()[0]
 
     def backlog(self) -> int:
-        """The lag, or the stream length (an upper bound) when the lag is unknown."""
-        lag, length = self._lag_and_length()
-        return length if lag is None else lag
+        """The lag, or the stream length (an upper bound) where the lag is unknown."""
+        return self._lag_and_backlog()[1]
 
-    def _lag_and_length(self) -> tuple[int | None, int]:
+    def _lag_and_backlog(self) -> tuple[int | None, int]:
         with _translate():
-            length = int(self.redis.xlen(self.keys.requests))
-            groups = self.redis.xinfo_groups(self.keys.requests) if length else []
-        return (self._lag_from(groups, length) if length else 0), length
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in self.shard_keys:
+                pipe.xlen(keys.requests)
+            lengths = [int(n) for n in pipe.execute()]
+            busy = [keys.requests for keys, n in zip(self.shard_keys, lengths) if n]
+            pipe = self.redis.pipeline(transaction=False)
+            for stream in busy:
+                pipe.xinfo_groups(stream)
+            found = iter(pipe.execute() if busy else [])
+        return self._sum_shards(lengths, [next(found) if n else [] for n in lengths])
 
     def close(self) -> None:
         """Release the connection pool (if this producer created it)."""
@@ -411,18 +549,19 @@ class AsyncProducer(_ProducerBase):
         name: str = "default",
         *,
         prefix: str = DEFAULT_PREFIX,
-        client: aioredis.Redis | None = None,
+        client: aioredis.Redis | AsyncRedisCluster | None = None,
         default_deadline_s: float | None = 60.0,
         max_backlog: int | None = None,
         on_full: str = "raise",
         full_wait_s: float = 30.0,
+        shards: int = 1,
+        cluster: bool = False,
     ) -> None:
-        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s)
+        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards)
         self._owns_client = client is None
+        self.cluster = cluster or isinstance(client, AsyncRedisCluster)
         with _translate():
-            self.redis = client or aioredis.Redis.from_url(
-                _redis_url(redis_url), retry=AsyncRetry(NoBackoff(), 0), **_client_options()
-            )
+            self.redis = client or _connect_async(_redis_url(redis_url), self.cluster)
 
     async def _make_room(self, adding: int) -> None:
         """Enforce max_backlog before sending ``adding`` requests (raise or wait)."""
@@ -447,15 +586,15 @@ class AsyncProducer(_ProducerBase):
         reply_to: str | None = None,
     ) -> str:
         """Enqueue one request and return its request id."""
-        rid, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
+        rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
         await self._make_room(1)
         with _translate():
-            await self.redis.xadd(self.keys.requests, fields)
+            await self.redis.xadd(keys.requests, fields)
         return rid
 
     async def result(self, request_id: str, timeout_s: float = 30.0, *, raise_errors: bool = True) -> Reply:
         """Wait up to ``timeout_s`` for the reply to ``request_id``."""
-        key = self.keys.reply(validate_request_id(request_id))
+        key = self.keys_for(request_id).reply(validate_request_id(request_id))
         with _translate():
             popped = await self.redis.blpop([key], timeout=max(timeout_s, 0.01))
         if popped is None:
@@ -481,8 +620,8 @@ class AsyncProducer(_ProducerBase):
             await self._make_room(len(batch))
             pipe = self.redis.pipeline(transaction=False)
             for one in batch:
-                rid, fields = self._entry(one, params, deadline_s)
-                pipe.xadd(self.keys.requests, fields)
+                rid, keys, fields = self._entry(one, params, deadline_s)
+                pipe.xadd(keys.requests, fields)
                 rids.append(rid)
             with _translate():
                 await pipe.execute()
@@ -502,55 +641,49 @@ class AsyncProducer(_ProducerBase):
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
         items = iter(inputs)
-        in_flight: dict[str, int] = {}
+        in_flight = _InFlight(self.shards)
         found: dict[int, Reply] = {}
         sent = 0
         exhausted = False
         last_progress = time.monotonic()
         while not exhausted or in_flight:
             pipe = self.redis.pipeline(transaction=False)
-            while not exhausted and len(in_flight) < window:
-                one = next(items, _END)
-                if one is _END:
-                    exhausted = True
-                    break
-                rid, fields = self._entry(one, params, deadline_s, reply_to=self.inbox)
-                pipe.xadd(self.keys.requests, fields)
-                in_flight[rid] = sent
-                sent += 1
-            pipe.lpop(self.inbox, _POP_COUNT)
+            if not exhausted:
+                batch, exhausted = self._fill(pipe, items, in_flight, window, params, deadline_s, sent)
+                sent += len(batch)
+            waiting = in_flight.shards()
+            self._queue_pops(pipe, waiting)
             with _translate():
-                popped = (await pipe.execute())[-1] or []
+                popped = self._popped(await pipe.execute(), waiting)
                 if not popped and in_flight:
-                    got = await self.redis.blpop([self.inbox], timeout=_POLL_S)
+                    got = await self.redis.blpop(self._block_keys(waiting), timeout=_POLL_S)
                     popped = [got[1]] if got else []
-            for raw in popped:
-                reply = decode_reply(raw)
-                index = in_flight.pop(reply.id, None)
-                if index is None:
-                    continue
-                found[index] = reply.raise_for_error() if raise_errors else reply
+            for index, reply in self._take(popped, in_flight, raise_errors):
+                found[index] = reply
                 last_progress = time.monotonic()
-            if in_flight and time.monotonic() - last_progress > timeout_s:
-                raise errors.ReplyTimeout(
-                    f"no reply for {timeout_s} s with {len(in_flight)} requests in flight"
-                )
+            self._check_stall(in_flight, last_progress, timeout_s)
         return [found[i] for i in range(sent)]
 
     async def lag(self) -> int | None:
-        """Requests waiting to be picked up, or None when Redis cannot tell."""
-        return (await self._lag_and_length())[0]
+        """Requests waiting to be picked up (summed over the shards), or None when Redis cannot tell."""
+        return (await self._lag_and_backlog())[0]
 
     async def backlog(self) -> int:
-        """The lag, or the stream length (an upper bound) when the lag is unknown."""
-        lag, length = await self._lag_and_length()
-        return length if lag is None else lag
+        """The lag, or the stream length (an upper bound) where the lag is unknown."""
+        return (await self._lag_and_backlog())[1]
 
-    async def _lag_and_length(self) -> tuple[int | None, int]:
+    async def _lag_and_backlog(self) -> tuple[int | None, int]:
         with _translate():
-            length = int(await self.redis.xlen(self.keys.requests))
-            groups = await self.redis.xinfo_groups(self.keys.requests) if length else []
-        return (self._lag_from(groups, length) if length else 0), length
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in self.shard_keys:
+                pipe.xlen(keys.requests)
+            lengths = [int(n) for n in await pipe.execute()]
+            busy = [keys.requests for keys, n in zip(self.shard_keys, lengths) if n]
+            pipe = self.redis.pipeline(transaction=False)
+            for stream in busy:
+                pipe.xinfo_groups(stream)
+            found = iter(await pipe.execute() if busy else [])
+        return self._sum_shards(lengths, [next(found) if n else [] for n in lengths])
 
     async def close(self) -> None:
         """Release the connection pool (if this producer created it)."""

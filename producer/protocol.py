@@ -3,7 +3,8 @@
 This is the only module that knows msgpack. Producers and workers both go
 through it, so the contract (``docs/protocol.md``) lives in one place:
 
-* :class:`QueueKeys` names every Redis key of one queue.
+* :class:`QueueKeys` names every Redis key of one queue; :func:`shard_keys`
+  and :func:`shard_for` name and pick the shards of a sharded one.
 * :func:`encode_inputs` / :func:`decode_inputs` turn numpy structures
   (a tensor, a list of tensors, a dict of tensors) into msgpack-ready maps
   and back. Decoding is strict and bounded: dtype whitelist, exact byte
@@ -17,6 +18,7 @@ through it, so the contract (``docs/protocol.md``) lives in one place:
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass, field
 from math import prod
 from typing import Any, Mapping, Union
@@ -35,6 +37,10 @@ __all__ = [
     "DTYPES",
     "Limits",
     "QueueKeys",
+    "MAX_SHARDS",
+    "shard_for",
+    "shard_name",
+    "shard_keys",
     "Envelope",
     "Reply",
     "Inputs",
@@ -59,6 +65,7 @@ CONTRACT_VERSION = 1
 DEFAULT_PREFIX = "inferfleet"
 GROUP = "workers"
 DEFAULT_REPLY_TTL_S = 300
+MAX_SHARDS = 1024
 ERROR_CODES = ("bad_request", "too_large", "expired", "model_error", "dead_letter")
 
 #: Contract dtype name -> numpy dtype, always little-endian.
@@ -179,6 +186,54 @@ class QueueKeys:
         )
 
 
+# --------------------------------------------------------------------------- shards
+
+
+def _check_shards(shards: int) -> int:
+    if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
+        raise ProtocolError(f"shards must be an integer from 1 to {MAX_SHARDS}, got {shards!r}")
+    return shards
+
+
+def shard_for(request_id: str, shards: int) -> int:
+    """The shard (0 to ``shards - 1``) that request ``request_id`` goes to.
+
+    CRC-32/IEEE (what zlib.crc32 computes) of the id's UTF-8 bytes, mod
+    ``shards``: any language can reproduce it, so any producer and any tool
+    finds the same shard for the same id.
+    """
+    return zlib.crc32(request_id.encode("utf-8")) % _check_shards(shards)
+
+
+def shard_name(name: str, shard: int, shards: int) -> str:
+    """The queue name of shard ``shard``: ``NAME`` itself when unsharded, else ``NAME.shard``.
+
+    A shard name must itself be a valid queue name (64 characters at most),
+    so a sharded queue's own name is shorter by the suffix; this says by how much.
+    """
+    validate_name(name)
+    if _check_shards(shards) == 1:
+        return name
+    if not isinstance(shard, int) or not 0 <= shard < shards:
+        raise ProtocolError(f"shard must be an integer from 0 to {shards - 1}, got {shard!r}")
+    longest = len(name) + 1 + len(str(shards - 1))
+    if longest > 64:
+        raise ProtocolError(
+            f"queue name {name!r} is too long for {shards} shards: shard names such as "
+            f"{name}.{shards - 1} must fit 64 characters, so use at most {64 - longest + len(name)}"
+        )
+    return f"{name}.{shard}"
+
+
+def shard_keys(name: str, shards: int = 1, prefix: str = DEFAULT_PREFIX) -> tuple[QueueKeys, ...]:
+    """The keys of every shard of queue ``name``, shard 0 first.
+
+    Shard ``s`` is keyed exactly like a queue named ``NAME.s`` (its own hash
+    tag, so its own cluster slot); with one shard the queue is ``NAME``'s own.
+    """
+    return tuple(QueueKeys(shard_name(name, s, shards), prefix) for s in range(_check_shards(shards)))
+
+
 def entry_time_ms(entry_id: bytes | str) -> int:
     """The millisecond timestamp part of a stream entry id (Redis server clock)."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
@@ -268,6 +323,16 @@ def encode_inputs(inputs: Any) -> Any:
             raise ProtocolError("inputs list is empty")
         return [encode_tensor(val) for val in inputs]
     return encode_tensor(inputs)
+
+
+def encode_outputs(outputs: Any) -> bytes:
+    """OUTPUTS (same forms as INPUTS) as msgpack bytes: the fleet result cache's values."""
+    return pack(encode_inputs(outputs))
+
+
+def decode_outputs(data: bytes) -> Inputs:
+    """Inverse of :func:`encode_outputs`. Raises ProtocolError if malformed."""
+    return decode_inputs(unpack(data, _REPLY_LIMITS), _REPLY_LIMITS, "outputs")
 
 
 def _decode_tensor(obj: Any, limits: Limits, where: str) -> np.ndarray:
