@@ -1,0 +1,113 @@
+"""Log formats (text or one JSON object a line) and the context records carry.
+
+Modules log as usual (``logging.getLogger(__name__)``, %-style arguments);
+only the CLI calls :func:`setup_logging`. Two kinds of context are added to
+every record by a filter on the handler, so they reach the JSON output
+without touching the call sites:
+
+* process fields, set once with :func:`bind` (``consumer=NAME`` in a worker);
+* the batch being computed, set by the consumer around each batch with
+  :func:`batch_context`: ``batch`` (the worker's batch sequence number) and
+  ``request_ids`` (the request ids of that batch). Only the current thread
+  sees it, and the ids are listed only when a record is actually emitted.
+
+A JSON line looks like::
+
+    {"time": "2025-01-02T03:04:05.678+00:00", "level": "DEBUG", "logger": "worker.consumer",
+     "message": "...", "process": 4242, "consumer": "ctr-s0", "batch": 17, "request_ids": ["r1", "r2"]}
+
+with ``exception`` (the formatted traceback) when the record has one.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import Any, Iterator, Sequence
+
+from pythonjsonlogger.json import JsonFormatter
+
+from worker.errors import ConfigError
+
+__all__ = ["LOG_FORMATS", "TEXT_FORMAT", "JsonLogFormatter", "ContextFilter", "batch_context", "bind",
+           "setup_logging"]
+
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
+
+_process_fields: dict[str, Any] = {}
+_batch: ContextVar[tuple[int, Sequence[Any]] | None] = ContextVar("inferfleet_batch", default=None)
+
+
+def bind(**fields: Any) -> None:
+    """Add fields to every record of this process from now on (``consumer=NAME``)."""
+    _process_fields.update(fields)
+
+
+@contextmanager
+def batch_context(number: int, requests: Sequence[Any]) -> Iterator[None]:
+    """Records logged inside (by this thread) carry ``batch`` and ``request_ids``.
+
+    ``requests`` holds request ids or objects with a ``rid``; it is only read
+    when a record is emitted, so an unlogged batch costs no list of ids.
+    """
+    token = _batch.set((number, requests))
+    try:
+        yield
+    finally:
+        _batch.reset(token)
+
+
+def _request_ids(requests: Sequence[Any]) -> list[str | None]:
+    return [item if isinstance(item, str) else getattr(item, "rid", None) for item in requests]
+
+
+class ContextFilter(logging.Filter):
+    """Adds the process fields and the current batch to each record (never overriding ``extra=``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in _process_fields.items():
+            if not hasattr(record, key):
+                setattr(record, key, value)
+        current = _batch.get()
+        if current is not None:
+            if not hasattr(record, "batch"):
+                record.batch = current[0]
+            if not hasattr(record, "request_ids"):
+                record.request_ids = _request_ids(current[1])
+        return True
+
+
+class JsonLogFormatter(JsonFormatter):
+    """One JSON object per record: time (ISO 8601, UTC), level, logger, message, process,
+    any context or ``extra=`` fields, and ``exception`` when there is one."""
+
+    def __init__(self) -> None:
+        super().__init__("{levelname}{name}{message}{process}", style="{", timestamp=False,
+                         rename_fields={"levelname": "level", "name": "logger", "exc_info": "exception"})
+
+    def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
+        log_data["time"] = datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(timespec="milliseconds")
+        super().add_fields(log_data, record, message_dict)
+
+
+def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    logging.getLogger("inferfleet").critical("uncaught %s: %s", kind.__name__, exc, exc_info=(kind, exc, tb))
+
+
+def setup_logging(level: str, fmt: str = "text") -> None:
+    """Log to stderr at ``level`` in ``fmt`` (text or json). In json, warnings and
+    uncaught exceptions become records too, so every line of stderr is JSON."""
+    if fmt not in LOG_FORMATS:
+        raise ConfigError(f"log format {fmt!r} is not one of {', '.join(LOG_FORMATS)}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(JsonLogFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
+    if fmt == "json":
+        logging.captureWarnings(True)
+        sys.excepthook = _log_uncaught
