@@ -140,10 +140,20 @@ MODELS = {"affine": Affine, "ctr": CTR, "cnn": SmallCNN, "resnet50": ResNet50}
 DEFAULT_MODELS = ("affine", "ctr", "cnn")
 
 
-def build(kind: str, out: str) -> list[str]:
+def make_model(kind: str) -> nn.Module:
+    """The example model ``kind`` in eval mode, its weights from a fixed seed (the same every build)."""
     torch.manual_seed({"affine": 1, "ctr": 2, "cnn": 3, "resnet50": 4}[kind])
-    model = MODELS[kind]().eval()
-    extra = {EXTRA: base64.b64encode(encode_body(example_inputs(kind))).decode()}
+    return MODELS[kind]().eval()
+
+
+def example_body(kind: str) -> str:
+    """The base64 example request body that every saved form of ``kind`` carries."""
+    return base64.b64encode(encode_body(example_inputs(kind))).decode()
+
+
+def build(kind: str, out: str) -> list[str]:
+    model = make_model(kind)
+    extra = {EXTRA: example_body(kind)}
     path = os.path.join(out, f"{kind}.pt")
     torch.jit.save(torch.jit.script(model), path, _extra_files=extra)
     written = [path]

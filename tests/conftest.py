@@ -55,6 +55,17 @@ def models_dir() -> Path:
     return MODELS_DIR
 
 
+@pytest.fixture(scope="session")
+def onnx_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """affine/ctr/cnn exported to ONNX (scripts/export_onnx.py), plus ``ctr.int8.onnx``, once per session."""
+    from scripts.export_onnx import export_all
+
+    out = tmp_path_factory.mktemp("onnx")
+    export_all(["affine", "cnn"], str(out))
+    export_all(["ctr"], str(out), int8=True)
+    return out
+
+
 def worker_env(redis_url: str) -> dict[str, str]:
     """Environment for a worker subprocess: the repo on the path, a private Redis."""
     env = dict(os.environ)

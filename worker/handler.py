@@ -9,7 +9,8 @@ every batch::
     outputs = postprocess(y, params) # tensors or numpy arrays, same row count
 
 Start a worker on it with ``inferfleet worker --model mypkg.mymodule:MyHandler``.
-TorchScript and torch.export models are served by :class:`ModuleHandler`.
+TorchScript and torch.export models are served by :class:`ModuleHandler`,
+``.onnx`` files by :class:`worker.onnx_backend.OnnxHandler`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Handler:
     #: Reported in every reply; None lets the worker use --model-version or "1".
     version: str | None = None
     device: torch.device = torch.device("cpu")
+    #: Whether requests may carry ``params`` (graph models take none: they are refused up front).
+    accepts_params: bool = True
 
     def setup(self, device: torch.device) -> None:
         """Load weights and place them on ``device``. Called once, before warm-up."""
@@ -58,6 +61,25 @@ class Handler:
         """Compile the model for ``--compile``; a handler that supports it overrides this."""
         raise ValueError(f"{type(self).__name__} does not support --compile (override Handler.compile)")
 
+    def quantize(self) -> None:
+        """Make the model int8 for ``--precision int8`` (CPU); called once, after ``setup``.
+
+        The default swaps every ``torch.nn.Linear`` inside the handler's
+        ``nn.Module`` attributes for a dynamically quantized one
+        (:mod:`worker.quantize`). Raises ValueError when there is none.
+        """
+        from worker.quantize import quantize_module
+
+        swapped = 0
+        for name, value in list(vars(self).items()):
+            if isinstance(value, torch.nn.Module):
+                module, count = quantize_module(value)
+                setattr(self, name, module)
+                swapped += count
+        if not swapped:
+            raise ValueError(f"--precision int8 found no torch.nn.Linear in the nn.Module attributes of "
+                             f"{type(self).__name__}: override Handler.quantize, or serve it in fp32")
+
     def predict(self, x: Any, params: dict) -> Any:
         """Run the model on one batch."""
         raise NotImplementedError("a Handler must implement predict(x, params)")
@@ -69,6 +91,8 @@ class Handler:
 
 class ModuleHandler(Handler):
     """Serves a callable torch module (TorchScript or torch.export) as it is."""
+
+    accepts_params = False
 
     def __init__(self, module: Any, example: Any = None) -> None:
         self.module = module
@@ -88,6 +112,21 @@ class ModuleHandler(Handler):
             raise ValueError("torch.compile cannot compile a TorchScript model: export it with "
                              "torch.export (.pt2) or serve it without --compile")
         self.module = torch.compile(self.module, dynamic=True)
+
+    def quantize(self) -> None:
+        """int8 linear layers: an exported graph is rewritten, a TorchScript one has no route."""
+        from worker.quantize import quantize_graph, quantize_module
+
+        if isinstance(self.module, torch.jit.ScriptModule):
+            raise ValueError("--precision int8 cannot quantize a TorchScript model: serve its torch.export "
+                             "form (.pt2) or its ONNX form (.onnx, see scripts/export_onnx.py) instead, or use fp32")
+        if isinstance(self.module, torch.fx.GraphModule):
+            swapped = quantize_graph(self.module)
+        else:
+            self.module, swapped = quantize_module(self.module)
+        if not swapped:
+            raise ValueError("--precision int8 found no linear layer with constant weights in this model: "
+                             "serve it in fp32")
 
     def predict(self, x: Any, params: dict) -> Any:
         if params:

@@ -1,15 +1,19 @@
 """The model runtime: load once, warm up, predict a batch.
 
-:func:`load_runtime` accepts three kinds of model:
+:func:`load_runtime` accepts four kinds of model:
 
-* a TorchScript file (``torch.jit.load``), any suffix but ``.pt2``;
+* a TorchScript file (``torch.jit.load``), any suffix but ``.pt2`` and ``.onnx``;
 * a ``torch.export`` program (``.pt2``, ``torch.export.load``);
+* an ONNX model (``.onnx``, ONNX Runtime: :mod:`worker.onnx_backend`);
 * a :class:`~worker.handler.Handler` given as ``module:attr``.
 
 Example models store an example request body in the file's extra files
-(``inferfleet_example``, base64), so the worker can warm up and check each request's
-dtypes and trailing shapes against what the model takes. This is the only
-module that knows about devices, threads and precision.
+(``inferfleet_example``, base64; ONNX models in their metadata_props), so the
+worker can warm up and check each request's dtypes and trailing shapes against
+what the model takes. This is the only module that knows about devices,
+threads and precision: fp16 and bf16 run under ``torch.autocast``, int8 is
+dynamic quantization of the linear layers on the CPU (:mod:`worker.quantize`
+for torch models, ONNX Runtime's quantizer for ``.onnx``).
 """
 
 from __future__ import annotations
@@ -32,14 +36,15 @@ from worker.batching import spec_of
 from worker.config import WorkerSettings
 from worker.errors import ModelLoadError, OutputError
 from worker.handler import Handler, ModuleHandler
+from worker.onnx_backend import OnnxHandler, load_onnx
 from worker.memory import tune_allocator
 from worker.npfiles import load_inputs
 
-__all__ = ["ModelRuntime", "is_out_of_memory", "load_runtime", "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
+__all__ = ["ModelRuntime", "apply_precision", "is_out_of_memory", "load_runtime", "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
 
 log = logging.getLogger(__name__)
 
-#: Name of the extra file (TorchScript and torch.export) holding an example body.
+#: Name of the extra file (TorchScript and torch.export) or ONNX metadata_props key holding an example body.
 EXAMPLE_EXTRA_FILE = "inferfleet_example"
 
 
@@ -105,8 +110,8 @@ class ModelRuntime:
         self.example = example
         #: The spec (form, dtypes, trailing shapes) the model takes, if known.
         self.input_spec: Hashable | None = spec_of(example) if example is not None else None
-        #: TorchScript/export models take no params; handlers may.
-        self.accepts_params = not isinstance(handler, ModuleHandler)
+        #: TorchScript, export and ONNX models take no params; handlers may.
+        self.accepts_params = handler.accepts_params
 
     @property
     def model_meta(self) -> tuple[str, str]:
@@ -235,6 +240,14 @@ def _is_handler_spec(model: str) -> bool:
     return ":" in model and not os.path.exists(model)
 
 
+def _load_onnx(path: str, device: torch.device) -> tuple[Handler, Any]:
+    handler = load_onnx(path, device)  # imports onnxruntime (optional) only now
+    return handler, _decode_example(handler.metadata.get(EXAMPLE_EXTRA_FILE))
+
+
+_LOADERS = {".pt2": _load_export, ".onnx": _load_onnx}
+
+
 def load_model(model: str, device: torch.device) -> tuple[Handler, Any, str]:
     """Load a model of any supported kind; return (handler, example inputs, default version)."""
     if _is_handler_spec(model):
@@ -243,9 +256,9 @@ def load_model(model: str, device: torch.device) -> tuple[Handler, Any, str]:
         return handler, handler.example_inputs(), handler.version or "1"
     if not os.path.isfile(model):
         raise ModelLoadError(f"model file {model!r} does not exist")
-    loader = _load_export if model.endswith(".pt2") else _load_torchscript
+    loader = _LOADERS.get(os.path.splitext(model)[1], _load_torchscript)
     try:
-        handler, example = loader(model, device)
+        handler, example = loader(model, device)  # the ONNX loader translates its own errors
     except (RuntimeError, ValueError, OSError) as exc:
         kind = "torch.export program" if loader is _load_export else "TorchScript file"
         raise ModelLoadError(f"cannot load {model!r} as a {kind}: {exc}") from exc
@@ -259,6 +272,21 @@ def _set_threads(threads: int) -> None:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set (tests load several models in one process)
         pass
+
+
+def apply_precision(handler: Handler, precision: str, device: torch.device) -> None:
+    """Quantize for int8; refuse a precision that this model kind or device cannot run."""
+    if precision == "int8":
+        if device.type != "cpu":
+            raise ModelLoadError(f"--precision int8 (dynamic quantization) runs on the CPU only; "
+                                 f"on {device} use --precision fp16 or bf16, or --device cpu")
+        try:
+            handler.quantize()
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
+    elif precision in _AUTOCAST and isinstance(handler, OnnxHandler):
+        raise ModelLoadError(f"--precision {precision} is torch autocast, which ONNX Runtime does not use: "
+                             f"serve the .onnx model in fp32 or int8, or its torch form in {precision}")
 
 
 def _load_example_file(path: str) -> Any:
@@ -278,6 +306,7 @@ def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     handler, example, version = load_model(settings.model, device)
     if settings.warmup_input:
         example = _load_example_file(settings.warmup_input)
+    apply_precision(handler, settings.precision, device)
     if settings.compile:
         try:
             handler.compile()
