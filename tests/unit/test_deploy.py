@@ -1,0 +1,349 @@
+"""The deployment files agree with the code: Dockerfile, docker compose, Prometheus, Kubernetes.
+
+There is no Docker engine or cluster here, so each file is parsed and checked against what
+it names in the code (tests/deploy_checks.py): the ``inferfleet`` commands, options and
+environment variables (parsed by click itself), the stream and group of the wire contract,
+the console script, the models the image builds, the metrics port, the drain timeouts.
+Each check also runs on a copy broken on purpose (``BREAKS``), so every check is shown to
+fail on the mistake it is there for. ``docker compose config`` validates the compose files
+too where it is installed; CI installs it (.ci/run), and there its absence is a failure.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from tests import deploy_checks as dc
+
+ROOT = dc.ROOT
+K8S = ROOT / "deploy" / "k8s"
+
+
+def pyproject_scripts() -> dict[str, str]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: what the installed project declares
+        from importlib.metadata import distribution
+
+        return {e.name: e.value for e in distribution("inferfleet").entry_points if e.group == "console_scripts"}
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def k8s_docs(variant: str) -> list[dict]:
+    """The manifests ``kubectl apply`` gets: deploy/k8s/*.yaml, or those with gpu/ replacing
+    the Deployment of the same name."""
+    base = [d for path in sorted(K8S.glob("*.yaml")) for d in dc.load_yaml_all(path)]
+    if variant == "cpu":
+        return base
+    gpu = [d for path in sorted((K8S / "gpu").glob("*.yaml")) for d in dc.load_yaml_all(path)]
+    replaced = {(d["kind"], d["metadata"]["name"]) for d in gpu}
+    return [d for d in base if (d["kind"], d["metadata"]["name"]) not in replaced] + gpu
+
+
+@pytest.fixture(scope="module")
+def files() -> dict[str, Any]:
+    compose = dc.load_yaml(ROOT / "docker-compose.yml")
+    return {
+        "dockerfile": (ROOT / "Dockerfile").read_text(),
+        "dockerignore": [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                         if line.strip() and not line.startswith("#")],
+        "compose": compose,
+        "compose_gpu": dc.merge_compose(compose, dc.load_yaml(ROOT / "docker-compose.gpu.yml")),
+        "prometheus": dc.load_yaml(ROOT / "deploy" / "prometheus" / "prometheus.yml"),
+        "rules": dc.load_yaml(ROOT / "deploy" / "prometheus" / "alerts.yml"),
+        "k8s": k8s_docs("cpu"),
+        "k8s_gpu": k8s_docs("gpu"),
+    }
+
+
+# --------------------------------------------------------------------------- all checks of one kind
+
+
+def docker_problems(f: dict[str, Any]) -> list[str]:
+    instrs = dc.parse_dockerfile(f["dockerfile"])
+    models = dc.built_models(instrs)
+    return (dc.copy_problems(instrs, ROOT, f["dockerignore"]) + dc.build_steps_problems(instrs)
+            + dc.runtime_problems(instrs, pyproject_scripts())
+            + dc.compose_command_problems(f["compose"], models)[0]
+            + dc.worker_pod_problems(f["k8s"], models)[0])
+
+
+def compose_problems(f: dict[str, Any], key: str = "compose") -> list[str]:
+    compose, instrs = f[key], dc.parse_dockerfile(f["dockerfile"])
+    problems, parsed = dc.compose_command_problems(compose, dc.built_models(instrs))
+    return (problems + dc.redis_service_problems(compose) + dc.redis_url_problems(compose)
+            + dc.metrics_problems(compose, parsed, f["prometheus"]) + dc.grace_problems(compose, parsed)
+            + dc.prometheus_problems(compose, f["prometheus"], f["rules"], ROOT))
+
+
+def gpu_compose_problems(f: dict[str, Any]) -> list[str]:
+    return compose_problems(f, "compose_gpu") + dc.gpu_problems(f["compose_gpu"], dc.parse_dockerfile(f["dockerfile"]))
+
+
+def k8s_problems(f: dict[str, Any], key: str = "k8s") -> list[str]:
+    docs = f[key]
+    problems, parsed = dc.worker_pod_problems(docs, dc.built_models(dc.parse_dockerfile(f["dockerfile"])))
+    return (problems + dc.selector_problems(docs) + dc.keda_problems(docs, parsed)
+            + dc.grace_period_problems(docs))
+
+
+def gpu_k8s_problems(f: dict[str, Any]) -> list[str]:
+    return k8s_problems(f, "k8s_gpu") + dc.gpu_pod_problems(f["k8s_gpu"])
+
+
+# --------------------------------------------------------------------------- the real files
+
+
+def test_the_dockerfile_builds_what_the_services_run(files: dict[str, Any]) -> None:
+    assert docker_problems(files) == []
+    assert dc.built_models(dc.parse_dockerfile(files["dockerfile"])) >= {"/app/models/ctr.pt"}
+
+
+def test_compose_commands_env_redis_metrics_and_grace_agree_with_the_code(files: dict[str, Any]) -> None:
+    assert compose_problems(files) == []
+    assert set(files["compose"]["services"]) >= {"redis", "supervisor", "producer", "prometheus"}
+
+
+def test_the_compose_gpu_override_reserves_nvidia_gpus_and_stays_valid(files: dict[str, Any]) -> None:
+    assert gpu_compose_problems(files) == []
+    env = dc.env_of(files["compose_gpu"]["services"]["supervisor"])
+    assert env["INFERFLEET_DEVICES"] == "auto" and env["REDIS_URL"] == "redis://redis:6379/0"
+
+
+def test_kubernetes_worker_keda_pdb_and_grace_agree_with_the_code(files: dict[str, Any]) -> None:
+    assert k8s_problems(files) == []
+    kinds = {d["kind"] for d in files["k8s"]}
+    assert kinds == {"Deployment", "ScaledObject", "TriggerAuthentication", "PodDisruptionBudget", "Secret"}
+
+
+def test_the_kubernetes_gpu_variant_replaces_the_cpu_deployment(files: dict[str, Any]) -> None:
+    assert gpu_k8s_problems(files) == []
+    deployments = dc.by_kind(files["k8s_gpu"], "Deployment")
+    assert deployments.keys() == dc.by_kind(files["k8s"], "Deployment").keys()
+    assert deployments != dc.by_kind(files["k8s"], "Deployment")  # the GPU one replaced the CPU one
+
+
+def test_parse_duration_reads_compose_durations() -> None:
+    assert dc.parse_duration_s("45s") == 45
+    assert dc.parse_duration_s("1m30s") == 90
+    assert dc.parse_duration_s("1500ms") == 1.5
+    with pytest.raises(ValueError):
+        dc.parse_duration_s("45 seconds")
+
+
+# --------------------------------------------------------------------------- each check can fail
+
+
+def at(data: Any, path: tuple) -> Any:
+    """Walk ``path``: dict keys, list indices, ``Kind/name`` (a manifest), ``name=X`` (a list item)."""
+    for step in path:
+        if isinstance(step, str) and "/" in step and isinstance(data, list):
+            kind, name = step.split("/", 1)
+            data = next(d for d in data if d["kind"] == kind and d["metadata"]["name"] == name)
+        elif isinstance(step, str) and step.startswith("name=") and isinstance(data, list):
+            data = next(d for d in data if d.get("name") == step[5:])
+        else:
+            data = data[step]
+    return data
+
+
+def put(path: tuple, value: Any) -> Callable[[Any], None]:
+    return lambda data: at(data, path[:-1]).__setitem__(path[-1], value)
+
+
+def drop(path: tuple) -> Callable[[Any], None]:
+    return lambda data: at(data, path[:-1]).pop(path[-1])
+
+
+def rename(path: tuple, new: str) -> Callable[[Any], None]:
+    def apply(data: Any) -> None:
+        parent = at(data, path[:-1])
+        parent[new] = parent.pop(path[-1])
+    return apply
+
+
+def edit(old: str, new: str) -> Callable[[str], str]:
+    def apply(text: str) -> str:
+        assert old in text, f"{old!r} is not in the file any more: update this break"
+        return text.replace(old, new)
+    return apply
+
+
+SUP = ("services", "supervisor")
+SUP_ENV = (*SUP, "environment")
+REDIS = ("services", "redis")
+POD = ("Deployment/inferfleet-worker", "spec", "template")
+CONTAINER = (*POD, "spec", "containers", 0)
+ENV = (*CONTAINER, "env")
+TRIGGER = ("ScaledObject/inferfleet-worker", "spec", "triggers", 0, "metadata")
+
+#: (what breaks, which files, the mutation, a phrase of the problem it must raise)
+BREAKS: list[tuple[str, str, Callable, str]] = [
+    # compose: commands, options and environment variables
+    ("subcommand typo", "compose", put((*SUP, "command"), ["supervize"]), "no command 'supervize'"),
+    ("option typo", "compose", put((*SUP, "command"), ["supervise", "--metrics-prot", "9100"]),
+     "has no option --metrics-prot"),
+    ("env typo", "compose", rename((*SUP_ENV, "INFERFLEET_MAX_WORKERS"), "INFERFLEET_MAX_WORKER"),
+     "INFERFLEET_MAX_WORKER is not the variable of any option of inferfleet supervise"),
+    ("env of another command", "compose", put(("services", "producer", "environment", "INFERFLEET_DRAIN_TIMEOUT_S"),
+                                              "30"), "is not the variable of any option of inferfleet bench"),
+    ("env value click rejects", "compose", put((*SUP_ENV, "INFERFLEET_MAX_WORKERS"), "four"), "Invalid value"),
+    ("env value WorkerSettings rejects", "compose", put((*SUP_ENV, "INFERFLEET_METRICS_PORT"), "70000"),
+     "metrics_port must be"),
+    ("required option missing", "compose", drop((*SUP_ENV, "INFERFLEET_MODEL")), "Missing option '--model'"),
+    ("model not in the image", "compose", put((*SUP_ENV, "INFERFLEET_MODEL"), "/app/models/resnet50.pt"),
+     "is not built into the image"),
+    # compose: Redis
+    ("REDIS_URL host", "compose", put((*SUP_ENV, "REDIS_URL"), "redis://cache:6379/0"), "is not the compose Redis"),
+    ("Redis evicts", "compose", put((*REDIS, "command", 8), "allkeys-lru"), "lacks --maxmemory-policy noeviction"),
+    ("Redis without AOF", "compose", put((*REDIS, "command", 2), "no"), "lacks --appendonly yes"),
+    ("Redis without healthcheck", "compose", drop((*REDIS, "healthcheck")), "lacks a healthcheck"),
+    ("Redis without volume", "compose", put((*REDIS, "volumes"), ["elsewhere:/data"]), "lacks a named volume"),
+    ("Redis 6", "compose", put((*REDIS, "image"), "redis:6"), "lacks image redis:7"),
+    # compose: metrics, Prometheus, grace
+    ("metrics port", "compose", put((*SUP_ENV, "INFERFLEET_METRICS_PORT"), "9101"), "metrics port 9101, not 9100"),
+    ("published port", "compose", put((*SUP, "ports"), ["9101:9101"]), "is not in its ports"),
+    ("Prometheus target", "compose", put(("prometheus", "scrape_configs", 0, "static_configs", 0, "targets"),
+                                         ["supervisor:9101"]), "does not scrape supervisor:9100"),
+    ("Prometheus mount", "compose", put(("services", "prometheus", "volumes", 0), "./deploy/prom:/etc/prometheus:ro"),
+     "is not mounted from the repository"),
+    ("alert on an unknown metric", "compose", put(("rules", "groups", 0, "rules", 0, "expr"),
+                                                  "max(inferfleet_queue_lags) > 1"), "not an agreed metric"),
+    ("no lag alert", "compose", put(("rules", "groups", 0, "rules", 0, "expr"), "max(inferfleet_queue_pending) > 1"),
+     "no alert on inferfleet_queue_lag"),
+    ("no error-rate alert", "compose", put(("rules", "groups", 0, "rules", 1, "expr"),
+                                           'rate(inferfleet_requests_total{code="model_error"}[5m]) > 1'),
+     "no alert on the error rate"),
+    ("grace shorter than the drain", "compose", put((*SUP, "stop_grace_period"), "20s"),
+     "does not exceed the drain timeout 30"),
+    ("drain timeout left at its default", "compose", drop((*SUP_ENV, "INFERFLEET_DRAIN_TIMEOUT_S")),
+     "does not exceed the drain timeout 60"),
+    # compose GPU override
+    ("GPU driver", "compose_gpu", put((*SUP, "deploy", "resources", "reservations", "devices", 0, "driver"), "amd"),
+     "no service reserves a device with driver nvidia"),
+    ("GPU build arg typo", "compose_gpu", rename((*SUP, "build", "args", "TORCH_INDEX_URL"), "TORCH_INDEX"),
+     "build arg TORCH_INDEX is not an ARG"),
+    ("GPU env typo", "compose_gpu", rename((*SUP_ENV, "INFERFLEET_DEVICES"), "INFERFLEET_DEVICE"),
+     "INFERFLEET_DEVICE is not the variable of any option of inferfleet supervise"),
+    # Kubernetes: the worker pod
+    ("pod runs the supervisor", "k8s", put((*CONTAINER, "args"), ["supervise", "--metrics-port", "9100"]),
+     "each pod must run one `inferfleet worker`"),
+    ("pod option typo", "k8s", put((*CONTAINER, "args"), ["worker", "--metric-port", "9100"]),
+     "has no option --metric-port"),
+    ("pod env of supervise", "k8s", put((*ENV, "name=INFERFLEET_DEVICE", "name"), "INFERFLEET_DEVICES"),
+     "INFERFLEET_DEVICES is not the variable of any option of inferfleet worker"),
+    ("pod env read by nobody", "k8s", put((*ENV, "name=REDIS_ADDRESS", "name"), "REDIS_ADRESS"),
+     "REDIS_ADRESS is read by neither inferfleet nor KEDA"),
+    ("Secret key typo", "k8s", put((*ENV, "name=REDIS_URL", "valueFrom", "secretKeyRef", "key"), "uri"),
+     "no Secret 'inferfleet-redis' with key 'uri'"),
+    ("containerPort", "k8s", put((*CONTAINER, "ports", 0, "containerPort"), 9101), "containerPort 'metrics'"),
+    ("scrape annotation", "k8s", put((*POD, "metadata", "annotations", "prometheus.io/port"), "9000"),
+     "annotation prometheus.io/port"),
+    ("no memory limit", "k8s", drop((*CONTAINER, "resources", "limits", "memory")), "no resources.limits.memory"),
+    ("grace shorter than the drain", "k8s", put((*POD, "spec", "terminationGracePeriodSeconds"), 20),
+     "terminationGracePeriodSeconds 20"),
+    ("no preStop", "k8s", drop((*CONTAINER, "lifecycle")), "no preStop"),
+    # Kubernetes: selectors
+    ("Deployment selector", "k8s", put(("Deployment/inferfleet-worker", "spec", "selector", "matchLabels",
+                                        "inferfleet.io/queue"), "ranker"), "its selector does not match"),
+    ("PDB selector", "k8s", put(("PodDisruptionBudget/inferfleet-worker", "spec", "selector", "matchLabels",
+                                 "app.kubernetes.io/component"), "workers"), "matches no worker pod"),
+    ("scale target", "k8s", put(("ScaledObject/inferfleet-worker", "spec", "scaleTargetRef", "name"),
+                                "inferfleet-workers"), "is no Deployment here"),
+    # Kubernetes: KEDA
+    ("stream without hash tag", "k8s", put((*TRIGGER, "stream"), "inferfleet:ctr:requests"),
+     "stream is 'inferfleet:ctr:requests', not 'inferfleet:{ctr}:requests'"),
+    ("queue renamed in the pod only", "k8s", put((*ENV, "name=INFERFLEET_NAME", "value"), "ranker"),
+     "not 'inferfleet:{ranker}:requests'"),
+    ("consumer group", "k8s", put((*TRIGGER, "consumerGroup"), "worker"), "consumerGroup is 'worker'"),
+    ("lagCount as a number", "k8s", put((*TRIGGER, "lagCount"), 50), "lagCount must be a string"),
+    ("lagCount", "k8s", put((*TRIGGER, "lagCount"), "100"), "lagCount is '100', not '50'"),
+    ("no activationLagCount", "k8s", drop((*TRIGGER, "activationLagCount")), "no activationLagCount"),
+    ("pollingInterval", "k8s", put(("ScaledObject/inferfleet-worker", "spec", "pollingInterval"), 30),
+     "pollingInterval 30"),
+    ("KEDA address", "k8s", put(("Secret/inferfleet-redis", "stringData", "address"), "other:6379"),
+     "KEDA's address 'other:6379'"),
+    ("KEDA password", "k8s", put(("Secret/inferfleet-redis", "stringData", "password"), "other"),
+     "password is not REDIS_URL's"),
+    ("TriggerAuthentication parameter", "k8s", put(("TriggerAuthentication/inferfleet-redis", "spec",
+                                                    "secretTargetRef", 0, "parameter"), "passwd"),
+     "no TriggerAuthentication with a password"),
+    # Kubernetes GPU variant
+    ("GPU pod without a GPU", "k8s_gpu", drop((*CONTAINER, "resources", "limits", "nvidia.com/gpu")),
+     "no resources.limits nvidia.com/gpu"),
+    # Dockerfile
+    ("COPY of a missing path", "dockerfile", edit("COPY producer ./producer", "COPY produce ./producer"),
+     "COPY produce: no such file"),
+    ("COPY of an ignored path", "dockerfile", edit("COPY worker ./worker", "COPY worker ./worker\nCOPY tests ./tests"),
+     "COPY tests: excluded by .dockerignore"),
+    ("entrypoint", "dockerfile", edit('ENTRYPOINT ["inferfleet"]', 'ENTRYPOINT ["inferfleet-cli"]'),
+     'ENTRYPOINT is not ["inferfleet"]'),
+    ("root user", "dockerfile", edit("USER inferfleet", "USER root"), "runs as root"),
+    ("stop signal", "dockerfile", edit("STOPSIGNAL SIGTERM", "STOPSIGNAL SIGKILL"), "STOPSIGNAL is not SIGTERM"),
+    ("exposed port", "dockerfile", edit("EXPOSE 9100", "EXPOSE 9000"), "9100 is not EXPOSEd"),
+    ("base image", "dockerfile", edit("FROM python:3.11-slim", "FROM python:3.12"), "not FROM python:3.11-slim"),
+    ("CUDA torch by default", "dockerfile", edit("whl/cpu", "whl/cu126"), "does not default to the PyTorch CPU"),
+    ("models elsewhere", "dockerfile", edit("--out /app/models", "--out /models"), "is not built into the image"),
+    ("models not built", "dockerfile", edit("COPY scripts/build_models.py ./scripts/build_models.py\n", ""),
+     "scripts/build_models.py is not copied"),
+]
+
+CHECKS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "compose": compose_problems, "compose_gpu": gpu_compose_problems, "k8s": k8s_problems,
+    "k8s_gpu": gpu_k8s_problems, "dockerfile": docker_problems,
+}
+
+
+@pytest.mark.parametrize(("what", "key", "mutate", "expected"), BREAKS, ids=[b[0] for b in BREAKS])
+def test_each_check_fails_on_the_mistake_it_guards(files: dict[str, Any], what: str, key: str,
+                                                   mutate: Callable, expected: str) -> None:
+    broken = copy.deepcopy(files)
+    if key == "dockerfile":
+        broken["dockerfile"] = mutate(broken["dockerfile"])
+    else:
+        _mutate_files(broken, key, mutate)
+    problems = CHECKS[key](broken)
+    assert any(expected in p for p in problems), problems
+
+
+def _mutate_files(files: dict[str, Any], target: str, mutate: Callable) -> None:
+    """Apply a mutation whose path starts in the compose file, Prometheus' files or the manifests."""
+    view = files[target]
+    if isinstance(view, dict):  # compose: let paths reach prometheus.yml and alerts.yml too
+        view = {**view, "prometheus": files["prometheus"], "rules": files["rules"]}
+    mutate(view)
+
+
+# --------------------------------------------------------------------------- docker compose's own validator
+
+
+def _compose_cli() -> list[str] | None:
+    """``docker compose`` (v2 plugin) if it works, else Debian/PyPI ``docker-compose`` (v1)."""
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy else None
+
+
+def test_docker_compose_config_accepts_the_compose_files() -> None:
+    cli = _compose_cli()
+    if cli is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no docker compose validator: .ci/run installs docker-compose")
+        pytest.skip("no `docker compose` or `docker-compose` here (CI installs one)")
+    for extra in ([], ["-f", "docker-compose.gpu.yml"]):
+        out = subprocess.run([*cli, "-f", "docker-compose.yml", *extra, "config", "-q"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+    broken = subprocess.run([*cli, "-f", "-", "config", "-q"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60, input="services:\n  redis:\n    image: redis:7\n    stop_grace_priod: 45s\n")
+    assert broken.returncode != 0 and "stop_grace_priod" in broken.stdout + broken.stderr, \
+        "the validator accepted a misspelt key: it validates nothing"
