@@ -76,3 +76,54 @@ class Stall(Scale):
 
             time.sleep(float(os.environ.get("STALL_S", "30")))
         return x * 2.0
+
+
+class Triple(Scale):
+    """y = x * 3, version triple-1: the 'new model' of the hot swap tests."""
+
+    version = "triple-1"
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        return x * 3.0
+
+
+class CallCounter(Handler):
+    """Each output row is (number of this predict call, rows in this call): what was computed."""
+
+    version = "counter-1"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def example_inputs(self) -> np.ndarray:
+        return np.ones((1, 4), dtype=np.float32)
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        self.calls += 1
+        out = torch.zeros((x.shape[0], 2))
+        out[:, 0] = self.calls
+        out[:, 1] = x.shape[0]
+        return out
+
+
+class NanOnNegative(Scale):
+    """x * 2, but NaN for rows whose first value is negative (a numerically broken model)."""
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        y = x * 2.0
+        y[x[:, 0] < 0] = float("nan")
+        return y
+
+
+class Probabilities(Scale):
+    """softmax over each row: a classifier's scores, for the confidence threshold."""
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        return torch.softmax(x, dim=1)
+
+
+class Noisy(Scale):
+    """x plus fresh noise on every call: identical inputs give different outputs."""
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        return x + torch.rand_like(x)

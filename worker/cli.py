@@ -13,26 +13,29 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 import numpy as np
 
 from producer import Producer, errors
-from producer.protocol import DEFAULT_PREFIX, Reply
+from producer.protocol import Reply
+from worker import cli_lifecycle as lifecycle_commands
+from worker.cli_common import _name, _prefix, _redis_url
 from worker.config import DEVICE_CHOICES, ENV_VARS, PRECISIONS, WorkerSettings
 from worker.errors import ConfigError, ModelLoadError
 from worker.npfiles import load_inputs, save_outputs
 
+if TYPE_CHECKING:
+    from worker.metrics import FleetMetrics
+
 log = logging.getLogger("inferfleet")
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    from worker.logs import setup_logging
+
+    setup_logging(level, fmt)
 
 
 def _install_stop_handlers(stop: threading.Event) -> None:
@@ -51,12 +54,14 @@ def _install_stop_handlers(stop: threading.Event) -> None:
 
 _log_level = click.option("--log-level", default="info", envvar="INFERFLEET_LOG_LEVEL", show_envvar=True,
                           type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
-_redis_url = click.option("--redis-url", envvar="REDIS_URL", show_envvar=True, default=None,
-                          help="Redis URL (redis://, rediss://, unix://); default redis://localhost:6379/0.")
-_name = click.option("--name", required=True, envvar=ENV_VARS["name"], show_envvar=True,
-                     help="Queue (model) name: 1-64 of A-Z a-z 0-9 . _ -")
-_prefix = click.option("--prefix", default=DEFAULT_PREFIX, envvar=ENV_VARS["prefix"], show_envvar=True,
-                       show_default=True, help="Key prefix of every Redis key.")
+_log_format = click.option("--log-format", default="text", envvar="INFERFLEET_LOG_FORMAT", show_envvar=True,
+                           show_default=True, type=click.Choice(["text", "json"]),
+                           help="json: one JSON object a line, with consumer, batch and request ids.")
+_shards = click.option("--shards", type=int, default=1, show_default=True, envvar=ENV_VARS["shards"],
+                       show_envvar=True, help="Streams the queue is sharded into (queues NAME.0, NAME.1 ...); "
+                       "a request's shard is CRC-32 of its id mod this.")
+_cluster = click.option("--cluster/--no-cluster", default=False, show_default=True, envvar=ENV_VARS["cluster"],
+                        show_envvar=True, help="Connect to a Redis Cluster (the URL names any one node).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -134,7 +139,10 @@ _worker_options = _options(
                  help="Answer model_error (and alert) for outputs holding NaN or Inf.", **_env("nan_guard")),
     click.option("--metrics-port", type=int, default=0,
                  help="Serve Prometheus metrics on this port (0: off).", **_env("metrics_port")),
+    _shards,
+    _cluster,
     _log_level,
+    _log_format,
 )
 
 
@@ -150,9 +158,11 @@ def _worker_settings(options: dict[str, Any]) -> WorkerSettings:
 @click.option("--device", default="auto", help=f"One of {DEVICE_CHOICES}.", **_env("device"))
 @click.option("--consumer", default=None, help="Consumer name in the group (default host-pid).",
               envvar=ENV_VARS["consumer"], show_envvar=True)
-def worker(log_level: str, **options: Any) -> None:
+@click.option("--shard", type=int, default=0, help="With --shards: the shard this worker serves (0 to shards-1).",
+              **_env("shard"))
+def worker(log_level: str, log_format: str, **options: Any) -> None:
     """Serve one queue: load and warm the model, then batch requests from the stream."""
-    _setup_logging(log_level)
+    _setup_logging(log_level, log_format)
     from worker.serve import serve  # torch is imported only by commands that need it
 
     settings = _worker_settings(options)
@@ -160,7 +170,7 @@ def worker(log_level: str, **options: Any) -> None:
     _install_stop_handlers(stop)
     try:
         serve(settings, stop)
-    except ModelLoadError as exc:
+    except (ModelLoadError, ConfigError) as exc:  # ConfigError: the metrics port is taken
         raise click.ClickException(str(exc)) from exc
 
 
@@ -168,7 +178,7 @@ def child_main(settings: WorkerSettings, visible_device: str | None) -> None:
     """Entry point of a supervised worker process (spawn start method)."""
     if visible_device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_device  # before torch touches CUDA
-    _setup_logging(os.environ.get("INFERFLEET_LOG_LEVEL", "info"))
+    _setup_logging(os.environ.get("INFERFLEET_LOG_LEVEL", "info"), os.environ.get("INFERFLEET_LOG_FORMAT", "text"))
     from worker.serve import serve
 
     stop = threading.Event()
@@ -209,16 +219,18 @@ def child_main(settings: WorkerSettings, visible_device: str | None) -> None:
               show_envvar=True, help="Stop restarting a slot after this many deaths...")
 @click.option("--crash-loop-window-s", type=float, default=60.0, show_default=True,
               envvar="INFERFLEET_CRASH_LOOP_WINDOW_S", show_envvar=True, help="...within this many seconds.")
-def supervise(log_level: str, min_workers: int, max_workers: int | None, devices: str, workers_per_device: int,
+def supervise(log_level: str, log_format: str, min_workers: int, max_workers: int | None, devices: str, workers_per_device: int,
               policy: str, target_drain_s: float, up_cooldown_s: float, down_cooldown_s: float, max_step: int,
               interval_s: float, drain_timeout_s: float, crash_loop_deaths: int, crash_loop_window_s: float,
               **options: Any) -> None:
     """Run and size a fleet of workers for one queue from the stream's lag."""
-    _setup_logging(log_level)
-    os.environ["INFERFLEET_LOG_LEVEL"] = log_level  # children inherit it
+    _setup_logging(log_level, log_format)
+    os.environ["INFERFLEET_LOG_LEVEL"] = log_level  # children inherit both
+    os.environ["INFERFLEET_LOG_FORMAT"] = log_format
     from worker.scaling import PolicySettings
     from worker.supervisor import Supervisor, SupervisorSettings, resolve_devices
 
+    min_workers = _cover_shards(min_workers, options["shards"])
     try:
         device_list = resolve_devices(devices)
         gpus = [d for d in device_list if d != "cpu"]
@@ -235,7 +247,8 @@ def supervise(log_level: str, min_workers: int, max_workers: int | None, devices
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     stop = threading.Event()
-    supervisor = Supervisor(settings, child_main)
+    metrics = _fleet_metrics(settings.worker)  # before the first child: it sets PROMETHEUS_MULTIPROC_DIR
+    supervisor = Supervisor(settings, child_main, metrics=metrics)
 
     def handle(signum: int, frame: Any) -> None:
         if stop.is_set():
@@ -247,7 +260,33 @@ def supervise(log_level: str, min_workers: int, max_workers: int | None, devices
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
-    supervisor.run(stop)
+    try:
+        supervisor.run(stop)
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+def _fleet_metrics(worker_settings: WorkerSettings) -> FleetMetrics | None:
+    """With --metrics-port: the host's one /metrics endpoint (the children's, summed, and the fleet's)."""
+    if not worker_settings.metrics_port:
+        return None
+    from worker.metrics import FleetMetrics
+
+    metrics = FleetMetrics(worker_settings.name, worker_settings.metrics_port)
+    try:
+        metrics.start()
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return metrics
+
+
+def _cover_shards(min_workers: int, shards: int) -> int:
+    """Every shard needs a worker: raise --min-workers to --shards, and say so."""
+    if min_workers < shards:
+        log.warning("--min-workers %d is fewer than --shards %d: running at least %d workers so that every "
+                    "shard has one (slot i serves shard i mod %d)", min_workers, shards, shards, shards)
+    return max(min_workers, shards)
 
 
 # --------------------------------------------------------------------------- enqueue / result
@@ -292,11 +331,13 @@ def _show_reply(reply: Reply, output: str | None) -> None:
         sys.exit(1)
 
 
-def _producer(redis_url: str | None, name: str, prefix: str) -> Producer:
+def _producer(redis_url: str | None, name: str, prefix: str, shards: int = 1, cluster: bool = False) -> Producer:
     try:
-        return Producer(redis_url, name, prefix=prefix)
+        return Producer(redis_url, name, prefix=prefix, shards=shards, cluster=cluster)
     except errors.ProtocolError as exc:
         raise click.BadParameter(str(exc)) from exc
+    except errors.InferfleetError as exc:  # a cluster client connects at once
+        raise click.ClickException(str(exc)) from exc
 
 
 @main.command()
@@ -311,15 +352,17 @@ def _producer(redis_url: str | None, name: str, prefix: str) -> Producer:
 @click.option("--output", default=None, help="With --wait: save outputs to this .npy/.npz file.")
 @_redis_url
 @_prefix
+@_shards
+@_cluster
 def enqueue(name: str, input_path: str, params: tuple[str, ...], deadline_s: float | None,
             request_id: str | None, wait: bool, timeout_s: float, output: str | None,
-            redis_url: str | None, prefix: str) -> None:
+            redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
     """Enqueue one request from a .npy/.npz file; print its request id (or, with --wait, the reply)."""
     try:
         inputs = load_inputs(input_path)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--input") from exc
-    with _producer(redis_url, name, prefix) as producer:
+    with _producer(redis_url, name, prefix, shards, cluster) as producer:
         try:
             rid = producer.submit(inputs, _parse_params(params), deadline_s, request_id=request_id)
             if not wait:
@@ -339,10 +382,12 @@ def enqueue(name: str, input_path: str, params: tuple[str, ...], deadline_s: flo
 @click.option("--output", default=None, help="Save outputs to this .npy/.npz file.")
 @_redis_url
 @_prefix
+@_shards
+@_cluster
 def result(name: str, request_id: str, timeout_s: float, output: str | None,
-           redis_url: str | None, prefix: str) -> None:
+           redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
     """Wait for the reply to REQUEST_ID and print it (exit 1 if it failed)."""
-    with _producer(redis_url, name, prefix) as producer:
+    with _producer(redis_url, name, prefix, shards, cluster) as producer:
         try:
             reply = producer.result(request_id, timeout_s, raise_errors=False)
         except errors.ProtocolError as exc:
@@ -362,23 +407,30 @@ def result(name: str, request_id: str, timeout_s: float, output: str | None,
 @click.option("--interval-s", type=float, default=1.0, show_default=True, help="Refresh period with --watch.")
 @_redis_url
 @_prefix
-def status(name: str | None, watch: bool, interval_s: float, redis_url: str | None, prefix: str) -> None:
-    """Show each queue: length, lag, pending, dead letters, consumers and workers."""
+@_shards
+@_cluster
+def status(name: str | None, watch: bool, interval_s: float, redis_url: str | None, prefix: str,
+           shards: int, cluster: bool) -> None:
+    """Show each queue: length, lag, pending, dead letters, consumers and workers.
+
+    A sharded queue shows each shard (NAME.0, NAME.1 ...) as a queue of its own.
+    """
     import time
 
     import redis
     from rich.console import Console
     from rich.live import Live
 
-    from producer.client import _redis_url as resolve_url
-    from producer.protocol import QueueKeys
-    from worker.status import find_queues, gather, render
+    from producer.protocol import QueueKeys, shard_keys
+    from worker.status import admin_client, find_queues, gather, render
 
     try:
-        client = redis.Redis.from_url(resolve_url(redis_url), socket_connect_timeout=5)
-        keys_list = [QueueKeys(name, prefix)] if name else None
+        keys_list = list(shard_keys(name, shards, prefix)) if name else None
+        client = admin_client(redis_url, cluster)
     except (errors.ProtocolError, ValueError) as exc:
         raise click.BadParameter(str(exc)) from exc
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise click.ClickException(f"Redis error: {exc}") from exc
 
     def snapshot() -> Any:
         from rich.console import Group
@@ -406,17 +458,33 @@ def status(name: str | None, watch: bool, interval_s: float, redis_url: str | No
 # --------------------------------------------------------------------------- dead letters
 
 
-def _dead_context(name: str, redis_url: str | None, prefix: str) -> tuple[Any, Any]:
+def _dead_context(name: str, redis_url: str | None, prefix: str, shards: int = 1,
+                  cluster: bool = False) -> tuple[Any, list]:
+    """A client and the keys of every shard of the queue (one, unsharded)."""
     import redis
 
-    from producer.client import _redis_url as resolve_url
-    from producer.protocol import QueueKeys
+    from producer.protocol import shard_keys
+    from worker.status import admin_client
 
     try:
-        keys = QueueKeys(name, prefix)
+        keys = list(shard_keys(name, shards, prefix))
     except errors.ProtocolError as exc:
-        raise click.BadParameter(str(exc), param_hint="--name") from exc
-    return redis.Redis.from_url(resolve_url(redis_url), socket_connect_timeout=5), keys
+        raise click.BadParameter(str(exc), param_hint="--name/--shards") from exc
+    try:
+        return admin_client(redis_url, cluster), keys
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise click.ClickException(f"Redis error: {exc}") from exc
+
+
+def _find_dead_in(client: Any, shards: list, ident: str) -> tuple[Any, Any]:
+    """(shard keys, dead letter) of IDENT in the first shard that holds it, else a clear error."""
+    from worker.deadletter import find_dead
+
+    for keys in shards:
+        letter = find_dead(client, keys, ident)
+        if letter is not None:
+            return keys, letter
+    raise click.ClickException(f"no dead letter {ident!r} in {', '.join(k.dead for k in shards)}")
 
 
 @main.group()
@@ -429,8 +497,10 @@ def dead() -> None:
 @click.option("--count", type=int, default=100, show_default=True, help="Most entries to show.")
 @_redis_url
 @_prefix
-def dead_list(name: str, count: int, redis_url: str | None, prefix: str) -> None:
-    """List dead letters, oldest first."""
+@_shards
+@_cluster
+def dead_list(name: str, count: int, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
+    """List dead letters, oldest first (shard by shard)."""
     from datetime import datetime, timezone
 
     from rich.console import Console
@@ -438,14 +508,16 @@ def dead_list(name: str, count: int, redis_url: str | None, prefix: str) -> None
 
     from worker.deadletter import list_dead
 
-    client, keys = _dead_context(name, redis_url, prefix)
+    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
     table = Table(title=f"dead letters of {name}", title_justify="left")
-    for column in ("dead id", "request id", "when (UTC)", "deliveries", "reason"):
+    for column in ("dead id", "request id", "when (UTC)", "deliveries", "reason") + ("queue",) * (shards > 1):
         table.add_column(column)
-    for letter in list_dead(client, keys, count):
-        when = datetime.fromtimestamp(letter.dead_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(letter.dead_id, letter.request_id, when, str(letter.deliveries), letter.reason)
-    Console().print(table if table.row_count else f"no dead letters in {keys.dead}")
+    for keys in shard_keys:
+        for letter in list_dead(client, keys, count):
+            when = datetime.fromtimestamp(letter.dead_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+            table.add_row(letter.dead_id, letter.request_id, when, str(letter.deliveries), letter.reason,
+                          *[keys.name] * (shards > 1))
+    Console().print(table if table.row_count else f"no dead letters in {', '.join(k.dead for k in shard_keys)}")
 
 
 @dead.command("show")
@@ -453,14 +525,12 @@ def dead_list(name: str, count: int, redis_url: str | None, prefix: str) -> None
 @click.argument("ident")
 @_redis_url
 @_prefix
-def dead_show(name: str, ident: str, redis_url: str | None, prefix: str) -> None:
+@_shards
+@_cluster
+def dead_show(name: str, ident: str, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
     """Show one dead letter (IDENT: its dead id or its request id) as JSON."""
-    from worker.deadletter import find_dead
-
-    client, keys = _dead_context(name, redis_url, prefix)
-    letter = find_dead(client, keys, ident)
-    if letter is None:
-        raise click.ClickException(f"no dead letter {ident!r} in {keys.dead}")
+    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
+    _, letter = _find_dead_in(client, shard_keys, ident)
     shown = {k: v for k, v in vars(letter).items() if k != "fields"}
     shown["fields"] = sorted(k.decode(errors="replace") for k in letter.fields)
     click.echo(json.dumps(shown, indent=2))
@@ -472,20 +542,21 @@ def dead_show(name: str, ident: str, redis_url: str | None, prefix: str) -> None
 @click.option("--all", "replay_all", is_flag=True, help="Replay every dead letter.")
 @_redis_url
 @_prefix
-def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str | None, prefix: str) -> None:
-    """Put a dead letter (or --all) back on the request stream, same request id."""
-    from worker.deadletter import find_dead, list_dead, replay_dead
+@_shards
+@_cluster
+def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str | None, prefix: str,
+                shards: int, cluster: bool) -> None:
+    """Put a dead letter (or --all) back on the request stream it came from, same request id."""
+    from worker.deadletter import list_dead, replay_dead
 
     if bool(ident) == replay_all:
         raise click.UsageError("give a dead id or request id, or --all")
-    client, keys = _dead_context(name, redis_url, prefix)
-    letters = list_dead(client, keys, 1_000_000) if replay_all else [find_dead(client, keys, ident or "")]
-    if letters == [None]:
-        raise click.ClickException(f"no dead letter {ident!r} in {keys.dead}")
-    for letter in letters:
-        if letter is not None:
-            new_id = replay_dead(client, keys, letter)
-            click.echo(f"replayed {letter.request_id} as entry {new_id.decode()}")
+    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
+    found = ([(keys, letter) for keys in shard_keys for letter in list_dead(client, keys, 1_000_000)]
+             if replay_all else [_find_dead_in(client, shard_keys, ident or "")])
+    for keys, letter in found:
+        new_id = replay_dead(client, keys, letter)
+        click.echo(f"replayed {letter.request_id} as entry {new_id.decode()}")
 
 
 @dead.command("purge")
@@ -493,14 +564,17 @@ def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str |
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @_redis_url
 @_prefix
-def dead_purge(name: str, yes: bool, redis_url: str | None, prefix: str) -> None:
-    """Delete every dead letter of the queue."""
+@_shards
+@_cluster
+def dead_purge(name: str, yes: bool, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
+    """Delete every dead letter of the queue (of every shard)."""
     from worker.deadletter import purge_dead
 
-    client, keys = _dead_context(name, redis_url, prefix)
+    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
+    streams = ", ".join(k.dead for k in shard_keys)
     if not yes:
-        click.confirm(f"delete every dead letter in {keys.dead}?", abort=True)
-    click.echo(f"purged {purge_dead(client, keys)} dead letters")
+        click.confirm(f"delete every dead letter in {streams}?", abort=True)
+    click.echo(f"purged {sum(purge_dead(client, keys) for keys in shard_keys)} dead letters")
 
 
 # --------------------------------------------------------------------------- bench
@@ -593,6 +667,10 @@ def bench(name: str | None, model_path: str | None, input_path: str | None, spaw
     else:
         click.echo(markdown, nl=False)
 
+
+# the model lifecycle commands live in their own module (swap, alerts)
+main.add_command(lifecycle_commands.swap)
+main.add_command(lifecycle_commands.alerts)
 
 if __name__ == "__main__":
     main()

@@ -109,6 +109,8 @@ class HeartbeatInfo:
     started_ms: int
     last_seen_ms: int
     rss_mb: float = 0.0
+    swap_error: str = ""
+    cache_hit_rate: float | None = None  # None: this worker has no result cache
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> HeartbeatInfo:
@@ -118,7 +120,8 @@ class HeartbeatInfo:
                    d.get("version", "?"), d.get("state", "?"), _int(d.get("requests")),
                    _int(d.get("batches")), _int(d.get("rows")), _rate(d.get("rate_rps")),
                    min(_rate(d.get("busy")), 1.0), _int(d.get("started_ms")), _int(d.get("last_seen_ms")),
-                   _rate(d.get("rss_mb")))
+                   _rate(d.get("rss_mb")), d.get("swap_error", ""),
+                   _rate(d["cache_hit_rate"]) if "cache_hit_rate" in d else None)
 
     @property
     def capacity_rps(self) -> float | None:
@@ -138,6 +141,8 @@ class Heartbeat:
         self.interval_s = interval_s
         self.ttl_ms = int(max(3 * interval_s, 2.0) * 1000)
         self.state = "starting"
+        #: Called on every beat for fields that change (model version, swap error, cache use).
+        self.extra: Callable[[], dict[str, Any]] | None = None
         self._fields = {"consumer": consumer, "pid": os.getpid(), "host": socket.gethostname(),
                         "started_ms": int(time.time() * 1000), **fields}
         self._stop = threading.Event()
@@ -157,7 +162,8 @@ class Heartbeat:
         rate, busy = self.meter.sample()
         now_ms = int(time.time() * 1000)
         key = heartbeat_key(self.keys, self.consumer)
-        mapping = {**self._fields, "state": self.state, "rss_mb": round(rss_mb(), 1),
+        changing = self.extra() if self.extra is not None else {}
+        mapping = {**self._fields, **changing, "state": self.state, "rss_mb": round(rss_mb(), 1),
                    "requests": self.meter.requests,
                    "batches": self.meter.batches, "rows": self.meter.rows, "rate_rps": round(rate, 2),
                    "busy": round(busy, 4), "last_seen_ms": now_ms}

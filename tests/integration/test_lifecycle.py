@@ -1,0 +1,176 @@
+"""Model hot swap: publish/rollback, the double-checked version, and a swap under load."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from producer import Producer
+from producer.protocol import QueueKeys
+from tests.conftest import ROOT, worker_env
+from worker.alerts import read_alerts
+from worker.config import WorkerSettings
+from worker.errors import ModelLoadError
+from worker.heartbeat import read_heartbeats
+from worker.lifecycle import ModelWatcher, NoPreviousVersion, publish, read_published, rollback
+
+SCALE, TRIPLE = "tests.handlers:Scale", "tests.handlers:Triple"
+FACTOR = {"scale-1": 2.0, "triple-1": 3.0}
+
+
+def swap_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "worker.cli", "swap", "--name", "q", *args],
+                          env=worker_env(redis_url), cwd=ROOT, capture_output=True, text=True, timeout=90)
+
+
+def test_publish_keeps_the_previous_version_for_rollback(redis_client):
+    keys = QueueKeys("q")
+    with pytest.raises(NoPreviousVersion):
+        rollback(redis_client, keys)
+    first = publish(redis_client, keys, "b.pt", "v2", serving=("a.pt", "v1"))
+    assert (first.model, first.version, first.previous_model, first.previous_version) == ("b.pt", "v2", "a.pt", "v1")
+    second = publish(redis_client, keys, "c.pt", "v3")
+    assert (second.previous_version, second.seq) == ("v2", first.seq + 1)
+    back = rollback(redis_client, keys)
+    assert (back.version, back.previous_version, back.seq) == ("v2", "v3", second.seq + 1)
+    assert read_published(redis_client, keys) == back
+
+
+class GatedLoader:
+    """Stands in for load_runtime: each load waits for the test to release it."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.gate = threading.Semaphore(0)
+
+    def __call__(self, settings: WorkerSettings) -> object:
+        self.started.append(settings.model_version or "")
+        self.gate.acquire(timeout=10)
+        if settings.model == "broken":
+            raise ModelLoadError("bad file")
+        return settings.model_version
+
+
+def wait_taken(watcher: ModelWatcher) -> tuple:
+    for _ in range(200):
+        outcome = watcher.take()
+        if outcome[0] != "none":
+            return outcome
+        time.sleep(0.01)
+    raise AssertionError("the load never finished")
+
+
+def test_a_version_that_moved_on_while_loading_is_dropped(redis_client):
+    keys = QueueKeys("q")
+    loader = GatedLoader()
+    watcher = ModelWatcher(redis_client, keys, WorkerSettings(name="q", model="a"), loader)
+    publish(redis_client, keys, "b", "v2")
+    assert watcher.poll("v1").version == "v2"  # first check: new version, start loading
+    publish(redis_client, keys, "c", "v3")  # published while v2 loads
+    assert watcher.poll("v1") is None  # one load at a time
+    loader.gate.release()
+    outcome, published, _ = wait_taken(watcher)
+    assert (outcome, published.version) == ("stale", "v2")  # second check: not current any more
+    assert watcher.poll("v1").version == "v3"
+    loader.gate.release()
+    outcome, published, runtime = wait_taken(watcher)
+    assert (outcome, runtime) == ("ok", "v3")
+    assert watcher.poll("v3") is None  # nothing newer
+
+
+def test_a_failed_load_is_reported_once_and_not_retried(redis_client):
+    keys = QueueKeys("q")
+    loader = GatedLoader()
+    watcher = ModelWatcher(redis_client, keys, WorkerSettings(name="q", model="a"), loader)
+    publish(redis_client, keys, "broken", "v2")
+    watcher.poll("v1")
+    loader.gate.release()
+    outcome, _, error = wait_taken(watcher)
+    assert outcome == "failed" and "bad file" in str(error) and watcher.error == "version v2: bad file"
+    assert watcher.poll("v1") is None and loader.started == ["v2"]
+
+
+def run_load(producer: Producer, stop: threading.Event, log: list) -> None:
+    """Closed loop of small batches; logs (submitted_at, input first value, reply)."""
+    i = 0
+    while not stop.is_set():
+        xs = [np.array([[i + k, 1.0, 1.0, 1.0]], dtype=np.float32) for k in range(20)]
+        sent = time.monotonic()
+        for x, reply in zip(xs, producer.map(xs, timeout_s=30)):
+            log.append((sent, x, reply))
+        i += 20
+
+
+def test_swap_under_load_loses_nothing_and_each_reply_names_its_version(redis_url, redis_client, spawn_worker):
+    for _ in range(2):
+        spawn_worker("q", SCALE, "--max-wait-ms", "2")
+    log: list = []
+    stop = threading.Event()
+    with Producer(redis_url, "q") as producer:
+        load = threading.Thread(target=run_load, args=(producer, stop, log))
+        load.start()
+        try:
+            time.sleep(0.5)
+            swapped = swap_cli(redis_url, "--model", TRIPLE, "--wait-s", "30")
+            assert swapped.returncode == 0, swapped.stdout + swapped.stderr
+            after_swap = time.monotonic()
+            time.sleep(0.5)
+            rollback_started = time.monotonic()
+            rolled = swap_cli(redis_url, "--rollback", "--wait-s", "30")
+            assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+            after_rollback = time.monotonic()
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            load.join(60)
+    assert len(log) > 100
+    versions = {}
+    for sent, x, reply in log:
+        assert reply.ok, reply.error_message
+        # the version in the reply is the one that computed the outputs
+        assert np.array_equal(reply.outputs, x * FACTOR[reply.model_version]), reply.model_version
+        versions.setdefault(reply.model_version, 0)
+        versions[reply.model_version] += 1
+        if after_swap < sent and sent + 0.001 < rollback_started:
+            assert reply.model_version == "triple-1"  # once every worker switched, none goes back
+        if sent > after_rollback:
+            assert reply.model_version == "scale-1"
+    assert versions["triple-1"] > 0 and versions["scale-1"] > 0
+    assert "triple-1 (tests.handlers:Triple) published" in swapped.stdout
+    assert "previous scale-1" in swapped.stdout  # the version live workers served: the rollback target
+
+
+def test_a_failed_swap_keeps_the_old_model_and_says_why(redis_url, redis_client, spawn_worker):
+    spawn_worker("q", SCALE)
+    bad = swap_cli(redis_url, "--model", "tests.handlers:Missing", "--version", "v9", "--no-check", "--wait-s", "20")
+    assert bad.returncode == 1
+    assert "FAILED" in bad.stdout and "Missing" in bad.stdout
+    with Producer(redis_url, "q") as producer:
+        reply = producer.result(producer.submit(np.ones((1, 4), dtype=np.float32)), 10)
+    assert reply.model_version == "scale-1" and np.array_equal(reply.outputs, np.full((1, 4), 2.0))
+    (alert,) = read_alerts(redis_client, QueueKeys("q"), kind="swap_failed")
+    assert "v9" in alert.detail
+    (info,) = read_heartbeats(redis_client, QueueKeys("q"))
+    assert info.version == "scale-1" and "v9" in info.swap_error
+
+
+def test_a_worker_started_after_a_swap_serves_the_published_version(redis_url, redis_client, spawn_worker):
+    publish(redis_client, QueueKeys("q"), TRIPLE, "triple-1", serving=(SCALE, "scale-1"))
+    spawn_worker("q", SCALE)  # its --model is the old one
+    with Producer(redis_url, "q") as producer:
+        reply = producer.result(producer.submit(np.ones((1, 4), dtype=np.float32)), 10)
+    assert reply.model_version == "triple-1" and np.array_equal(reply.outputs, np.full((1, 4), 3.0))
+
+
+def test_swap_refuses_bad_input(redis_url, redis_client):
+    assert "either --model" in swap_cli(redis_url).stderr
+    assert "does not exist" in swap_cli(redis_url, "--model", "/nope/model.pt").stderr
+    broken = swap_cli(redis_url, "--model", "tests.handlers:Missing")
+    assert broken.returncode == 2 and "does not load" in broken.stderr
+    assert "no earlier version" in swap_cli(redis_url, "--rollback").stderr
+    assert read_published(redis_client, QueueKeys("q")) is None  # nothing was published

@@ -1,0 +1,115 @@
+"""The result cache and the result checks, on real workers over a real Redis."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from producer import Producer
+from producer.protocol import QueueKeys
+from tests.conftest import ROOT, worker_env
+from worker.alerts import read_alerts
+from worker.heartbeat import read_heartbeats
+
+
+def row(*values: float) -> np.ndarray:
+    return np.array([values], dtype=np.float32)
+
+
+def ask(producer: Producer, x: np.ndarray):
+    return producer.result(producer.submit(x), 10, raise_errors=False)
+
+
+def test_identical_inputs_are_answered_from_the_cache(redis_url, redis_client, spawn_worker):
+    spawn_worker("cached", "tests.handlers:CallCounter", "--cache-size", "100")
+    spawn_worker("plain", "tests.handlers:CallCounter")
+    with Producer(redis_url, "cached") as cached, Producer(redis_url, "plain") as plain:
+        first, again = ask(cached, row(1, 2, 3, 4)), ask(cached, row(1, 2, 3, 4))
+        other = ask(cached, row(5, 6, 7, 8))
+        assert np.array_equal(first.outputs, again.outputs)  # the same call answered both
+        assert first.timing["batch_rows"] == 1 and again.timing["batch_rows"] == 0
+        assert other.outputs[0, 0] > first.outputs[0, 0]  # a new input is computed
+        # without the cache, the same input is computed again
+        assert ask(plain, row(1, 2, 3, 4)).outputs[0, 0] < ask(plain, row(1, 2, 3, 4)).outputs[0, 0]
+    deadline = time.monotonic() + 5  # the heartbeat publishes once a second
+    while (rate := read_heartbeats(redis_client, QueueKeys("cached"))[0].cache_hit_rate) == 0.0:
+        assert time.monotonic() < deadline, "the heartbeat never showed the cache hit"
+        time.sleep(0.1)
+    assert rate == round(1 / 3, 4)  # three lookups: the repeat hit, the first and the new input missed
+    (no_cache,) = read_heartbeats(redis_client, QueueKeys("plain"))
+    assert no_cache.cache_hit_rate is None
+
+
+def test_duplicates_in_one_batch_are_computed_once(redis_url, redis_client, spawn_worker):
+    with Producer(redis_url, "q") as producer:
+        # queued before any worker starts: the first read takes all eleven together
+        rids = producer.submit_many([row(1, 1, 1, 1)] * 10 + [row(2, 2, 2, 2)])
+        spawn_worker("q", "tests.handlers:CallCounter", "--cache-size", "100", "--max-wait-ms", "20")
+        replies = producer.results(rids, 10)
+    calls = {float(r.outputs[0, 0]) for r in replies}
+    assert len(calls) == 1  # one forward pass...
+    assert all(r.outputs[0, 1] == 2 for r in replies)  # ...of 2 rows: the duplicates were not in it
+
+
+def test_the_fleet_cache_serves_another_worker(redis_url, redis_client, spawn_worker):
+    args = ("--cache-size", "100", "--fleet-cache-ttl-s", "60")
+    first = spawn_worker("q", "tests.handlers:CallCounter", *args, consumer="first")
+    with Producer(redis_url, "q") as producer:
+        computed = ask(producer, row(3, 3, 3, 3))
+        first.terminate()
+        first.wait(10)
+        spawn_worker("q", "tests.handlers:CallCounter", *args, consumer="second")
+        shared = ask(producer, row(3, 3, 3, 3))
+    assert shared.timing["batch_rows"] == 0 and np.array_equal(shared.outputs, computed.outputs)
+    assert len(redis_client.keys("inferfleet:{q}:cache:*")) == 1
+
+
+def test_nan_outputs_are_a_model_error_and_an_alert(redis_url, redis_client, spawn_worker):
+    with Producer(redis_url, "q") as producer:
+        rids = producer.submit_many([row(1, 1, 1, 1), row(-1, 1, 1, 1), row(2, 2, 2, 2)])
+        spawn_worker("q", "tests.handlers:NanOnNegative", "--max-wait-ms", "20")
+        good, bad, good_too = producer.results(rids, 10)
+    assert good.ok and good_too.ok and np.array_equal(good_too.outputs, row(4, 4, 4, 4))
+    assert not bad.ok and bad.error_code == "model_error" and "NaN" in bad.error_message
+    (alert,) = read_alerts(redis_client, QueueKeys("q"))
+    assert (alert.kind, alert.rid, alert.version) == ("non_finite", rids[1], "scale-1")
+
+
+def test_low_confidence_is_answered_and_alerted(redis_url, redis_client, spawn_worker):
+    spawn_worker("q", "tests.handlers:Probabilities", "--min-confidence", "0.9")
+    with Producer(redis_url, "q") as producer:
+        sure, unsure = ask(producer, row(10, 0, 0, 0)), ask(producer, row(0, 0, 0, 0))
+    assert sure.ok and unsure.ok and np.allclose(unsure.outputs, 0.25)
+    (alert,) = read_alerts(redis_client, QueueKeys("q"))
+    assert alert.kind == "low_confidence" and alert.rid == unsure.id and "0.25" in alert.detail
+
+
+def test_inconsistent_results_raise_an_alert(redis_url, redis_client, spawn_worker):
+    spawn_worker("noisy", "tests.handlers:Noisy", "--consistency-tol", "1e-6")
+    spawn_worker("steady", "tests.handlers:Scale", "--consistency-tol", "1e-6")
+    with Producer(redis_url, "noisy") as noisy, Producer(redis_url, "steady") as steady:
+        for producer in (noisy, steady):
+            ask(producer, row(1, 2, 3, 4))
+            ask(producer, row(1, 2, 3, 4))
+    (alert,) = read_alerts(redis_client, QueueKeys("noisy"))
+    assert alert.kind == "inconsistent"
+    assert read_alerts(redis_client, QueueKeys("steady")) == []
+
+
+def test_alerts_command(redis_url, redis_client, spawn_worker):
+    spawn_worker("q", "tests.handlers:Probabilities", "--min-confidence", "0.9")
+    with Producer(redis_url, "q") as producer:
+        ask(producer, row(0, 0, 0, 0))
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "worker.cli", "alerts", *args], env=worker_env(redis_url),
+                              cwd=ROOT, capture_output=True, text=True, timeout=30)
+
+    shown = cli("--name", "q")
+    assert shown.returncode == 0 and "low_confidence" in shown.stdout and "top score 0.25" in shown.stdout
+    assert "no alerts" in cli("--name", "q", "--kind", "non_finite").stdout
+    assert cli("--name", "q", "--count", "0").returncode == 2
+    assert cli("--name", "bad name!").returncode == 2

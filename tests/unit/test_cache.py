@@ -1,0 +1,82 @@
+"""The result cache's pure parts: canonical digests, LFU eviction, duplicate split."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from producer.protocol import QueueKeys, decode_body, encode_body
+from worker.cache import ResultCache, copy_outputs, input_digest, split_duplicates
+
+
+def test_digest_is_canonical_across_encodings():
+    x = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones((2, 1), dtype=np.int64)}
+    reordered = {"b": x["b"].copy(), "a": x["a"].copy()}
+    # round-trip through the wire format: new arrays, another map order
+    decoded, params = decode_body(encode_body(reordered, {"k": 1, "j": [1, 2]}))
+    assert input_digest(x, {"j": [1, 2], "k": 1}, "v1") == input_digest(decoded, params, "v1")
+
+
+def test_digest_separates_what_changes_the_answer():
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    base = input_digest(x, {}, "v1")
+    variants = [
+        input_digest(x, {}, "v2"),  # another model version
+        input_digest(x, {"factor": 3}, "v1"),  # other params
+        input_digest(x.astype(np.float64), {}, "v1"),  # same values, other dtype
+        input_digest(x.reshape(4, 2), {}, "v1"),  # same bytes, other shape
+        input_digest([x], {}, "v1"),  # positional list instead of one tensor
+        input_digest({"x": x}, {}, "v1"),  # keyword instead of positional
+        input_digest(x + 1, {}, "v1"),  # other data
+    ]
+    assert len({base, *variants}) == len(variants) + 1
+
+
+@given(st.lists(st.integers(0, 5), max_size=30))
+def test_split_duplicates_computes_each_digest_once(values):
+    digests = [bytes([v]) for v in values]
+    unique, dupes = split_duplicates(digests)
+    assert sorted(unique + [d for d, _ in dupes]) == list(range(len(values)))
+    assert len({digests[i] for i in unique}) == len(unique) == len(set(values))
+    for dup, first in dupes:
+        assert digests[dup] == digests[first] and first in unique and first < dup
+
+
+def test_lfu_evicts_the_least_frequently_used():
+    cache = ResultCache(2, QueueKeys("q"))
+    cache.store([(b"hot", np.ones(1)), (b"warm", np.zeros(1))])
+    for _ in range(3):
+        cache.lookup([b"hot"])
+    cache.store([(b"new", np.full(1, 2.0))])  # evicts warm: used once, less than hot
+    found = cache.lookup([b"hot", b"warm", b"new"])
+    assert [f is not None for f in found] == [True, False, True]
+    assert cache.stats.local_hits == 5 and cache.stats.misses == 1
+
+
+def test_copies_do_not_keep_the_batch_alive():
+    batch = np.arange(12.0).reshape(6, 2)
+    part = batch[2:4]
+    owned = copy_outputs({"y": part})["y"]
+    assert owned.base is None and np.array_equal(owned, part)
+
+
+def test_fleet_tier_shares_results_between_workers(redis_client):
+    keys = QueueKeys("q")
+    one = ResultCache(8, keys, redis_client, fleet_ttl_s=60)
+    two = ResultCache(8, keys, redis_client, fleet_ttl_s=60)
+    outputs = [np.arange(4, dtype=np.float32).reshape(1, 4), np.ones((1, 1), dtype=np.int64)]
+    one.store([(b"d1", outputs)])
+    (hit,) = two.lookup([b"d1"])
+    assert hit is not None and hit[1] == "fleet"
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(hit[0], outputs))
+    assert 55 <= redis_client.ttl(one.fleet_key(b"d1")) <= 60
+    assert two.lookup([b"d1"])[0][1] == "local"  # promoted to the local tier on the fleet hit
+
+
+def test_fleet_tier_ignores_garbage(redis_client):
+    keys = QueueKeys("q")
+    cache = ResultCache(8, keys, redis_client, fleet_ttl_s=60)
+    redis_client.set(cache.fleet_key(b"d1"), b"\xc1not msgpack")
+    assert cache.lookup([b"d1"]) == [None]
+    assert cache.stats.misses == 1

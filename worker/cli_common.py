@@ -1,0 +1,15 @@
+"""Click options shared by the modules of the ``inferfleet`` command line."""
+
+from __future__ import annotations
+
+import click
+
+from producer.protocol import DEFAULT_PREFIX
+from worker.config import ENV_VARS
+
+_redis_url = click.option("--redis-url", envvar="REDIS_URL", show_envvar=True, default=None,
+                          help="Redis URL (redis://, rediss://, unix://); default redis://localhost:6379/0.")
+_name = click.option("--name", required=True, envvar=ENV_VARS["name"], show_envvar=True,
+                     help="Queue (model) name: 1-64 of A-Z a-z 0-9 . _ -")
+_prefix = click.option("--prefix", default=DEFAULT_PREFIX, envvar=ENV_VARS["prefix"], show_envvar=True,
+                       show_default=True, help="Key prefix of every Redis key.")

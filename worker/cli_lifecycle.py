@@ -1,0 +1,171 @@
+"""``inferfleet swap`` and ``inferfleet alerts``: the model lifecycle commands."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from producer import errors
+from worker.cli_common import _name, _prefix, _redis_url
+
+__all__ = ["alerts", "swap"]
+
+
+def _context(name: str, redis_url: str | None, prefix: str) -> tuple[Any, Any]:
+    import redis
+
+    from producer.client import _redis_url as resolve_url
+    from producer.protocol import QueueKeys
+
+    try:
+        keys = QueueKeys(name, prefix)
+    except errors.ProtocolError as exc:
+        raise click.BadParameter(str(exc), param_hint="--name") from exc
+    return redis.Redis.from_url(resolve_url(redis_url), socket_connect_timeout=5), keys
+
+
+def _check_model(model: str, version: str | None, check: bool) -> str:
+    """Validate the model here before the fleet sees it; return its version."""
+    from worker.errors import ModelLoadError
+    from worker.runtime import _file_version, _is_handler_spec, load_model
+
+    is_spec = _is_handler_spec(model)
+    if not is_spec and not os.path.isfile(model):
+        if check or version is None:
+            raise click.BadParameter(f"model file {model!r} does not exist here (pass --no-check and --version "
+                                     f"if only the workers can see it)", param_hint="--model")
+        return version
+    if check:
+        import torch
+
+        try:
+            _, _, default_version = load_model(model, torch.device("cpu"))
+        except ModelLoadError as exc:
+            raise click.BadParameter(f"the model does not load: {exc}", param_hint="--model") from exc
+        return version or default_version
+    return version or ("1" if is_spec else _file_version(model))
+
+
+def _serving(client: Any, keys: Any) -> tuple[str, str]:
+    """The (model, version) the live workers run, for a first publish's rollback target."""
+    from worker.heartbeat import heartbeat_key, read_heartbeats
+
+    for info in read_heartbeats(client, keys):
+        raw = client.hget(heartbeat_key(keys, info.consumer), "model")
+        if raw:
+            return raw.decode(errors="replace"), info.version
+    return "", ""
+
+
+def _wait_for(client: Any, keys: Any, version: str, timeout_s: float) -> bool:
+    """Until every live worker serves ``version`` or reports a failed load; print each."""
+    from worker.heartbeat import read_heartbeats
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        workers = read_heartbeats(client, keys)
+        failed = [w for w in workers if w.swap_error and version in w.swap_error]
+        pending = [w for w in workers if w.version != version and w not in failed]
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for w in workers:
+        state = "ok" if w.version == version else ("FAILED: " + w.swap_error if w in failed else "still " + w.version)
+        click.echo(f"  {w.consumer}: {state}")
+    if not workers:
+        click.echo("  no live workers (new ones load this version at start)")
+    return not failed and not pending
+
+
+@click.command()
+@_name
+@click.option("--model", default=None, help="The new model: a file every worker can read, or module:Handler.")
+@click.option("--version", "version", default=None, help="Its version (default: the file's hash).")
+@click.option("--rollback", is_flag=True, help="Return to the version before the current one.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Load the model here first, so a broken file never reaches the fleet.")
+@click.option("--wait-s", type=float, default=60.0, show_default=True,
+              help="Wait this long for every live worker to switch (0: do not wait).")
+@_redis_url
+@_prefix
+def swap(name: str, model: str | None, version: str | None, rollback: bool, check: bool, wait_s: float,
+         redis_url: str | None, prefix: str) -> None:
+    """Publish a new model version to a queue's workers (hot swap), or roll back.
+
+    Workers load and warm the new version in the background and switch between
+    batches; in-flight batches finish on the old copy. Exit status 1 if a live
+    worker failed to load it or did not switch within --wait-s.
+    """
+    import redis
+
+    from worker.lifecycle import NoPreviousVersion, publish, rollback as do_rollback
+
+    if rollback == (model is not None):
+        raise click.UsageError("give either --model (to publish a version) or --rollback")
+    if wait_s < 0:
+        raise click.BadParameter("must be 0 or more", param_hint="--wait-s")
+    client, keys = _context(name, redis_url, prefix)
+    try:
+        if rollback:
+            published = do_rollback(client, keys)
+        else:
+            assert model is not None
+            version = _check_model(model, version, check)
+            published = publish(client, keys, model, version, _serving(client, keys))
+        click.echo(f"{name}: version {published.version} ({published.model}) published as #{published.seq}; "
+                   f"previous {published.previous_version or 'none'}")
+        if wait_s and not _wait_for(client, keys, published.version, wait_s):
+            sys.exit(1)
+    except NoPreviousVersion as exc:
+        raise click.ClickException(str(exc)) from exc
+    except redis.exceptions.RedisError as exc:
+        raise click.ClickException(f"Redis error: {exc}") from exc
+
+
+@click.command()
+@_name
+@click.option("--count", type=int, default=20, show_default=True, help="Most alerts to show.")
+@click.option("--kind", default=None,
+              type=click.Choice(["low_confidence", "non_finite", "inconsistent", "swap_failed", "many"]),
+              help="Only alerts of this kind.")
+@click.option("--follow", is_flag=True, help="Keep printing new alerts until interrupted.")
+@_redis_url
+@_prefix
+def alerts(name: str, count: int, kind: str | None, follow: bool, redis_url: str | None, prefix: str) -> None:
+    """Show a queue's alerts: low confidence, NaN/Inf outputs, inconsistent results, failed swaps."""
+    import redis
+
+    from worker.alerts import Alert, alerts_key, read_alerts
+
+    if count < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--count")
+    client, keys = _context(name, redis_url, prefix)
+
+    def show(alert: Alert) -> None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(alert.time_ms / 1000))
+        click.echo(f"{when} {alert.kind:<15} v{alert.version} {alert.consumer} {alert.rid or '-'}: {alert.detail}")
+
+    try:
+        shown = read_alerts(client, keys, count, kind)
+        for alert in shown:
+            show(alert)
+        if not follow:
+            if not shown:
+                click.echo(f"no alerts in {alerts_key(keys)}")
+            return
+        last = shown[-1].entry_id if shown else "$"
+        while True:
+            for _, entries in client.xread({alerts_key(keys): last}, block=1000) or []:
+                for entry_id, raw in entries:
+                    last = entry_id
+                    alert = Alert.from_entry(entry_id, raw)
+                    if kind is None or alert.kind == kind:
+                        show(alert)
+    except redis.exceptions.RedisError as exc:
+        raise click.ClickException(f"Redis error: {exc}") from exc
+    except KeyboardInterrupt:
+        pass
