@@ -12,7 +12,8 @@ import socket
 from dataclasses import dataclass, field, fields
 
 from producer.client import DEFAULT_REDIS_URL
-from producer.protocol import DEFAULT_PREFIX, DEFAULT_REPLY_TTL_S, Limits, validate_name, validate_prefix
+from producer.protocol import (DEFAULT_PREFIX, DEFAULT_REPLY_TTL_S, Limits, QueueKeys, shard_name, validate_name,
+                               validate_prefix)
 from producer.errors import ProtocolError
 from worker.errors import ConfigError
 
@@ -72,6 +73,7 @@ class WorkerSettings:
     # Redis Cluster sharding: this worker serves shard `shard` of `shards` (queue NAME.shard)
     shards: int = 1
     shard: int = 0
+    cluster: bool = False  # connect with redis-py's RedisCluster (the URL names any one node)
 
     def __post_init__(self) -> None:
         try:
@@ -104,6 +106,10 @@ class WorkerSettings:
         self._check_range("metrics_port", 0, 65535)
         self._check_range("shards", 1, 1024)
         self._check_range("shard", 0, self.shards - 1)
+        try:
+            shard_name(self.name, self.shard, self.shards)  # the shard's name must fit 64 characters too
+        except ProtocolError as exc:
+            raise ConfigError(str(exc)) from exc
         if self.prefetch not in ("auto", "on", "off"):
             raise ConfigError(f"prefetch {self.prefetch!r} is not one of auto, on, off")
         if self.precision not in PRECISIONS:
@@ -118,6 +124,11 @@ class WorkerSettings:
     def limits(self) -> Limits:
         """The decoder bounds that follow from these settings."""
         return Limits(max_body_bytes=self.max_body_bytes)
+
+    @property
+    def queue_keys(self) -> QueueKeys:
+        """The keys this worker serves: its shard's (``NAME.shard``), or the queue's own when unsharded."""
+        return QueueKeys(shard_name(self.name, self.shard, self.shards), self.prefix)
 
     @property
     def max_wait_s(self) -> float:
