@@ -341,7 +341,17 @@ def metrics_problems(compose: dict, parsed: dict[str, dict], prometheus: dict) -
                 problems.append(f"service {name}: metrics port {port} is not in its ports {sorted(published)}")
             if f"{name}:{port}" not in targets:
                 problems.append(f"Prometheus does not scrape {name}:{port} (targets: {sorted(targets)})")
+            problems += probe_problems(f"service {name}: healthcheck", (service.get("healthcheck") or {}).get("test"), port)
     return problems
+
+
+def probe_problems(where: str, command: Any, port: Any) -> list[str]:
+    """A health or readiness check reads the worker's /metrics for a served model version
+    (inferfleet_model_info is set once the model is loaded and warmed up)."""
+    text = " ".join(as_argv(command))
+    if f"127.0.0.1:{port}/metrics" not in text or "inferfleet_model_info{" not in text:
+        return [f"{where} does not read inferfleet_model_info from 127.0.0.1:{port}/metrics"]
+    return []
 
 
 def grace_problems(compose: dict, parsed: dict[str, dict]) -> list[str]:
@@ -464,7 +474,8 @@ def _port_problems(where: str, pod: dict, container: dict, params: dict) -> list
         problems.append(f"{where}: containerPort 'metrics' {sorted(ports)} is not the metrics port {port}")
     if annotation != str(port):
         problems.append(f"{where}: annotation prometheus.io/port {annotation!r} is not {port}")
-    return problems
+    probe = (container.get("readinessProbe") or {}).get("exec", {}).get("command")
+    return problems + probe_problems(f"{where}: readinessProbe", probe, port)
 
 
 def _resource_problems(where: str, container: dict) -> list[str]:
