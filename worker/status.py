@@ -2,7 +2,8 @@
 
 :func:`gather` reads everything with a few pipelined commands into a
 :class:`QueueStatus`; :func:`render` turns it into rich tables. Queues are
-found with SCAN when no name is given.
+found with SCAN when no name is given (on every master of a Redis Cluster);
+each shard of a sharded queue (``NAME.s``) is a queue of its own here.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
 from rich.console import Group
 from rich.table import Table
 
 from producer.protocol import GROUP, QueueKeys
 from worker.heartbeat import HeartbeatInfo, read_heartbeats
 
-__all__ = ["QueueStatus", "gather", "render", "find_queues"]
+__all__ = ["QueueStatus", "gather", "render", "find_queues", "admin_client"]
 
 
 @dataclass
@@ -33,6 +37,15 @@ class QueueStatus:
     consumers: list[dict[str, Any]] = field(default_factory=list)
     workers: list[HeartbeatInfo] = field(default_factory=list)
     supervisor: dict[str, str] = field(default_factory=dict)
+
+
+def admin_client(redis_url: str | None, cluster: bool = False) -> redis.Redis:
+    """The client of ``status`` and ``dead``: a RedisCluster when asked; no silent retries
+    (a retried XADD of ``dead replay`` could enqueue a request twice)."""
+    from producer.client import _redis_url
+
+    factory = RedisCluster.from_url if cluster else redis.Redis.from_url
+    return factory(_redis_url(redis_url), socket_connect_timeout=5, retry=Retry(NoBackoff(), 0))
 
 
 def find_queues(client: redis.Redis, prefix: str) -> list[str]:
@@ -96,17 +109,19 @@ def render(status: QueueStatus) -> Group:
                     str(status.pending), str(status.dead), str(len(status.workers)), sup_text)
     workers = Table(show_header=True, title="workers", title_justify="left")
     for column in ("consumer", "pid", "host", "device", "version", "state", "req/s", "busy", "requests",
-                   "pending", "idle", "seen"):
+                   "cache hits", "pending", "idle", "seen"):
         workers.add_column(column, justify="left" if column in ("consumer", "host", "device", "version",
                                                                   "state") else "right")
     consumers = {c["name"]: c for c in status.consumers}
     now_ms = time.time() * 1000
     for w in sorted(status.workers, key=lambda w: w.consumer):
         c = consumers.pop(w.consumer, {"pending": 0, "idle_ms": 0})
-        workers.add_row(w.consumer, str(w.pid), w.host, w.device, w.version, w.state, f"{w.rate_rps:,.0f}",
-                        f"{w.busy:.0%}", f"{w.requests:,}", str(c["pending"]), _age(c["idle_ms"]),
+        version = w.version + (f" [red](swap failed: {w.swap_error})[/red]" if w.swap_error else "")
+        hits = "off" if w.cache_hit_rate is None else f"{w.cache_hit_rate:.0%}"
+        workers.add_row(w.consumer, str(w.pid), w.host, w.device, version, w.state, f"{w.rate_rps:,.0f}",
+                        f"{w.busy:.0%}", f"{w.requests:,}", hits, str(c["pending"]), _age(c["idle_ms"]),
                         _age(now_ms - w.last_seen_ms) + " ago")
     for name, c in sorted(consumers.items()):  # in the group, but no heartbeat: gone or foreign
-        workers.add_row(f"[yellow]{name}[/yellow]", "-", "-", "-", "-", "no heartbeat", "-", "-", "-",
+        workers.add_row(f"[yellow]{name}[/yellow]", "-", "-", "-", "-", "no heartbeat", "-", "-", "-", "-",
                         str(c["pending"]), _age(c["idle_ms"]), "-")
     return Group(summary, workers)

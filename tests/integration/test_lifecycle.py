@@ -157,6 +157,9 @@ def test_a_failed_swap_keeps_the_old_model_and_says_why(redis_url, redis_client,
     assert "v9" in alert.detail
     (info,) = read_heartbeats(redis_client, QueueKeys("q"))
     assert info.version == "scale-1" and "v9" in info.swap_error
+    shown = subprocess.run([sys.executable, "-m", "worker.cli", "status", "--name", "q"], capture_output=True,
+                           env={**worker_env(redis_url), "COLUMNS": "300"}, cwd=ROOT, text=True, check=True).stdout
+    assert "swap failed: version v9" in shown
 
 
 def test_a_worker_started_after_a_swap_serves_the_published_version(redis_url, redis_client, spawn_worker):

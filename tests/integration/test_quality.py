@@ -39,6 +39,9 @@ def test_identical_inputs_are_answered_from_the_cache(redis_url, redis_client, s
         assert time.monotonic() < deadline, "the heartbeat never showed the cache hit"
         time.sleep(0.1)
     assert rate == round(1 / 3, 4)  # three lookups: the repeat hit, the first and the new input missed
+    shown = subprocess.run([sys.executable, "-m", "worker.cli", "status", "--name", "cached"], capture_output=True,
+                           env={**worker_env(redis_url), "COLUMNS": "250"}, cwd=ROOT, text=True, check=True).stdout
+    assert "cache hits" in shown and "33%" in shown
     (no_cache,) = read_heartbeats(redis_client, QueueKeys("plain"))
     assert no_cache.cache_hit_rate is None
 
