@@ -47,7 +47,7 @@ METRICS_PORT = 9100  # the agreed port: compose supervisor and each Kubernetes w
 # and warming up (serve() checks the stop flag after that), then one blocking read (1 s),
 # the batch in flight, the read-ahead batch, the replies, leaving the group.
 WORKER_DRAIN_BUDGET_S = 30.0
-# The agreed metric names (tests/prompts: metrics_names); alert rules may use only these.
+# The metric names agreed for worker/metrics.py; alert rules may use only these.
 METRICS = frozenset({
     "inferfleet_requests_total", "inferfleet_batch_rows", "inferfleet_queue_wait_seconds",
     "inferfleet_inference_seconds", "inferfleet_queue_lag", "inferfleet_queue_pending",
@@ -341,7 +341,8 @@ def metrics_problems(compose: dict, parsed: dict[str, dict], prometheus: dict) -
                 problems.append(f"service {name}: metrics port {port} is not in its ports {sorted(published)}")
             if f"{name}:{port}" not in targets:
                 problems.append(f"Prometheus does not scrape {name}:{port} (targets: {sorted(targets)})")
-            problems += probe_problems(f"service {name}: healthcheck", (service.get("healthcheck") or {}).get("test"), port)
+            check = (service.get("healthcheck") or {}).get("test")
+            problems += probe_problems(f"service {name}: healthcheck", check, port)
     return problems
 
 
