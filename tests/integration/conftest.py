@@ -1,0 +1,123 @@
+"""A real local Redis Cluster for the sharding tests: three masters of redis-server.
+
+``redis_cluster`` (session) starts three ``redis-server --cluster-enabled yes``
+processes on free loopback ports (never 6379), joins them with
+``redis-cli --cluster create`` and waits for ``cluster_state:ok`` on every
+node; at the end it kills them and removes their directory. ``cluster_url``
+flushes every master before the test that asks for it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import redis
+
+MASTERS = 3
+
+
+@dataclass
+class LocalCluster:
+    """Three cluster-mode redis-servers on 127.0.0.1."""
+
+    ports: list[int]
+    workdir: Path
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """Any one node: the cluster clients discover the others."""
+        return f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def node(self, port: int) -> redis.Redis:
+        """A plain client of one master (it answers MOVED for keys of other masters' slots)."""
+        return redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=5)
+
+    def flush(self) -> None:
+        for port in self.ports:
+            with self.node(port) as client:
+                client.flushall()
+
+
+def _port_pair_free(port: int) -> bool:
+    """True if ``port`` and its cluster bus port (port + 10000) are both free."""
+    for candidate in (port, port + 10000):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                return False
+    return True
+
+
+def _free_ports(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket() as sock:  # let the kernel pick, then keep those whose bus port is free too
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port != 6379 and port + 10000 <= 65535 and port not in ports and _port_pair_free(port):
+            ports.append(port)
+    return ports
+
+
+def _start_node(binary: str, port: int, workdir: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+         "--cluster-config-file", str(workdir / f"nodes-{port}.conf"), "--dir", str(workdir),
+         "--save", "", "--appendonly", "no", "--protected-mode", "no", "--cluster-node-timeout", "5000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except redis.exceptions.RedisError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the test cluster did not get ready: {what} within {timeout_s} s")
+
+
+def _create(cluster: LocalCluster, cli: str) -> None:
+    for port in cluster.ports:
+        _wait(lambda: cluster.node(port).ping(), 20, f"redis-server on port {port}")
+    nodes = [f"127.0.0.1:{port}" for port in cluster.ports]
+    subprocess.run([cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+                   check=True, capture_output=True, timeout=60)
+    for port in cluster.ports:
+        _wait(lambda: cluster.node(port).cluster("info").get("cluster_state") == "ok", 30,
+              f"cluster_state:ok on port {port}")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if binary is None or cli is None:
+        pytest.fail("the Redis Cluster tests need redis-server and redis-cli on PATH (CI installs both)")
+    cluster = LocalCluster(_free_ports(MASTERS), tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.procs = [_start_node(binary, port, cluster.workdir) for port in cluster.ports]
+        _create(cluster, cli)
+        yield cluster
+    finally:
+        for proc in cluster.procs:
+            proc.kill()
+            proc.wait(10)
+        shutil.rmtree(cluster.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: LocalCluster) -> str:
+    """The cluster's URL, every master flushed first."""
+    redis_cluster.flush()
+    return redis_cluster.url
