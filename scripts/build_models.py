@@ -151,18 +151,31 @@ def example_body(kind: str) -> str:
     return base64.b64encode(encode_body(example_inputs(kind))).decode()
 
 
+def export_args(kind: str) -> tuple[tuple, dict, object]:
+    """(args, kwargs, dynamic_shapes) to export ``kind``: its example, dim 0 of every input dynamic."""
+    example = example_inputs(kind)
+    batch = torch.export.Dim("batch", min=1, max=1 << 16)
+    if isinstance(example, dict):
+        kwargs = {k: torch.from_numpy(v) for k, v in example.items()}
+        return (), kwargs, {k: {0: batch} for k in kwargs}
+    assert isinstance(example, np.ndarray)
+    return (torch.from_numpy(example),), {}, ({0: batch},)
+
+
+def save_export(kind: str, path: str) -> str:
+    """Save ``kind`` as a torch.export program (dynamic batch) with its example body; return the path."""
+    args, kwargs, dynamic = export_args(kind)
+    program = torch.export.export(make_model(kind), args, kwargs, dynamic_shapes=dynamic)
+    torch.export.save(program, path, extra_files={EXTRA: example_body(kind)})
+    return path
+
+
 def build(kind: str, out: str) -> list[str]:
-    model = make_model(kind)
-    extra = {EXTRA: example_body(kind)}
     path = os.path.join(out, f"{kind}.pt")
-    torch.jit.save(torch.jit.script(model), path, _extra_files=extra)
+    torch.jit.save(torch.jit.script(make_model(kind)), path, _extra_files={EXTRA: example_body(kind)})
     written = [path]
     if kind == "affine":
-        batch = torch.export.Dim("batch", min=1, max=1 << 16)
-        program = torch.export.export(model, (torch.zeros(2, 16),), dynamic_shapes=({0: batch},))
-        pt2 = os.path.join(out, "affine.pt2")
-        torch.export.save(program, pt2, extra_files=extra)
-        written.append(pt2)
+        written.append(save_export(kind, os.path.join(out, "affine.pt2")))
     return written
 
 

@@ -20,32 +20,19 @@ import os
 import sys
 import warnings
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scripts.build_models import DEFAULT_MODELS, EXTRA, example_body, example_inputs, make_model  # noqa: E402
+from scripts.build_models import DEFAULT_MODELS, EXTRA, example_body, export_args, make_model  # noqa: E402
 from worker.onnx_backend import quantize_onnx  # noqa: E402
-
-_MAX_BATCH = 1 << 16
-
-
-def _export_args(example: object) -> tuple[tuple, dict, object]:
-    """(positional args, keyword args, dynamic_shapes): dim 0 of every input is the batch."""
-    batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
-    if isinstance(example, dict):
-        kwargs = {k: torch.from_numpy(v) for k, v in example.items()}
-        return (), kwargs, {k: {0: batch} for k in kwargs}
-    assert isinstance(example, np.ndarray)
-    return (torch.from_numpy(example),), {}, ({0: batch},)
 
 
 def export_onnx(kind: str, path: str) -> str:
     """Write example model ``kind`` to ``path`` as one self-contained ONNX file; return the path."""
     import onnx
 
-    args, kwargs, dynamic = _export_args(example_inputs(kind))
+    args, kwargs, dynamic = export_args(kind)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" notes
     with warnings.catch_warnings():
         # raised inside torch.export/torch.onnx (torch 2.13), not by this script: pytree and axis-name notes

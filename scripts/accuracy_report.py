@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""What 8-bit (and 16-bit) costs: each example model at every precision against fp32, as a markdown table.
+
+For affine, ctr and cnn (weights from scripts/build_models.py's seeds) the
+script saves a torch.export program and an ONNX file into a temporary folder,
+loads each through the worker's own runtime (``load_runtime``, one thread,
+CPU) at fp32, bf16, fp16 and int8 (torch) and fp32 and int8 (ONNX Runtime),
+runs one fixed seeded input set (``--rows``, default 4,096) and compares with
+torch fp32:
+
+* max |err|: the largest absolute difference of any output;
+* max rel err: that difference over the largest |fp32 output| (a norm-wise
+  relative error; element-wise ratios explode on outputs near zero);
+* top-1: rows whose argmax over the last axis agrees; for the one-output CTR
+  model, rows whose decision (p >= 0.5) agrees, and the Spearman rank
+  correlation of the scores (does the ranking of ads survive?);
+* rows/s: single-process throughput at ``--batch`` rows, median of 3 runs.
+
+    python scripts/accuracy_report.py [--rows 4096] [--batch 64] [--seconds 1] [--only affine,ctr,cnn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from scripts.bench_bare import rows_per_s  # noqa: E402
+from scripts.build_models import DEFAULT_MODELS, example_inputs, save_export  # noqa: E402
+from scripts.export_onnx import export_onnx  # noqa: E402
+from worker.config import WorkerSettings  # noqa: E402
+from worker.runtime import ModelRuntime, load_runtime  # noqa: E402
+
+#: (label, file suffix, precision); the first is the reference.
+VARIANTS = [
+    ("torch fp32", ".pt2", "fp32"),
+    ("torch bf16", ".pt2", "bf16"),
+    ("torch fp16", ".pt2", "fp16"),
+    ("torch int8", ".pt2", "int8"),
+    ("ORT fp32", ".onnx", "fp32"),
+    ("ORT int8", ".onnx", "int8"),
+]
+_INPUT_SEED = 1234
+
+
+@dataclass
+class Row:
+    """One model at one precision, against the torch fp32 reference."""
+
+    model: str
+    variant: str
+    max_abs: float
+    max_rel: float
+    top1: float
+    extra: str
+    rows_per_s: float
+
+
+def rank(a: np.ndarray) -> np.ndarray:
+    """Ranks 0..n-1 of a 1-d array (ties broken by position: scores here are floats)."""
+    order = np.argsort(a, kind="stable")
+    ranks = np.empty(len(a), dtype=np.float64)
+    ranks[order] = np.arange(len(a))
+    return ranks
+
+
+def compare(reference: np.ndarray, other: np.ndarray) -> tuple[float, float, float, str]:
+    """(max |err|, max |err| / max |ref|, top-1 agreement, extra): see the module docstring."""
+    diff = np.abs(other.astype(np.float64) - reference.astype(np.float64))
+    max_abs = float(diff.max())
+    max_rel = max_abs / float(np.abs(reference).max())
+    if reference.shape[-1] == 1:  # one score per row: a click probability
+        ref, got = reference.reshape(-1), other.reshape(-1)
+        top1 = float(np.mean((ref >= 0.5) == (got >= 0.5)))
+        spearman = float(np.corrcoef(rank(ref), rank(got))[0, 1])
+        return max_abs, max_rel, top1, f"Spearman {spearman:.6f}"
+    top1 = float(np.mean(reference.argmax(-1) == other.argmax(-1)))
+    return max_abs, max_rel, top1, ""
+
+
+def predict_all(runtime: ModelRuntime, inputs: Any, batch: int) -> np.ndarray:
+    """The outputs for every row, ``batch`` rows at a time (as a worker would batch them)."""
+    rows = len(inputs["dense"]) if isinstance(inputs, dict) else len(inputs)
+    parts = []
+    for start in range(0, rows, batch):
+        part = ({k: v[start:start + batch] for k, v in inputs.items()} if isinstance(inputs, dict)
+                else inputs[start:start + batch])
+        parts.append(runtime.predict(part, {}))
+    return np.concatenate(parts)
+
+
+def throughput(runtime: ModelRuntime, inputs: Any, batch: int, seconds: float) -> float:
+    part = {k: v[:batch] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:batch]
+    return statistics.median(rows_per_s(runtime, part, seconds) for _ in range(3))
+
+
+def report_model(kind: str, folder: str, rows: int, batch: int, seconds: float) -> list[Row]:
+    """Every variant of ``kind`` against torch fp32."""
+    files = {".pt2": save_export(kind, os.path.join(folder, f"{kind}.pt2")),
+             ".onnx": export_onnx(kind, os.path.join(folder, f"{kind}.onnx"))}
+    inputs = example_inputs(kind, rows=rows, seed=_INPUT_SEED)
+    reference: np.ndarray | None = None
+    out = []
+    for label, suffix, precision in VARIANTS:
+        runtime = load_runtime(WorkerSettings(name=kind, model=files[suffix], precision=precision,
+                                              torch_threads=1, device="cpu", warmup_iters=1, max_batch_rows=batch))
+        outputs = predict_all(runtime, inputs, batch)
+        reference = outputs if reference is None else reference
+        out.append(Row(kind, label, *compare(reference, outputs), throughput(runtime, inputs, batch, seconds)))
+        print(f"  {kind:6s} {label:10s} done", file=sys.stderr, flush=True)
+    return out
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| model | precision | max abs err | max rel err | top-1 agreement | rank agreement | rows/s |",
+             "| --- | --- | ---: | ---: | ---: | --- | ---: |"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.variant} | {r.max_abs:.2e} | {r.max_rel:.2e} | {100 * r.top1:.2f} % "
+                     f"| {r.extra} | {r.rows_per_s:,.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4096, help="rows in the fixed input set (default 4096)")
+    parser.add_argument("--batch", type=int, default=64, help="rows per predict call (default 64)")
+    parser.add_argument("--seconds", type=float, default=1.0, help="length of each throughput run (default 1)")
+    parser.add_argument("--only", default=",".join(DEFAULT_MODELS), help="comma-separated subset of affine,ctr,cnn")
+    args = parser.parse_args()
+    kinds = args.only.split(",")
+    if any(k not in DEFAULT_MODELS for k in kinds) or args.rows < 1 or args.batch < 1 or args.seconds <= 0:
+        parser.error(f"--only takes {', '.join(DEFAULT_MODELS)}; --rows, --batch and --seconds must be positive")
+    logging.basicConfig(level=logging.ERROR)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="inferfleet-accuracy-") as folder:
+        for kind in kinds:
+            rows.extend(report_model(kind, folder, args.rows, args.batch, args.seconds))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
