@@ -161,4 +161,7 @@ class ResultCache:
         pipe = self.client.pipeline(transaction=False)
         for digest, outputs in entries:
             pipe.set(self.fleet_key(digest), encode_outputs(outputs), ex=self.fleet_ttl_s)
-        pipe.execute()
+        try:
+            pipe.execute()
+        except redis.exceptions.OutOfMemoryError as exc:  # Redis full: the cache is optional, replies are not
+            log.warning("fleet cache entries dropped: %s", exc)

@@ -263,11 +263,11 @@ class Consumer:
             result, infer_ms, rows = self._round[first.extra["digest"]]
             answers.append(self._encode(dup, result, infer_ms, rows))
         self._round.clear()
-        self.results.flush()
         alerts = self.results.take_alerts()
         if alerts:  # before the replies: a client that sees its reply can see its alert
             self._alert(alerts)
         self._write(answers)
+        self.results.flush()  # after the replies: a cache write must never delay or block one
         self.stats.requests += len(items)
         self.total.requests += len(items)
         self.stats.errors += sum(1 for a in answers if not a.ok)

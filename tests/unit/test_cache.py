@@ -80,3 +80,14 @@ def test_fleet_tier_ignores_garbage(redis_client):
     redis_client.set(cache.fleet_key(b"d1"), b"\xc1not msgpack")
     assert cache.lookup([b"d1"]) == [None]
     assert cache.stats.misses == 1
+
+
+def test_a_full_redis_drops_fleet_entries_without_failing(redis_client):
+    cache = ResultCache(8, QueueKeys("q"), redis_client, fleet_ttl_s=60)
+    redis_client.config_set("maxmemory", "1")  # noeviction by default: every write is refused
+    try:
+        cache.store([(b"d1", np.ones((1, 2)))])
+    finally:
+        redis_client.config_set("maxmemory", "0")
+    assert cache.lookup([b"d1"])[0][1] == "local"  # still cached locally
+    assert redis_client.exists(cache.fleet_key(b"d1")) == 0
