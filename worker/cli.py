@@ -90,7 +90,8 @@ def _options(*decorators: Callable) -> Callable:
 
 _worker_options = _options(
     _name,
-    click.option("--model", required=True, help="TorchScript file, torch.export .pt2 file, or module:Handler.",
+    click.option("--model", required=True,
+                 help="TorchScript file, torch.export .pt2 file, ONNX .onnx file, or module:Handler.",
                  envvar=ENV_VARS["model"], show_envvar=True),
     _redis_url,
     _prefix,
@@ -106,7 +107,8 @@ _worker_options = _options(
     click.option("--torch-threads", type=int, default=1, help="Intra-op threads of each worker process.",
                  **_env("torch_threads")),
     click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32",
-                 help="fp16/bf16 run the model under torch.autocast; outputs stay float32.",
+                 help="fp16/bf16 run the model under torch.autocast; int8 quantizes its linear layers "
+                      "dynamically (CPU; .pt2, .onnx, handlers); outputs stay float32.",
                  **_env("precision")),
     click.option("--compile/--no-compile", default=False,
                  help="torch.compile the model (torch.export .pt2 models).", **_env("compile")),
