@@ -107,3 +107,21 @@ def test_a_cluster_client_blocks_on_one_shard_inbox_in_turn() -> None:
     producer.cluster = True  # one BLPOP cannot span slots
     turns = {tuple(producer._block_keys([0, 2])) for _ in range(4)}
     assert turns == {(producer.inboxes[0],), (producer.inboxes[2],)}
+
+
+def test_the_shard_table_of_docs_protocol_md_is_what_shard_for_computes() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    section = doc[doc.index("## Sharding"):doc.index("## Limits of this worker")]
+    rows = [line for line in section.splitlines() if line.startswith("| `") and "|" in line[3:]]
+    checked = 0
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != 7 or not cells[1][0].isdigit():
+            continue  # the key table, the header
+        rid = cells[0].strip("`")
+        assert int(cells[1].split()[0]) == zlib.crc32(rid.encode())
+        assert [int(c) for c in cells[2:]] == [shard_for(rid, s) for s in (2, 3, 4, 7, 16)]
+        checked += 1
+    assert checked == 3
