@@ -44,6 +44,7 @@ class Answer:
     ok: bool = False
     dead: dict | None = None  # fields for the dead-letter stream, written before the reply
     rid: str | None = None  # the request id, when readable
+    code: str | None = None  # the reply's error code (None when ok); counted in the metrics
 
 
 def _readable_rid(fields: Mapping[bytes, bytes] | None) -> str | None:
@@ -138,4 +139,4 @@ class Intake:
         return self._refuse(entry_id, rid, key, code, message)
 
     def _refuse(self, entry_id: bytes, rid: str, key: str, code: str, message: str) -> Answer:
-        return Answer(entry_id, key, encode_reply_error(rid, code, message, self.model), rid=rid)
+        return Answer(entry_id, key, encode_reply_error(rid, code, message, self.model), rid=rid, code=code)

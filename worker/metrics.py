@@ -30,7 +30,7 @@ import tempfile
 import threading
 import weakref
 from bisect import bisect_left
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -38,7 +38,8 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from worker.errors import ConfigError
 
-__all__ = ["WorkerMetrics", "FleetMetrics", "metrics_mode", "serve_worker_metrics", "observe_many",
+__all__ = ["WorkerMetrics", "FleetMetrics", "worker_metrics", "metrics_mode", "serve_worker_metrics", "observe_many",
+           "reply_codes",
            "MULTIPROC_ENV", "REPLY_CODES", "ALERT_KINDS", "SWAP_RESULTS", "CACHE_TIERS"]
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,24 @@ def metrics_mode(metrics_port: int) -> str:
     if os.environ.get(MULTIPROC_ENV):
         return "multiprocess"
     return "serve" if metrics_port > 0 else "off"
+
+
+def worker_metrics(queue: str, metrics_port: int) -> WorkerMetrics:
+    """The consumer's metrics for its mode: recorded when served (or supervised), else a no-op."""
+    mode = metrics_mode(metrics_port)
+    registry = None if mode == "off" else REGISTRY
+    return WorkerMetrics(queue, registry, report_depth=mode == "serve")
+
+
+def reply_codes(answers: Iterable[Any], skip: Collection[int] = ()) -> dict[str, int]:
+    """Replies by code among ``answers`` (objects with ``payload``, ``ok``, ``code``);
+    acknowledgements without a reply and the indexes in ``skip`` are not counted."""
+    codes: dict[str, int] = {}
+    for index, answer in enumerate(answers):
+        if answer.payload and not (skip and index in skip):
+            code = "ok" if answer.ok else (answer.code or "model_error")
+            codes[code] = codes.get(code, 0) + 1
+    return codes
 
 
 def _http_server(port: int, registry: CollectorRegistry) -> Callable[[], None]:
