@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -13,6 +14,8 @@ from producer import errors
 from worker.cli_common import _name, _prefix, _redis_url
 
 __all__ = ["alerts", "swap"]
+
+_VERSION_RE = re.compile(r"[A-Za-z0-9._:+-]{1,64}\Z")
 
 
 def _context(name: str, redis_url: str | None, prefix: str) -> tuple[Any, Any]:
@@ -108,6 +111,8 @@ def swap(name: str, model: str | None, version: str | None, rollback: bool, chec
         raise click.UsageError("give either --model (to publish a version) or --rollback")
     if wait_s < 0:
         raise click.BadParameter("must be 0 or more", param_hint="--wait-s")
+    if version is not None and not _VERSION_RE.match(version):
+        raise click.BadParameter(f"{version!r}: use 1 to 64 of A-Z a-z 0-9 . _ : + -", param_hint="--version")
     client, keys = _context(name, redis_url, prefix)
     try:
         if rollback:

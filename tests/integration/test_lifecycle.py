@@ -176,4 +176,6 @@ def test_swap_refuses_bad_input(redis_url, redis_client):
     broken = swap_cli(redis_url, "--model", "tests.handlers:Missing")
     assert broken.returncode == 2 and "does not load" in broken.stderr
     assert "no earlier version" in swap_cli(redis_url, "--rollback").stderr
+    assert "--version" in swap_cli(redis_url, "--model", SCALE, "--version", "").stderr
+    assert "--version" in swap_cli(redis_url, "--model", SCALE, "--version", "v 2").stderr
     assert read_published(redis_client, QueueKeys("q")) is None  # nothing was published
