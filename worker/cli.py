@@ -19,7 +19,9 @@ import click
 import numpy as np
 
 from producer import Producer, errors
-from producer.protocol import DEFAULT_PREFIX, Reply
+from producer.protocol import Reply
+from worker import cli_lifecycle as lifecycle_commands
+from worker.cli_common import _name, _prefix, _redis_url
 from worker.config import DEVICE_CHOICES, ENV_VARS, PRECISIONS, WorkerSettings
 from worker.errors import ConfigError, ModelLoadError
 from worker.npfiles import load_inputs, save_outputs
@@ -55,12 +57,11 @@ _log_level = click.option("--log-level", default="info", envvar="INFERFLEET_LOG_
 _log_format = click.option("--log-format", default="text", envvar="INFERFLEET_LOG_FORMAT", show_envvar=True,
                            show_default=True, type=click.Choice(["text", "json"]),
                            help="json: one JSON object a line, with consumer, batch and request ids.")
-_redis_url = click.option("--redis-url", envvar="REDIS_URL", show_envvar=True, default=None,
-                          help="Redis URL (redis://, rediss://, unix://); default redis://localhost:6379/0.")
-_name = click.option("--name", required=True, envvar=ENV_VARS["name"], show_envvar=True,
-                     help="Queue (model) name: 1-64 of A-Z a-z 0-9 . _ -")
-_prefix = click.option("--prefix", default=DEFAULT_PREFIX, envvar=ENV_VARS["prefix"], show_envvar=True,
-                       show_default=True, help="Key prefix of every Redis key.")
+_shards = click.option("--shards", type=int, default=1, show_default=True, envvar=ENV_VARS["shards"],
+                       show_envvar=True, help="Streams the queue is sharded into (queues NAME.0, NAME.1 ...); "
+                       "a request's shard is CRC-32 of its id mod this.")
+_cluster = click.option("--cluster/--no-cluster", default=False, show_default=True, envvar=ENV_VARS["cluster"],
+                        show_envvar=True, help="Connect to a Redis Cluster (the URL names any one node).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -89,7 +90,8 @@ def _options(*decorators: Callable) -> Callable:
 
 _worker_options = _options(
     _name,
-    click.option("--model", required=True, help="TorchScript file, torch.export .pt2 file, or module:Handler.",
+    click.option("--model", required=True,
+                 help="TorchScript file, torch.export .pt2 file, ONNX .onnx file, or module:Handler.",
                  envvar=ENV_VARS["model"], show_envvar=True),
     _redis_url,
     _prefix,
@@ -105,7 +107,8 @@ _worker_options = _options(
     click.option("--torch-threads", type=int, default=1, help="Intra-op threads of each worker process.",
                  **_env("torch_threads")),
     click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32",
-                 help="fp16/bf16 run the model under torch.autocast; outputs stay float32.",
+                 help="fp16/bf16 run the model under torch.autocast; int8 quantizes its linear layers "
+                      "dynamically (CPU; .pt2, .onnx, handlers); outputs stay float32.",
                  **_env("precision")),
     click.option("--compile/--no-compile", default=False,
                  help="torch.compile the model (torch.export .pt2 models).", **_env("compile")),
@@ -138,6 +141,8 @@ _worker_options = _options(
                  help="Answer model_error (and alert) for outputs holding NaN or Inf.", **_env("nan_guard")),
     click.option("--metrics-port", type=int, default=0,
                  help="Serve Prometheus metrics on this port (0: off).", **_env("metrics_port")),
+    _shards,
+    _cluster,
     _log_level,
     _log_format,
 )
@@ -155,6 +160,8 @@ def _worker_settings(options: dict[str, Any]) -> WorkerSettings:
 @click.option("--device", default="auto", help=f"One of {DEVICE_CHOICES}.", **_env("device"))
 @click.option("--consumer", default=None, help="Consumer name in the group (default host-pid).",
               envvar=ENV_VARS["consumer"], show_envvar=True)
+@click.option("--shard", type=int, default=0, help="With --shards: the shard this worker serves (0 to shards-1).",
+              **_env("shard"))
 def worker(log_level: str, log_format: str, **options: Any) -> None:
     """Serve one queue: load and warm the model, then batch requests from the stream."""
     _setup_logging(log_level, log_format)
@@ -225,6 +232,7 @@ def supervise(log_level: str, log_format: str, min_workers: int, max_workers: in
     from worker.scaling import PolicySettings
     from worker.supervisor import Supervisor, SupervisorSettings, resolve_devices
 
+    min_workers = _cover_shards(min_workers, options["shards"])
     try:
         device_list = resolve_devices(devices)
         gpus = [d for d in device_list if d != "cpu"]
@@ -275,6 +283,14 @@ def _fleet_metrics(worker_settings: WorkerSettings) -> FleetMetrics | None:
     return metrics
 
 
+def _cover_shards(min_workers: int, shards: int) -> int:
+    """Every shard needs a worker: raise --min-workers to --shards, and say so."""
+    if min_workers < shards:
+        log.warning("--min-workers %d is fewer than --shards %d: running at least %d workers so that every "
+                    "shard has one (slot i serves shard i mod %d)", min_workers, shards, shards, shards)
+    return max(min_workers, shards)
+
+
 # --------------------------------------------------------------------------- enqueue / result
 
 
@@ -317,11 +333,13 @@ def _show_reply(reply: Reply, output: str | None) -> None:
         sys.exit(1)
 
 
-def _producer(redis_url: str | None, name: str, prefix: str) -> Producer:
+def _producer(redis_url: str | None, name: str, prefix: str, shards: int = 1, cluster: bool = False) -> Producer:
     try:
-        return Producer(redis_url, name, prefix=prefix)
+        return Producer(redis_url, name, prefix=prefix, shards=shards, cluster=cluster)
     except errors.ProtocolError as exc:
         raise click.BadParameter(str(exc)) from exc
+    except errors.InferfleetError as exc:  # a cluster client connects at once
+        raise click.ClickException(str(exc)) from exc
 
 
 @main.command()
@@ -336,15 +354,17 @@ def _producer(redis_url: str | None, name: str, prefix: str) -> Producer:
 @click.option("--output", default=None, help="With --wait: save outputs to this .npy/.npz file.")
 @_redis_url
 @_prefix
+@_shards
+@_cluster
 def enqueue(name: str, input_path: str, params: tuple[str, ...], deadline_s: float | None,
             request_id: str | None, wait: bool, timeout_s: float, output: str | None,
-            redis_url: str | None, prefix: str) -> None:
+            redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
     """Enqueue one request from a .npy/.npz file; print its request id (or, with --wait, the reply)."""
     try:
         inputs = load_inputs(input_path)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--input") from exc
-    with _producer(redis_url, name, prefix) as producer:
+    with _producer(redis_url, name, prefix, shards, cluster) as producer:
         try:
             rid = producer.submit(inputs, _parse_params(params), deadline_s, request_id=request_id)
             if not wait:
@@ -364,10 +384,12 @@ def enqueue(name: str, input_path: str, params: tuple[str, ...], deadline_s: flo
 @click.option("--output", default=None, help="Save outputs to this .npy/.npz file.")
 @_redis_url
 @_prefix
+@_shards
+@_cluster
 def result(name: str, request_id: str, timeout_s: float, output: str | None,
-           redis_url: str | None, prefix: str) -> None:
+           redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
     """Wait for the reply to REQUEST_ID and print it (exit 1 if it failed)."""
-    with _producer(redis_url, name, prefix) as producer:
+    with _producer(redis_url, name, prefix, shards, cluster) as producer:
         try:
             reply = producer.result(request_id, timeout_s, raise_errors=False)
         except errors.ProtocolError as exc:
@@ -387,23 +409,30 @@ def result(name: str, request_id: str, timeout_s: float, output: str | None,
 @click.option("--interval-s", type=float, default=1.0, show_default=True, help="Refresh period with --watch.")
 @_redis_url
 @_prefix
-def status(name: str | None, watch: bool, interval_s: float, redis_url: str | None, prefix: str) -> None:
-    """Show each queue: length, lag, pending, dead letters, consumers and workers."""
+@_shards
+@_cluster
+def status(name: str | None, watch: bool, interval_s: float, redis_url: str | None, prefix: str,
+           shards: int, cluster: bool) -> None:
+    """Show each queue: length, lag, pending, dead letters, consumers and workers.
+
+    A sharded queue shows each shard (NAME.0, NAME.1 ...) as a queue of its own.
+    """
     import time
 
     import redis
     from rich.console import Console
     from rich.live import Live
 
-    from producer.client import _redis_url as resolve_url
-    from producer.protocol import QueueKeys
-    from worker.status import find_queues, gather, render
+    from producer.protocol import QueueKeys, shard_keys
+    from worker.status import admin_client, find_queues, gather, render
 
     try:
-        client = redis.Redis.from_url(resolve_url(redis_url), socket_connect_timeout=5)
-        keys_list = [QueueKeys(name, prefix)] if name else None
+        keys_list = list(shard_keys(name, shards, prefix)) if name else None
+        client = admin_client(redis_url, cluster)
     except (errors.ProtocolError, ValueError) as exc:
         raise click.BadParameter(str(exc)) from exc
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise click.ClickException(f"Redis error: {exc}") from exc
 
     def snapshot() -> Any:
         from rich.console import Group
@@ -431,17 +460,33 @@ def status(name: str | None, watch: bool, interval_s: float, redis_url: str | No
 # --------------------------------------------------------------------------- dead letters
 
 
-def _dead_context(name: str, redis_url: str | None, prefix: str) -> tuple[Any, Any]:
+def _dead_context(name: str, redis_url: str | None, prefix: str, shards: int = 1,
+                  cluster: bool = False) -> tuple[Any, list]:
+    """A client and the keys of every shard of the queue (one, unsharded)."""
     import redis
 
-    from producer.client import _redis_url as resolve_url
-    from producer.protocol import QueueKeys
+    from producer.protocol import shard_keys
+    from worker.status import admin_client
 
     try:
-        keys = QueueKeys(name, prefix)
+        keys = list(shard_keys(name, shards, prefix))
     except errors.ProtocolError as exc:
-        raise click.BadParameter(str(exc), param_hint="--name") from exc
-    return redis.Redis.from_url(resolve_url(redis_url), socket_connect_timeout=5), keys
+        raise click.BadParameter(str(exc), param_hint="--name/--shards") from exc
+    try:
+        return admin_client(redis_url, cluster), keys
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise click.ClickException(f"Redis error: {exc}") from exc
+
+
+def _find_dead_in(client: Any, shards: list, ident: str) -> tuple[Any, Any]:
+    """(shard keys, dead letter) of IDENT in the first shard that holds it, else a clear error."""
+    from worker.deadletter import find_dead
+
+    for keys in shards:
+        letter = find_dead(client, keys, ident)
+        if letter is not None:
+            return keys, letter
+    raise click.ClickException(f"no dead letter {ident!r} in {', '.join(k.dead for k in shards)}")
 
 
 @main.group()
@@ -454,8 +499,10 @@ def dead() -> None:
 @click.option("--count", type=int, default=100, show_default=True, help="Most entries to show.")
 @_redis_url
 @_prefix
-def dead_list(name: str, count: int, redis_url: str | None, prefix: str) -> None:
-    """List dead letters, oldest first."""
+@_shards
+@_cluster
+def dead_list(name: str, count: int, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
+    """List dead letters, oldest first (shard by shard)."""
     from datetime import datetime, timezone
 
     from rich.console import Console
@@ -463,14 +510,16 @@ def dead_list(name: str, count: int, redis_url: str | None, prefix: str) -> None
 
     from worker.deadletter import list_dead
 
-    client, keys = _dead_context(name, redis_url, prefix)
+    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
     table = Table(title=f"dead letters of {name}", title_justify="left")
-    for column in ("dead id", "request id", "when (UTC)", "deliveries", "reason"):
+    for column in ("dead id", "request id", "when (UTC)", "deliveries", "reason") + ("queue",) * (shards > 1):
         table.add_column(column)
-    for letter in list_dead(client, keys, count):
-        when = datetime.fromtimestamp(letter.dead_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(letter.dead_id, letter.request_id, when, str(letter.deliveries), letter.reason)
-    Console().print(table if table.row_count else f"no dead letters in {keys.dead}")
+    for keys in shard_keys:
+        for letter in list_dead(client, keys, count):
+            when = datetime.fromtimestamp(letter.dead_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+            table.add_row(letter.dead_id, letter.request_id, when, str(letter.deliveries), letter.reason,
+                          *[keys.name] * (shards > 1))
+    Console().print(table if table.row_count else f"no dead letters in {', '.join(k.dead for k in shard_keys)}")
 
 
 @dead.command("show")
@@ -478,14 +527,12 @@ def dead_list(name: str, count: int, redis_url: str | None, prefix: str) -> None
 @click.argument("ident")
 @_redis_url
 @_prefix
-def dead_show(name: str, ident: str, redis_url: str | None, prefix: str) -> None:
+@_shards
+@_cluster
+def dead_show(name: str, ident: str, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
     """Show one dead letter (IDENT: its dead id or its request id) as JSON."""
-    from worker.deadletter import find_dead
-
-    client, keys = _dead_context(name, redis_url, prefix)
-    letter = find_dead(client, keys, ident)
-    if letter is None:
-        raise click.ClickException(f"no dead letter {ident!r} in {keys.dead}")
+    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
+    _, letter = _find_dead_in(client, shard_keys, ident)
     shown = {k: v for k, v in vars(letter).items() if k != "fields"}
     shown["fields"] = sorted(k.decode(errors="replace") for k in letter.fields)
     click.echo(json.dumps(shown, indent=2))
@@ -497,20 +544,21 @@ def dead_show(name: str, ident: str, redis_url: str | None, prefix: str) -> None
 @click.option("--all", "replay_all", is_flag=True, help="Replay every dead letter.")
 @_redis_url
 @_prefix
-def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str | None, prefix: str) -> None:
-    """Put a dead letter (or --all) back on the request stream, same request id."""
-    from worker.deadletter import find_dead, list_dead, replay_dead
+@_shards
+@_cluster
+def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str | None, prefix: str,
+                shards: int, cluster: bool) -> None:
+    """Put a dead letter (or --all) back on the request stream it came from, same request id."""
+    from worker.deadletter import list_dead, replay_dead
 
     if bool(ident) == replay_all:
         raise click.UsageError("give a dead id or request id, or --all")
-    client, keys = _dead_context(name, redis_url, prefix)
-    letters = list_dead(client, keys, 1_000_000) if replay_all else [find_dead(client, keys, ident or "")]
-    if letters == [None]:
-        raise click.ClickException(f"no dead letter {ident!r} in {keys.dead}")
-    for letter in letters:
-        if letter is not None:
-            new_id = replay_dead(client, keys, letter)
-            click.echo(f"replayed {letter.request_id} as entry {new_id.decode()}")
+    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
+    found = ([(keys, letter) for keys in shard_keys for letter in list_dead(client, keys, 1_000_000)]
+             if replay_all else [_find_dead_in(client, shard_keys, ident or "")])
+    for keys, letter in found:
+        new_id = replay_dead(client, keys, letter)
+        click.echo(f"replayed {letter.request_id} as entry {new_id.decode()}")
 
 
 @dead.command("purge")
@@ -518,14 +566,17 @@ def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str |
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @_redis_url
 @_prefix
-def dead_purge(name: str, yes: bool, redis_url: str | None, prefix: str) -> None:
-    """Delete every dead letter of the queue."""
+@_shards
+@_cluster
+def dead_purge(name: str, yes: bool, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
+    """Delete every dead letter of the queue (of every shard)."""
     from worker.deadletter import purge_dead
 
-    client, keys = _dead_context(name, redis_url, prefix)
+    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
+    streams = ", ".join(k.dead for k in shard_keys)
     if not yes:
-        click.confirm(f"delete every dead letter in {keys.dead}?", abort=True)
-    click.echo(f"purged {purge_dead(client, keys)} dead letters")
+        click.confirm(f"delete every dead letter in {streams}?", abort=True)
+    click.echo(f"purged {sum(purge_dead(client, keys) for keys in shard_keys)} dead letters")
 
 
 # --------------------------------------------------------------------------- bench
@@ -618,6 +669,10 @@ def bench(name: str | None, model_path: str | None, input_path: str | None, spaw
     else:
         click.echo(markdown, nl=False)
 
+
+# the model lifecycle commands live in their own module (swap, alerts)
+main.add_command(lifecycle_commands.swap)
+main.add_command(lifecycle_commands.alerts)
 
 if __name__ == "__main__":
     main()

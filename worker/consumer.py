@@ -14,6 +14,7 @@ answered once: whoever acknowledges first answers.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -24,13 +25,17 @@ from typing import Any, Iterable, Sequence
 import redis
 
 from producer.protocol import GROUP, QueueKeys, encode_reply_error, encode_reply_ok
+from worker.alerts import Alert, publish as publish_alerts
 from worker.batching import Request, collect, concat_inputs, form_batches, predict_isolated, split_outputs
+from worker.cache import split_duplicates
 from worker.config import WorkerSettings
 from worker.deadletter import DEAD_MAXLEN, dead_fields
 from worker.heartbeat import Meter
 from worker.intake import Answer, Intake
+from worker.lifecycle import ModelWatcher
 from worker.logs import batch_context
 from worker.metrics import reply_codes, worker_metrics
+from worker.quality import ResultPolicy
 from worker.recovery import Delivery, claim_from, dead_consumers, own_pending, start_attempt
 from worker.runtime import ModelRuntime, is_out_of_memory
 
@@ -121,7 +126,7 @@ class Consumer:
         self.settings = settings
         self.runtime = runtime
         self.redis = client
-        self.keys = QueueKeys(settings.name, settings.prefix)
+        self.keys = settings.queue_keys  # its shard's keys when the queue is sharded
         self.intake = Intake(self.keys, settings.limits, runtime.model_meta,
                              runtime.input_spec, runtime.accepts_params)
         self._sha = ""
@@ -141,6 +146,10 @@ class Consumer:
         self.metrics = worker_metrics(settings.name, settings.metrics_port)  # NAME, for every shard
         self.metrics.model_version(runtime.version)
         self._batch_seq = 0  # numbers batches in the logs (record field ``batch``)
+        self.results = ResultPolicy(settings, self.keys, client)
+        self.watcher: ModelWatcher | None = None  # set by serve() to follow hot swaps
+        self.model_source = settings.model  # the file or handler the runtime was loaded from
+        self._round: dict[bytes, tuple[Any, float, int]] = {}  # digest -> (result, infer_ms, rows) this round
 
     # -- the loop ----------------------------------------------------------
 
@@ -211,6 +220,8 @@ class Consumer:
 
     def run_once(self) -> int:
         """One round: collect entries, answer them, acknowledge. Returns entries handled."""
+        if self.watcher is not None:
+            self._maybe_switch()
         if self._replay_own:
             self._load_own_pending()
         if self._suspects:
@@ -242,10 +253,21 @@ class Consumer:
         """Compute and reply to one round of items; returns (batches, rows)."""
         answers = [item for item in items if isinstance(item, Answer)]
         requests = [item for item in items if isinstance(item, Request)]
+        duplicates: list[tuple[Request, Request]] = []
+        if requests and self.results.keyed:
+            requests, duplicates = self._from_cache(requests, answers)
         batches = form_batches(requests, self.row_limit)
         for batch in batches:
             answers.extend(self._infer(batch))
+        for dup, first in duplicates:
+            result, infer_ms, rows = self._round[first.extra["digest"]]
+            answers.append(self._encode(dup, result, infer_ms, rows))
+        self._round.clear()
+        alerts = self.results.take_alerts()
+        if alerts:  # before the replies: a client that sees its reply can see its alert
+            self._alert(alerts)
         self._write(answers)
+        self.results.flush()  # after the replies: a cache write must never delay or block one
         self.stats.requests += len(items)
         self.total.requests += len(items)
         self.stats.errors += sum(1 for a in answers if not a.ok)
@@ -306,6 +328,31 @@ class Consumer:
 
     # -- computing ---------------------------------------------------------
 
+    def _from_cache(self, requests: list[Request], answers: list[Answer]) -> tuple[list[Request], list]:
+        """Answer cache hits (into ``answers``); return the requests to compute, and the
+        duplicates among them as (duplicate, first) pairs, answered from the first."""
+        digests = self.results.key(requests, self.runtime.version)
+        cache = self.results.cache
+        if cache is None:
+            return requests, []
+        misses = []
+        tiers = {"local": 0, "fleet": 0}
+        for req, hit in zip(requests, cache.lookup(digests)):
+            if hit is None:
+                misses.append(req)
+            else:  # batch_rows 0: answered from the cache, not computed
+                tiers[hit[1]] += 1
+                answers.append(self._encode(req, hit[0], 0.0, 0))
+        unique, dupes = split_duplicates([r.extra["digest"] for r in misses])
+        cache.stats.batch_hits += len(dupes)
+        cache.stats.misses -= len(dupes)
+        if self.metrics.enabled:
+            self.metrics.cache_lookup("local", tiers["local"], len(requests) - tiers["local"])
+            if cache.client is not None:
+                self.metrics.cache_lookup("fleet", tiers["fleet"], len(requests) - sum(tiers.values()))
+            self.metrics.cache_lookup("batch", len(dupes), len(unique))
+        return [misses[i] for i in unique], [(misses[i], misses[j]) for i, j in dupes]
+
     def _infer(self, batch: list[Request]) -> list[Answer]:
         """Compute one batch; what it logs carries the batch number and its request ids."""
         self._batch_seq += 1
@@ -315,17 +362,23 @@ class Consumer:
     def _infer_batch(self, batch: list[Request]) -> list[Answer]:
         rows_total = sum(r.rows for r in batch)
         started = time.perf_counter()
+        suspicious = False
 
         def predict(part: Sequence[Request]) -> list[Any]:
+            nonlocal suspicious
             try:
                 outputs = self.runtime.predict(concat_inputs(part), part[0].params)
             except Exception as exc:
                 if is_out_of_memory(exc):
                     self._out_of_memory(sum(r.rows for r in part))
                 raise
-            return split_outputs(outputs, [r.rows for r in part])
+            parts = split_outputs(outputs, [r.rows for r in part])
+            suspicious = suspicious or self.results.batch_suspicious(outputs)
+            return parts
 
-        results = predict_isolated(batch, predict)
+        computed = predict_isolated(batch, predict)
+        version = self.runtime.version
+        results = [self.results.review(req, res, version, suspicious) for req, res in zip(batch, computed)]
         self._recover_row_limit()
         every = self.settings.empty_cache_every
         if every and self.total.batches % every == every - 1:
@@ -339,6 +392,9 @@ class Consumer:
         if self.metrics.enabled:
             self.metrics.batch_done(rows_total, infer_ms / 1000.0,
                                     [(r.picked_ms - r.enqueued_ms) / 1000.0 for r in batch])
+        if self.results.keyed:
+            for req, res in zip(batch, results):
+                self._round[req.extra["digest"]] = (res, infer_ms, rows_total)
         return [self._encode(req, res, infer_ms, rows_total) for req, res in zip(batch, results)]
 
     def _out_of_memory(self, rows: int) -> None:
@@ -439,12 +495,58 @@ class Consumer:
                 if a.payload and not a.ok:
                     log.debug("request %s answered %s", a.rid, a.code, extra={"request_ids": [a.rid]})
 
+    # -- model hot swap ----------------------------------------------------
+
+    def _maybe_switch(self) -> None:
+        """Between rounds: take over a newly loaded model if it is still the current one."""
+        assert self.watcher is not None
+        outcome, published, loaded = self.watcher.take()
+        if outcome == "none":
+            return
+        self.metrics.swap(outcome)
+        if outcome == "failed":
+            self._alert([Alert("swap_failed", self.watcher.error, self.settings.consumer, self.runtime.version)])
+        elif outcome == "ok" and isinstance(loaded, ModelRuntime):
+            self.switch_runtime(loaded, published.model)
+
+    def _alert(self, alerts: list[Alert]) -> None:
+        for alert in alerts:
+            self.metrics.alert(alert.kind)
+        publish_alerts(self.redis, self.keys, alerts)
+
+    def switch_runtime(self, new: ModelRuntime, source: str) -> None:
+        """Serve ``new`` (loaded from ``source``) from the next round on; the read-ahead
+        entries finish on the old copy."""
+        self._finish_prefetched()
+        old, self.runtime, self.model_source = self.runtime, new, source
+        self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params)
+        self.results.model_changed()
+        self.metrics.model_version(new.version)
+        log.info("consumer %s switched model %s from version %s to %s", self.settings.consumer,
+                 self.settings.name, old.version, new.version)
+        old.release_memory()
+        del old
+        gc.collect()  # the old copy's tensors go now, not at some later collection
+
+    def heartbeat_fields(self) -> dict[str, Any]:
+        """What the heartbeat publishes besides the meter: version, swap error, cache use."""
+        fields: dict[str, Any] = {"version": self.runtime.version, "model": self.model_source,
+                                  "swap_error": self.watcher.error if self.watcher else ""}
+        cache = self.results.cache
+        if cache is not None:
+            s = cache.stats
+            fields.update(cache_hits=s.local_hits + s.fleet_hits + s.batch_hits, cache_misses=s.misses,
+                          cache_hit_rate=round(s.hit_rate, 4), cache_entries=len(cache.local))
+        return fields
+
     # -- housekeeping ------------------------------------------------------
 
     def _maybe_housekeep(self) -> None:
         now = time.monotonic()
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + self.settings.housekeeping_s
+            if self.watcher is not None:
+                self.watcher.poll(self.runtime.version)
             self._trim()
             self._check_orphans()
             if not self._suspects:

@@ -4,33 +4,42 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from worker.config import WorkerSettings
 from worker.consumer import Consumer
+from worker.errors import ModelLoadError
 from worker.heartbeat import Heartbeat
+from worker.lifecycle import ModelWatcher, read_published
 from worker.logs import bind as bind_log_fields
 from worker.metrics import metrics_mode, serve_worker_metrics
-from worker.runtime import load_runtime
+from worker.runtime import ModelRuntime, load_runtime
 
 __all__ = ["connect", "serve"]
 
 log = logging.getLogger(__name__)
 
 
-def connect(redis_url: str) -> redis.Redis:
+def connect(redis_url: str, cluster: bool = False) -> redis.Redis:
     """A client for the worker: bytes replies, keepalive, no read timeout (reads block).
 
     redis-py's silent command retries are off: a retried XREADGROUP whose first
     reply was lost would leave entries pending on us unseen. A connection error
     reaches the consumer loop, which backs off, reconnects and replays its own
     pending entries.
+
+    With ``cluster``, a RedisCluster (retries off too: it still follows MOVED
+    and ASK redirects, which never re-run a command). Every key one command
+    names is in one slot: all of a queue's (or a shard's) keys share a hash tag.
     """
-    return redis.Redis.from_url(redis_url, socket_connect_timeout=5, socket_keepalive=True,
-                                health_check_interval=30, retry=Retry(NoBackoff(), 0))
+    factory = RedisCluster.from_url if cluster else redis.Redis.from_url
+    return factory(redis_url, socket_connect_timeout=5, socket_keepalive=True,
+                   health_check_interval=30, retry=Retry(NoBackoff(), 0))
 
 
 def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
@@ -52,13 +61,17 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
 
 
 def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
-    runtime = load_runtime(settings)
-    consumer = Consumer(settings, runtime, connect(settings.redis_url))
+    client = connect(settings.redis_url, settings.cluster)
+    runtime, seen_seq, source = _load_current(settings, client)
+    consumer = Consumer(settings, runtime, client)
+    consumer.model_source = source
+    consumer.watcher = ModelWatcher(client, consumer.keys, settings, load_runtime, seen_seq)
     if stop.is_set():
         return consumer
-    heartbeat = Heartbeat(connect(settings.redis_url), consumer.keys, settings.consumer, consumer.meter,
-                          {"device": str(runtime.device), "version": runtime.version},
+    heartbeat = Heartbeat(connect(settings.redis_url, settings.cluster), consumer.keys, settings.consumer, consumer.meter,
+                          {"device": str(runtime.device)},
                           interval_s=settings.heartbeat_s)
+    heartbeat.extra = consumer.heartbeat_fields
     heartbeat.state = "serving"
     heartbeat.start()
     try:
@@ -67,3 +80,28 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
         heartbeat.state = "stopped"
         heartbeat.stop(remove=True)
     return consumer
+
+
+def _load_current(settings: WorkerSettings, client: redis.Redis) -> tuple[ModelRuntime, int, str]:
+    """Load the fleet's published model if ``inferfleet swap`` set one, else ``--model``.
+
+    So a worker started after a swap never serves an older version than the
+    fleet. If the published model cannot be loaded here, the worker says why
+    and falls back to its own ``--model`` rather than not serving at all.
+    """
+    try:
+        published = read_published(client, settings.queue_keys)
+    except redis.exceptions.RedisError as exc:
+        log.warning("cannot read the published model version (%s): loading --model %s", exc, settings.model)
+        published = None
+    if published is None or (published.model, published.version) == (settings.model, settings.model_version):
+        return load_runtime(settings), published.seq if published else 0, settings.model
+    log.info("queue %s: the fleet serves version %s (%s), not --model %s: loading that",
+             settings.name, published.version, published.model, settings.model)
+    try:
+        runtime = load_runtime(replace(settings, model=published.model, model_version=published.version))
+        return runtime, published.seq, published.model
+    except ModelLoadError as exc:
+        log.error("cannot load the published version %s (%s): serving --model %s instead",
+                  published.version, exc, settings.model)
+        return load_runtime(settings), published.seq, settings.model

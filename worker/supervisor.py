@@ -14,6 +14,10 @@ how many workers there should be, and only applies the difference:
   deaths within M seconds stop that slot, with an error saying why;
 * scale-down and shutdown send SIGTERM: the worker finishes its batch,
   replies, acknowledges and leaves the group. A second stop signal kills.
+
+A queue sharded into S streams (``WorkerSettings.shards``) is one fleet:
+slot i serves shard i mod S, the lag observed is the sum over the shards,
+and at least S workers run so that every shard has one.
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import redis
+from redis.cluster import RedisCluster
 
-from producer.protocol import GROUP, QueueKeys
+from producer.protocol import GROUP, QueueKeys, shard_keys
 from worker.config import WorkerSettings
 from worker.errors import ConfigError
 from worker.heartbeat import read_heartbeats
@@ -86,6 +91,9 @@ class SupervisorSettings:
                           ("crash_loop_deaths", 1), ("crash_loop_window_s", 0.1), ("drain_timeout_s", 0.1)):
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        if self.policy.min_workers < self.worker.shards:
+            raise ConfigError(f"min_workers {self.policy.min_workers} is fewer than the {self.worker.shards} "
+                              f"shards: every shard needs a worker")
         gpus = [d for d in self.devices if d != "cpu"]
         if gpus and self.policy.max_workers > len(gpus) * self.workers_per_device:
             raise ConfigError(f"max_workers {self.policy.max_workers} is more than {len(gpus)} GPUs x "
@@ -99,6 +107,7 @@ class Slot:
     index: int
     consumer: str
     device: str
+    shard: int = 0
     process: BaseProcess | None = None
     wanted: bool = False
     draining: bool = False
@@ -111,21 +120,31 @@ class Slot:
         return self.process is not None and self.process.is_alive()
 
 
-def observe(client: redis.Redis, keys: QueueKeys, workers: int, now_s: float) -> Observation:
-    """Read lag, pending and the workers' measured rates into an Observation."""
-    lag: int | None
-    pending = 0
+def _lag_and_pending(client: redis.Redis, keys: QueueKeys) -> tuple[int | None, int]:
     try:
         groups = client.xinfo_groups(keys.requests)
     except redis.exceptions.ResponseError:  # no stream yet
         groups = []
     group = next((g for g in groups if g["name"] in (GROUP, GROUP.encode())), None)
     if group is None:
-        lag = int(client.xlen(keys.requests))
-    else:
-        pending = int(group["pending"])
-        lag = int(group["lag"]) if group.get("lag") is not None else None
-    beats = read_heartbeats(client, keys)
+        return int(client.xlen(keys.requests)), 0
+    return (int(group["lag"]) if group.get("lag") is not None else None), int(group["pending"])
+
+
+def observe(client: redis.Redis, keys: QueueKeys | Sequence[QueueKeys], workers: int, now_s: float) -> Observation:
+    """Read lag, pending and the workers' measured rates into an Observation.
+
+    ``keys`` may be every shard of a sharded queue: lag and pending are then
+    summed (the lag is unknown if one shard's is) and every shard's workers count.
+    """
+    lag: int | None = 0
+    pending = 0
+    beats = []
+    for one in [keys] if isinstance(keys, QueueKeys) else keys:
+        shard_lag, shard_pending = _lag_and_pending(client, one)
+        lag = None if lag is None or shard_lag is None else lag + shard_lag
+        pending += shard_pending
+        beats.extend(read_heartbeats(client, one))
     capacities = sorted(c for c in (b.capacity_rps for b in beats) if c is not None)
     capacity = capacities[len(capacities) // 2] if capacities else None
     return Observation(now_s=now_s, workers=workers, lag=lag, pending=pending,
@@ -140,8 +159,11 @@ class Supervisor:
         self.settings = settings
         self.metrics = metrics  # the host's /metrics endpoint, started before the first child
         self.child_target = child_target
-        self.keys = QueueKeys(settings.worker.name, settings.worker.prefix)
-        self.redis = client or redis.Redis.from_url(settings.worker.redis_url, socket_connect_timeout=5)
+        worker = settings.worker
+        self.shard_keys = shard_keys(worker.name, worker.shards, worker.prefix)
+        self.keys = self.shard_keys[0]
+        factory = RedisCluster.from_url if worker.cluster else redis.Redis.from_url
+        self.redis = client or factory(worker.redis_url, socket_connect_timeout=5)
         self.context = multiprocessing.get_context("spawn")
         self.slots: list[Slot] = []
         self.state = PolicyState()
@@ -152,7 +174,8 @@ class Supervisor:
 
     def run(self, stop: threading.Event) -> None:
         """Supervise until ``stop`` is set, then drain every worker."""
-        log.info("supervising %s: %d-%d workers on %s, policy %s", self.keys.requests,
+        log.info("supervising %s (%d shards): %d-%d workers on %s, policy %s", self.keys.requests,
+                 len(self.shard_keys),
                  self.settings.policy.min_workers, self.settings.policy.max_workers,
                  ",".join(self.settings.devices), self.settings.policy.kind)
         while not stop.is_set():
@@ -165,7 +188,7 @@ class Supervisor:
         self._reap(now_s)
         obs: Observation | None = None
         try:
-            obs = observe(self.redis, self.keys, self.live_workers(), now_s)
+            obs = observe(self.redis, self.shard_keys, self.live_workers(), now_s)
         except redis.exceptions.RedisError as exc:
             log.warning("cannot observe %s (%s): holding the fleet as it is", self.keys.requests, exc)
         else:
@@ -201,7 +224,8 @@ class Supervisor:
                 return  # a crash loop: more copies of the same failure would not help
             if slot is None:
                 index = len(self.slots)
-                slot = Slot(index, f"{self.settings.worker.name}-s{index}", self._device_for(index))
+                slot = Slot(index, f"{self.settings.worker.name}-s{index}", self._device_for(index),
+                            shard=index % self.settings.worker.shards)
                 self.slots.append(slot)
             slot.wanted = True
 
@@ -224,7 +248,7 @@ class Supervisor:
 
     def _start(self, slot: Slot) -> None:
         visible = None
-        worker = replace(self.settings.worker, consumer=slot.consumer)
+        worker = replace(self.settings.worker, consumer=slot.consumer, shard=slot.shard)
         if slot.device.startswith("cuda:"):
             visible = slot.device.split(":", 1)[1]
             worker = replace(worker, device="cuda:0")  # the one GPU the child can see
@@ -234,7 +258,8 @@ class Supervisor:
                                             name=f"inferfleet-{slot.consumer}", daemon=False)
         slot.process.start()
         slot.draining = False
-        log.info("started worker %s (pid %s) on %s", slot.consumer, slot.process.pid, slot.device)
+        log.info("started worker %s (pid %s) on %s for %s", slot.consumer, slot.process.pid, slot.device,
+                 worker.queue_keys.requests)
 
     def _drain(self, slot: Slot) -> None:
         if slot.process is not None and slot.process.pid is not None and not slot.draining:
@@ -285,10 +310,11 @@ class Supervisor:
                 "disabled": "; ".join(s.disabled for s in self.slots if s.disabled),
                 "pid": os.getpid(), "updated_ms": int(time.time() * 1000)}
         try:
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.hset(self.keys.own("supervisor"), mapping=info)
-            pipe.pexpire(self.keys.own("supervisor"), int(max(5 * self.settings.interval_s, 5) * 1000))
-            pipe.execute()
+            for keys in self.shard_keys:  # one transaction per shard: a cluster's spans one slot only
+                pipe = self.redis.pipeline(transaction=True)
+                pipe.hset(keys.own("supervisor"), mapping=info)
+                pipe.pexpire(keys.own("supervisor"), int(max(5 * self.settings.interval_s, 5) * 1000))
+                pipe.execute()
         except redis.exceptions.RedisError:
             pass
 
@@ -312,7 +338,8 @@ class Supervisor:
                 if self.metrics is not None:
                     self.metrics.process_exited(slot.process.pid)
         try:
-            self.redis.delete(self.keys.own("supervisor"))
+            for keys in self.shard_keys:
+                self.redis.delete(keys.own("supervisor"))
         except redis.exceptions.RedisError:
             pass
         log.info("supervisor stopped; every worker has exited")
