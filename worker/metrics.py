@@ -29,7 +29,8 @@ import shutil
 import tempfile
 import threading
 import weakref
-from bisect import bisect_left
+from operator import attrgetter
+from bisect import bisect_right
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -51,6 +52,8 @@ REPLY_CODES = ("ok", "bad_request", "too_large", "expired", "model_error", "dead
 ALERT_KINDS = ("low_confidence", "non_finite", "inconsistent")
 SWAP_RESULTS = ("ok", "failed", "stale")
 CACHE_TIERS = ("local", "fleet", "batch")
+
+_ok_of = attrgetter("ok")
 
 #: Rows per forward pass: powers of two up to 4096 (max_batch_rows defaults to 64).
 ROW_BUCKETS = tuple(float(2**i) for i in range(13))
@@ -75,9 +78,13 @@ def worker_metrics(queue: str, metrics_port: int) -> WorkerMetrics:
     return WorkerMetrics(queue, registry, report_depth=mode == "serve")
 
 
-def reply_codes(answers: Iterable[Any], skip: Collection[int] = ()) -> dict[str, int]:
+def reply_codes(answers: Sequence[Any], skip: Collection[int] = ()) -> dict[str, int]:
     """Replies by code among ``answers`` (objects with ``payload``, ``ok``, ``code``);
     acknowledgements without a reply and the indexes in ``skip`` are not counted."""
+    if not skip:
+        ok = sum(map(_ok_of, answers))  # C-level: the usual round is all ok
+        if ok == len(answers):
+            return {"ok": ok} if ok else {}
     codes: dict[str, int] = {}
     for index, answer in enumerate(answers):
         if answer.payload and not (skip and index in skip):
@@ -122,14 +129,19 @@ def observe_many(histogram: Any, values: Sequence[float]) -> None:
         for value in values:
             histogram.observe(value)
         return
-    counts: dict[int, int] = {}
-    for value in values:
-        if value == value:  # NaN fits no bucket (as in observe()); it would land in the first
-            index = bisect_left(bounds, value)
-            counts[index] = counts.get(index, 0) + 1
-    for index, count in counts.items():
-        histogram._buckets[index].inc(count)
-    histogram._sum.inc(sum(values))
+    total = sum(values)
+    if total != total:  # a NaN fits no bucket (as in observe()), and would break the sort
+        values = [v for v in values if v == v]
+    ordered = sorted(values)
+    below = 0  # values counted in the buckets so far
+    for index, bound in enumerate(bounds):
+        upto = bisect_right(ordered, bound)  # observe() puts v in the first bucket with v <= bound
+        if upto > below:
+            histogram._buckets[index].inc(upto - below)
+            below = upto
+        if below == len(ordered):
+            break
+    histogram._sum.inc(total)
 
 
 class _Families:

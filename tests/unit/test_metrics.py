@@ -8,7 +8,8 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from worker.metrics import FleetMetrics, WorkerMetrics, metrics_mode, observe_many
+from worker.intake import Answer
+from worker.metrics import FleetMetrics, WorkerMetrics, metrics_mode, observe_many, reply_codes
 
 
 @pytest.fixture
@@ -29,6 +30,18 @@ def test_answered_counts_replies_by_code(registry):
     assert value(registry, "inferfleet_requests_total", code="expired") == 1
     # every agreed code is exported from the start, so error ratios are defined at 0
     assert value(registry, "inferfleet_requests_total", code="dead_letter") == 0
+
+
+def test_reply_codes_count_what_is_written():
+    ok = Answer(b"1-0", "k", b"reply", True, rid="a")
+    assert reply_codes([ok, ok, ok]) == {"ok": 3}
+    assert reply_codes([]) == {}
+    answers = [ok, Answer(b"2-0", "k", b"e", rid="b", code="bad_request"),
+               Answer(b"3-0", None, None),  # acknowledged without a reply: not a reply
+               Answer(b"4-0", "k", b"e", rid="c", code="dead_letter"), ok]
+    assert reply_codes(answers) == {"ok": 2, "bad_request": 1, "dead_letter": 1}
+    # a reply the script could not push (its key held another type) is answered again elsewhere
+    assert reply_codes(answers, [1, 4]) == {"ok": 1, "dead_letter": 1}
 
 
 def test_batch_done_fills_the_three_histograms(registry):
