@@ -21,7 +21,7 @@ import numpy as np
 from producer import Producer, errors
 from producer.protocol import Reply
 from worker import cli_lifecycle as lifecycle_commands
-from worker.cli_common import _name, _prefix, _redis_url
+from worker.cli_common import _cluster, _name, _prefix, _redis_url, _shards
 from worker.config import DEVICE_CHOICES, ENV_VARS, PRECISIONS, WorkerSettings
 from worker.errors import ConfigError, ModelLoadError
 from worker.npfiles import load_inputs, save_outputs
@@ -57,11 +57,6 @@ _log_level = click.option("--log-level", default="info", envvar="INFERFLEET_LOG_
 _log_format = click.option("--log-format", default="text", envvar="INFERFLEET_LOG_FORMAT", show_envvar=True,
                            show_default=True, type=click.Choice(["text", "json"]),
                            help="json: one JSON object a line, with consumer, batch and request ids.")
-_shards = click.option("--shards", type=int, default=1, show_default=True, envvar=ENV_VARS["shards"],
-                       show_envvar=True, help="Streams the queue is sharded into (queues NAME.0, NAME.1 ...); "
-                       "a request's shard is CRC-32 of its id mod this.")
-_cluster = click.option("--cluster/--no-cluster", default=False, show_default=True, envvar=ENV_VARS["cluster"],
-                        show_envvar=True, help="Connect to a Redis Cluster (the URL names any one node).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

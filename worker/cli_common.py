@@ -13,3 +13,8 @@ _name = click.option("--name", required=True, envvar=ENV_VARS["name"], show_envv
                      help="Queue (model) name: 1-64 of A-Z a-z 0-9 . _ -")
 _prefix = click.option("--prefix", default=DEFAULT_PREFIX, envvar=ENV_VARS["prefix"], show_envvar=True,
                        show_default=True, help="Key prefix of every Redis key.")
+_shards = click.option("--shards", type=int, default=1, show_default=True, envvar=ENV_VARS["shards"],
+                       show_envvar=True, help="Streams the queue is sharded into (queues NAME.0, NAME.1 ...); "
+                       "a request's shard is CRC-32 of its id mod this.")
+_cluster = click.option("--cluster/--no-cluster", default=False, show_default=True, envvar=ENV_VARS["cluster"],
+                        show_envvar=True, help="Connect to a Redis Cluster (the URL names any one node).")

@@ -11,24 +11,26 @@ from typing import Any
 import click
 
 from producer import errors
-from worker.cli_common import _name, _prefix, _redis_url
+from worker.cli_common import _cluster, _name, _prefix, _redis_url, _shards
 
 __all__ = ["alerts", "swap"]
 
 _VERSION_RE = re.compile(r"[A-Za-z0-9._:+-]{1,64}\Z")
 
 
-def _context(name: str, redis_url: str | None, prefix: str) -> tuple[Any, Any]:
-    import redis
-
-    from producer.client import _redis_url as resolve_url
-    from producer.protocol import QueueKeys
+def _context(name: str, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> tuple[Any, list]:
+    """A client, and the keys of every shard of the queue (one when it is not sharded)."""
+    from producer.protocol import shard_keys
+    from worker.status import admin_client
 
     try:
-        keys = QueueKeys(name, prefix)
+        keys = list(shard_keys(name, shards, prefix))
     except errors.ProtocolError as exc:
-        raise click.BadParameter(str(exc), param_hint="--name") from exc
-    return redis.Redis.from_url(resolve_url(redis_url), socket_connect_timeout=5), keys
+        raise click.BadParameter(str(exc), param_hint="--name/--shards") from exc
+    try:
+        return admin_client(redis_url, cluster), keys
+    except Exception as exc:  # a cluster client connects at once
+        raise click.ClickException(f"cannot connect to Redis: {exc}") from exc
 
 
 def _check_model(model: str, version: str | None, check: bool) -> str:
@@ -64,13 +66,13 @@ def _serving(client: Any, keys: Any) -> tuple[str, str]:
     return "", ""
 
 
-def _wait_for(client: Any, keys: Any, version: str, timeout_s: float) -> bool:
+def _wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool:
     """Until every live worker serves ``version`` or reports a failed load; print each."""
     from worker.heartbeat import read_heartbeats
 
     deadline = time.monotonic() + timeout_s
     while True:
-        workers = read_heartbeats(client, keys)
+        workers = [w for keys in shards for w in read_heartbeats(client, keys)]
         failed = [w for w in workers if w.swap_error and version in w.swap_error]
         pending = [w for w in workers if w.version != version and w not in failed]
         if not pending or time.monotonic() > deadline:
@@ -95,8 +97,10 @@ def _wait_for(client: Any, keys: Any, version: str, timeout_s: float) -> bool:
               help="Wait this long for every live worker to switch (0: do not wait).")
 @_redis_url
 @_prefix
+@_shards
+@_cluster
 def swap(name: str, model: str | None, version: str | None, rollback: bool, check: bool, wait_s: float,
-         redis_url: str | None, prefix: str) -> None:
+         redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
     """Publish a new model version to a queue's workers (hot swap), or roll back.
 
     Workers load and warm the new version in the background and switch between
@@ -113,17 +117,19 @@ def swap(name: str, model: str | None, version: str | None, rollback: bool, chec
         raise click.BadParameter("must be 0 or more", param_hint="--wait-s")
     if version is not None and not _VERSION_RE.match(version):
         raise click.BadParameter(f"{version!r}: use 1 to 64 of A-Z a-z 0-9 . _ : + -", param_hint="--version")
-    client, keys = _context(name, redis_url, prefix)
+    client, shard_list = _context(name, redis_url, prefix, shards, cluster)
     try:
-        if rollback:
-            published = do_rollback(client, keys)
-        else:
-            assert model is not None
+        if model is not None:
             version = _check_model(model, version, check)
-            published = publish(client, keys, model, version, _serving(client, keys))
-        click.echo(f"{name}: version {published.version} ({published.model}) published as #{published.seq}; "
-                   f"previous {published.previous_version or 'none'}")
-        if wait_s and not _wait_for(client, keys, published.version, wait_s):
+        for keys in shard_list:  # one shard after another: each shard's switch is atomic, not all of them
+            if rollback:
+                published = do_rollback(client, keys)
+            else:
+                assert model is not None and version is not None
+                published = publish(client, keys, model, version, _serving(client, keys))
+            click.echo(f"{keys.name}: version {published.version} ({published.model}) published as "
+                       f"#{published.seq}; previous {published.previous_version or 'none'}")
+        if wait_s and not _wait_for(client, shard_list, published.version, wait_s):
             sys.exit(1)
     except NoPreviousVersion as exc:
         raise click.ClickException(str(exc)) from exc
@@ -140,7 +146,10 @@ def swap(name: str, model: str | None, version: str | None, rollback: bool, chec
 @click.option("--follow", is_flag=True, help="Keep printing new alerts until interrupted.")
 @_redis_url
 @_prefix
-def alerts(name: str, count: int, kind: str | None, follow: bool, redis_url: str | None, prefix: str) -> None:
+@_shards
+@_cluster
+def alerts(name: str, count: int, kind: str | None, follow: bool, redis_url: str | None, prefix: str,
+           shards: int, cluster: bool) -> None:
     """Show a queue's alerts: low confidence, NaN/Inf outputs, inconsistent results, failed swaps."""
     import redis
 
@@ -148,28 +157,33 @@ def alerts(name: str, count: int, kind: str | None, follow: bool, redis_url: str
 
     if count < 1:
         raise click.BadParameter("must be at least 1", param_hint="--count")
-    client, keys = _context(name, redis_url, prefix)
+    client, shard_list = _context(name, redis_url, prefix, shards, cluster)
 
     def show(alert: Alert) -> None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(alert.time_ms / 1000))
         click.echo(f"{when} {alert.kind:<15} v{alert.version} {alert.consumer} {alert.rid or '-'}: {alert.detail}")
 
     try:
-        shown = read_alerts(client, keys, count, kind)
-        for alert in shown:
+        found = [(keys, a) for keys in shard_list for a in read_alerts(client, keys, count, kind)]
+        shown = sorted(found, key=lambda pair: pair[1].time_ms)[-count:]
+        for _, alert in shown:
             show(alert)
         if not follow:
             if not shown:
-                click.echo(f"no alerts in {alerts_key(keys)}")
+                click.echo(f"no alerts in {', '.join(alerts_key(k) for k in shard_list)}")
             return
-        last = shown[-1].entry_id if shown else "$"
-        while True:
-            for _, entries in client.xread({alerts_key(keys): last}, block=1000) or []:
-                for entry_id, raw in entries:
-                    last = entry_id
-                    alert = Alert.from_entry(entry_id, raw)
-                    if kind is None or alert.kind == kind:
-                        show(alert)
+        last = {}
+        for keys in shard_list:  # from each stream's newest entry ("$" would skip any between two reads)
+            newest = client.xrevrange(alerts_key(keys), count=1)
+            last[alerts_key(keys)] = newest[0][0] if newest else "0-0"
+        while True:  # one XREAD per shard: a cluster cannot read keys of several slots at once
+            for stream in last:
+                for _, entries in client.xread({stream: last[stream]}, block=1000 // len(last)) or []:
+                    for entry_id, raw in entries:
+                        last[stream] = entry_id
+                        alert = Alert.from_entry(entry_id, raw)
+                        if kind is None or alert.kind == kind:
+                            show(alert)
     except redis.exceptions.RedisError as exc:
         raise click.ClickException(f"Redis error: {exc}") from exc
     except KeyboardInterrupt:

@@ -209,6 +209,28 @@ def test_cli_enqueue_result_and_status_find_the_shard(fleet: str, tmp_path: Path
         assert f"queue {NAME}.{shard}" in status and f"w{shard}" in status
 
 
+def test_swap_and_alerts_reach_every_shard(fleet: str, models_dir: Path) -> None:
+    """The same affine model as a .pt2 file: other version, same outputs, so later tests still hold."""
+    from worker.heartbeat import read_heartbeats
+
+    common = ["--name", NAME, "--shards", str(SHARDS), "--cluster", "--redis-url", fleet]
+    swapped = subprocess.run([*CLI, "swap", *common, "--model", str(models_dir / "affine.pt2"), "--wait-s", "60"],
+                             env=worker_env(fleet), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert swapped.returncode == 0, swapped.stdout + swapped.stderr
+    assert all(f"{NAME}.{s}: version" in swapped.stdout for s in range(SHARDS))
+    client = cluster_client(fleet)
+    versions = {w.version for keys in shard_keys(NAME, SHARDS) for w in read_heartbeats(client, keys)}
+    with Producer(fleet, NAME, shards=SHARDS, cluster=True) as producer:
+        replies = producer.map(rows(30, seed=9), timeout_s=60)
+    assert {r.model_version for r in replies} == versions and len(versions) == 1  # every shard switched
+    rolled = subprocess.run([*CLI, "swap", *common, "--rollback", "--wait-s", "60"], env=worker_env(fleet), cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    shown = subprocess.run([*CLI, "alerts", *common], env=worker_env(fleet), cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode == 0 and "no alerts in" in shown.stdout and f"{{{NAME}.2}}:alerts" in shown.stdout
+
+
 def test_cli_refuses_a_name_too_long_for_its_shards(redis_cluster: LocalCluster) -> None:
     url = redis_cluster.url
     done = subprocess.run([*CLI, "result", "--name", "n" * 63, "--shards", "2", "--cluster", "--redis-url", url,
