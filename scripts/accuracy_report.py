@@ -14,9 +14,10 @@ torch fp32:
 * top-1: rows whose argmax over the last axis agrees; for the one-output CTR
   model, rows whose decision (p >= 0.5) agrees, and the Spearman rank
   correlation of the scores (does the ranking of ads survive?);
-* rows/s: single-process throughput at ``--batch`` rows, median of 3 runs.
+* rows/s: single-process throughput at ``--batch`` rows, median of 3 runs
+  (the variants of a model interleaved, so ratios come from one run).
 
-    python scripts/accuracy_report.py [--rows 4096] [--batch 64] [--seconds 1] [--only affine,ctr,cnn]
+    python scripts/accuracy_report.py [--rows 4096] [--batch 64] [--seconds 1] [--only affine,ctr,cnn] [--device cpu]
 """
 
 from __future__ import annotations
@@ -98,26 +99,27 @@ def predict_all(runtime: ModelRuntime, inputs: Any, batch: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def throughput(runtime: ModelRuntime, inputs: Any, batch: int, seconds: float) -> float:
+def throughputs(runtimes: list[ModelRuntime], inputs: Any, batch: int, seconds: float) -> list[float]:
+    """Median rows/s of each runtime over 3 rounds, interleaved so a noisy neighbour hits all alike."""
     part = {k: v[:batch] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:batch]
-    return statistics.median(rows_per_s(runtime, part, seconds) for _ in range(3))
+    samples = [[rows_per_s(runtime, part, seconds) for runtime in runtimes] for _ in range(3)]
+    return [statistics.median(column) for column in zip(*samples)]
 
 
-def report_model(kind: str, folder: str, rows: int, batch: int, seconds: float) -> list[Row]:
-    """Every variant of ``kind`` against torch fp32."""
+def report_model(kind: str, folder: str, rows: int, batch: int, seconds: float, device: str) -> list[Row]:
+    """Every variant of ``kind`` against torch fp32 (on a GPU: the torch fp32/bf16/fp16 ones)."""
     files = {".pt2": save_export(kind, os.path.join(folder, f"{kind}.pt2")),
              ".onnx": export_onnx(kind, os.path.join(folder, f"{kind}.onnx"))}
+    variants = VARIANTS if device == "cpu" else VARIANTS[:3]  # int8 is CPU only; ORT-GPU is another wheel
     inputs = example_inputs(kind, rows=rows, seed=_INPUT_SEED)
-    reference: np.ndarray | None = None
-    out = []
-    for label, suffix, precision in VARIANTS:
-        runtime = load_runtime(WorkerSettings(name=kind, model=files[suffix], precision=precision,
-                                              torch_threads=1, device="cpu", warmup_iters=1, max_batch_rows=batch))
-        outputs = predict_all(runtime, inputs, batch)
-        reference = outputs if reference is None else reference
-        out.append(Row(kind, label, *compare(reference, outputs), throughput(runtime, inputs, batch, seconds)))
-        print(f"  {kind:6s} {label:10s} done", file=sys.stderr, flush=True)
-    return out
+    runtimes = [load_runtime(WorkerSettings(name=kind, model=files[suffix], precision=precision, torch_threads=1,
+                                            device=device, warmup_iters=1, max_batch_rows=batch))
+                for _, suffix, precision in variants]
+    outputs = [predict_all(runtime, inputs, batch) for runtime in runtimes]
+    speeds = throughputs(runtimes, inputs, batch, seconds)
+    print(f"  {kind} done", file=sys.stderr, flush=True)
+    return [Row(kind, label, *compare(outputs[0], out), speed)
+            for (label, _, _), out, speed in zip(variants, outputs, speeds)]
 
 
 def markdown(rows: list[Row]) -> str:
@@ -135,6 +137,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="rows per predict call (default 64)")
     parser.add_argument("--seconds", type=float, default=1.0, help="length of each throughput run (default 1)")
     parser.add_argument("--only", default=",".join(DEFAULT_MODELS), help="comma-separated subset of affine,ctr,cnn")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: torch fp32, bf16 and fp16 only (default cpu)")
     args = parser.parse_args()
     kinds = args.only.split(",")
     if any(k not in DEFAULT_MODELS for k in kinds) or args.rows < 1 or args.batch < 1 or args.seconds <= 0:
@@ -143,7 +147,7 @@ def main() -> None:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="inferfleet-accuracy-") as folder:
         for kind in kinds:
-            rows.extend(report_model(kind, folder, args.rows, args.batch, args.seconds))
+            rows.extend(report_model(kind, folder, args.rows, args.batch, args.seconds, args.device))
     print(markdown(rows))
 
 
