@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-import redis
 
 from producer.client import _translate  # the SDK's one seam for redis-py errors
 from producer import Producer, errors

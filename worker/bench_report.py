@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from producer import errors
 
 __all__ = ["BenchReport", "RunSpec", "Samples", "compare", "first_latencies", "latency_percentiles_ms", "markdown_table", "mean_batch_rows", "render_markdown", "report_json", "summarize", "write_outputs", "write_png"]
 

@@ -21,7 +21,7 @@ import numpy as np
 from producer import Producer, errors
 from producer.protocol import Reply
 from worker import cli_lifecycle as lifecycle_commands
-from worker.cli_common import _cluster, _name, _prefix, _redis_url, _shards
+from worker.cli_common import _cluster, _name, _prefix, _redis_url, _shards, queue_context
 from worker.config import DEVICE_CHOICES, ENV_VARS, PRECISIONS, WorkerSettings
 from worker.errors import ConfigError, ModelLoadError
 from worker.npfiles import load_inputs, save_outputs
@@ -455,24 +455,6 @@ def status(name: str | None, watch: bool, interval_s: float, redis_url: str | No
 # --------------------------------------------------------------------------- dead letters
 
 
-def _dead_context(name: str, redis_url: str | None, prefix: str, shards: int = 1,
-                  cluster: bool = False) -> tuple[Any, list]:
-    """A client and the keys of every shard of the queue (one, unsharded)."""
-    import redis
-
-    from producer.protocol import shard_keys
-    from worker.status import admin_client
-
-    try:
-        keys = list(shard_keys(name, shards, prefix))
-    except errors.ProtocolError as exc:
-        raise click.BadParameter(str(exc), param_hint="--name/--shards") from exc
-    try:
-        return admin_client(redis_url, cluster), keys
-    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
-        raise click.ClickException(f"Redis error: {exc}") from exc
-
-
 def _find_dead_in(client: Any, shards: list, ident: str) -> tuple[Any, Any]:
     """(shard keys, dead letter) of IDENT in the first shard that holds it, else a clear error."""
     from worker.deadletter import find_dead
@@ -505,7 +487,7 @@ def dead_list(name: str, count: int, redis_url: str | None, prefix: str, shards:
 
     from worker.deadletter import list_dead
 
-    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
+    client, shard_keys = queue_context(name, redis_url, prefix, shards, cluster)
     table = Table(title=f"dead letters of {name}", title_justify="left")
     for column in ("dead id", "request id", "when (UTC)", "deliveries", "reason") + ("queue",) * (shards > 1):
         table.add_column(column)
@@ -526,7 +508,7 @@ def dead_list(name: str, count: int, redis_url: str | None, prefix: str, shards:
 @_cluster
 def dead_show(name: str, ident: str, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
     """Show one dead letter (IDENT: its dead id or its request id) as JSON."""
-    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
+    client, shard_keys = queue_context(name, redis_url, prefix, shards, cluster)
     _, letter = _find_dead_in(client, shard_keys, ident)
     shown = {k: v for k, v in vars(letter).items() if k != "fields"}
     shown["fields"] = sorted(k.decode(errors="replace") for k in letter.fields)
@@ -548,7 +530,7 @@ def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str |
 
     if bool(ident) == replay_all:
         raise click.UsageError("give a dead id or request id, or --all")
-    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
+    client, shard_keys = queue_context(name, redis_url, prefix, shards, cluster)
     found = ([(keys, letter) for keys in shard_keys for letter in list_dead(client, keys, 1_000_000)]
              if replay_all else [_find_dead_in(client, shard_keys, ident or "")])
     for keys, letter in found:
@@ -567,7 +549,7 @@ def dead_purge(name: str, yes: bool, redis_url: str | None, prefix: str, shards:
     """Delete every dead letter of the queue (of every shard)."""
     from worker.deadletter import purge_dead
 
-    client, shard_keys = _dead_context(name, redis_url, prefix, shards, cluster)
+    client, shard_keys = queue_context(name, redis_url, prefix, shards, cluster)
     streams = ", ".join(k.dead for k in shard_keys)
     if not yes:
         click.confirm(f"delete every dead letter in {streams}?", abort=True)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from producer import errors
 from producer.protocol import DEFAULT_PREFIX
 from worker.config import ENV_VARS
 
@@ -18,3 +21,21 @@ _shards = click.option("--shards", type=int, default=1, show_default=True, envva
                        "a request's shard is CRC-32 of its id mod this.")
 _cluster = click.option("--cluster/--no-cluster", default=False, show_default=True, envvar=ENV_VARS["cluster"],
                         show_envvar=True, help="Connect to a Redis Cluster (the URL names any one node).")
+
+
+def queue_context(name: str, redis_url: str | None, prefix: str, shards: int = 1,
+                  cluster: bool = False) -> tuple[Any, list]:
+    """A client (no silent retries) and the keys of every shard of the queue (one, unsharded)."""
+    import redis
+
+    from producer.protocol import shard_keys
+    from worker.status import admin_client
+
+    try:
+        keys = list(shard_keys(name, shards, prefix))
+    except errors.ProtocolError as exc:
+        raise click.BadParameter(str(exc), param_hint="--name/--shards") from exc
+    try:
+        return admin_client(redis_url, cluster), keys
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise click.ClickException(f"Redis error: {exc}") from exc

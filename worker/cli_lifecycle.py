@@ -10,27 +10,11 @@ from typing import Any
 
 import click
 
-from producer import errors
-from worker.cli_common import _cluster, _name, _prefix, _redis_url, _shards
+from worker.cli_common import _cluster, _name, _prefix, _redis_url, _shards, queue_context
 
 __all__ = ["alerts", "swap"]
 
 _VERSION_RE = re.compile(r"[A-Za-z0-9._:+-]{1,64}\Z")
-
-
-def _context(name: str, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> tuple[Any, list]:
-    """A client, and the keys of every shard of the queue (one when it is not sharded)."""
-    from producer.protocol import shard_keys
-    from worker.status import admin_client
-
-    try:
-        keys = list(shard_keys(name, shards, prefix))
-    except errors.ProtocolError as exc:
-        raise click.BadParameter(str(exc), param_hint="--name/--shards") from exc
-    try:
-        return admin_client(redis_url, cluster), keys
-    except Exception as exc:  # a cluster client connects at once
-        raise click.ClickException(f"cannot connect to Redis: {exc}") from exc
 
 
 def _check_model(model: str, version: str | None, check: bool) -> str:
@@ -117,7 +101,7 @@ def swap(name: str, model: str | None, version: str | None, rollback: bool, chec
         raise click.BadParameter("must be 0 or more", param_hint="--wait-s")
     if version is not None and not _VERSION_RE.match(version):
         raise click.BadParameter(f"{version!r}: use 1 to 64 of A-Z a-z 0-9 . _ : + -", param_hint="--version")
-    client, shard_list = _context(name, redis_url, prefix, shards, cluster)
+    client, shard_list = queue_context(name, redis_url, prefix, shards, cluster)
     try:
         if model is not None:
             version = _check_model(model, version, check)
@@ -157,7 +141,7 @@ def alerts(name: str, count: int, kind: str | None, follow: bool, redis_url: str
 
     if count < 1:
         raise click.BadParameter("must be at least 1", param_hint="--count")
-    client, shard_list = _context(name, redis_url, prefix, shards, cluster)
+    client, shard_list = queue_context(name, redis_url, prefix, shards, cluster)
 
     def show(alert: Alert) -> None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(alert.time_ms / 1000))

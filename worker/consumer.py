@@ -20,11 +20,11 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import redis
 
-from producer.protocol import GROUP, QueueKeys, encode_reply_error, encode_reply_ok
+from producer.protocol import GROUP, encode_reply_error, encode_reply_ok
 from worker.alerts import Alert, publish as publish_alerts
 from worker.batching import Request, collect, concat_inputs, form_batches, predict_isolated, split_outputs
 from worker.cache import split_duplicates

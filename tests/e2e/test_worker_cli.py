@@ -52,7 +52,7 @@ def test_mixed_shapes_on_a_handler_are_batched_apart(spawn_worker, redis_url, re
     for i in range(10):
         np.testing.assert_array_equal(replies[i].outputs, inputs[i] * 2)
     assert replies[10].error_code == "bad_request" and "float32[N,4]" in replies[10].error_message
-    assert redis_client.xpending(f"inferfleet:{{scale}}:requests", GROUP)["pending"] == 0
+    assert redis_client.xpending("inferfleet:{scale}:requests", GROUP)["pending"] == 0
 
 
 def test_torch_export_model(spawn_worker, redis_url, models_dir):

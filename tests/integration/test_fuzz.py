@@ -37,7 +37,6 @@ from typing import Any, Callable
 
 import msgpack
 import numpy as np
-import pytest
 import redis
 import torch
 from hypothesis import HealthCheck, Phase, given, settings

@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-import redis
 
 from producer import Producer
 from producer.protocol import GROUP, QueueKeys

@@ -15,7 +15,6 @@ import copy
 import os
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
