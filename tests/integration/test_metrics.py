@@ -136,7 +136,7 @@ def test_a_supervised_fleet_has_one_endpoint_summing_its_workers(supervise, redi
     proc, log_path = supervise("--name", "s", "--model", "tests.handlers:Slow", "--metrics-port", str(port),
                                "--policy", "fixed", "--min-workers", "2", "--max-workers", "2",
                                "--interval-s", "0.2", "--max-batch-rows", "8", "--devices", "cpu",
-                               env={"SLOW_BATCH_S": "0.01"})
+                               "--log-format", "json", env={"SLOW_BATCH_S": "0.01"})
     keys = QueueKeys("s")
     wait_for(lambda: len(read_heartbeats(redis_client, keys)) == 2, 90, "two warm workers")
     samples = wait_for(lambda: (lambda s: s if sample(s, "inferfleet_workers", queue="s") == 2 else None)(
@@ -174,9 +174,11 @@ def test_a_supervised_fleet_has_one_endpoint_summing_its_workers(supervise, redi
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
-    log = log_path.read_text()
-    metrics_dir = re.search(r"children write to (\S+)\)", log)
-    assert metrics_dir, log[-2000:]
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]  # children log JSON too
+    assert {"s-s0", "s-s1"} <= {r.get("consumer") for r in records}
+    metrics_dir = next(re.search(r"children write to (\S+)\)", r["message"]) for r in records
+                       if "children write to" in r["message"])
+    assert metrics_dir is not None
     assert not os.path.exists(metrics_dir.group(1))  # the private directory is removed at exit
 
 
