@@ -29,9 +29,9 @@ import shutil
 import tempfile
 import threading
 import weakref
-from operator import attrgetter
 from bisect import bisect_right
-from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from operator import attrgetter
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
