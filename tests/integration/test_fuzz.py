@@ -450,7 +450,12 @@ def outcomes(rid: str, body: bytes | None, deadline: str, reply: str, reply_to: 
     where = reply_to.decode() if reply_to is not None else default
     if deadline == "past":
         return frozenset({(where, "expired")})
-    return frozenset({(where, "ok" if reference_rows(body) is not None else "bad_request")})
+    rows = reference_rows(body)
+    if rows is None:
+        return frozenset({(where, "bad_request")})
+    if not np.all(np.isfinite(rows) & (np.abs(rows) <= 1e30)):  # bit flips make NaN, Inf and huge inputs:
+        return frozenset({(where, "ok"), (where, "model_error")})  # NaN/Inf outputs answer model_error
+    return frozenset({(where, "ok")})
 
 
 @st.composite
@@ -658,6 +663,7 @@ class Fleet:
         inputs = [x for x in map(reference_rows, entry.bodies) if x is not None]
         assert inputs, f"{entry.what}: answered ok, but no body is a valid request: {entry.fields!r:.600}"
         got = np.frombuffer(out["data"], dtype="<f4").reshape(out["shape"])
+        assert np.all(np.isfinite(got)), f"{entry.what}: an ok reply with NaN/Inf outputs (the guard is on)"
         errors = []
         for x in inputs:
             if x.shape[0] != got.shape[0]:
