@@ -104,6 +104,8 @@ class WorkerSettings:
         self._check_range("min_confidence", 0.0, 1.0)
         self._check_range("consistency_tol", 0.0, 1e30)
         self._check_range("metrics_port", 0, 65535)
+        if self.fleet_cache_ttl_s and not self.cache_size:
+            raise ConfigError("fleet_cache_ttl_s needs cache_size: the fleet cache is a tier of the worker's cache")
         self._check_range("shards", 1, 1024)
         self._check_range("shard", 0, self.shards - 1)
         try:

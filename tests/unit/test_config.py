@@ -143,3 +143,9 @@ def test_env_vars_map_every_field() -> None:
         assert ENV_VARS[name] == f"INFERFLEET_{name.upper()}"
     assert ENV_VARS["max_batch_rows"] == "INFERFLEET_MAX_BATCH_ROWS"
     assert len(set(ENV_VARS.values())) == len(ENV_VARS)
+
+
+def test_the_fleet_cache_needs_the_local_one() -> None:
+    with pytest.raises(ConfigError, match="fleet_cache_ttl_s needs cache_size"):
+        WorkerSettings(name="q", model="m.pt", fleet_cache_ttl_s=60)
+    assert WorkerSettings(name="q", model="m.pt", fleet_cache_ttl_s=60, cache_size=10).fleet_cache_ttl_s == 60
