@@ -35,7 +35,7 @@ import click
 import yaml
 
 from producer.errors import ProtocolError
-from producer.protocol import DEFAULT_PREFIX, GROUP, QueueKeys
+from producer.protocol import DEFAULT_PREFIX, GROUP, shard_keys
 from worker.cli import main
 from worker.config import WorkerSettings
 from worker.errors import ConfigError
@@ -528,21 +528,22 @@ def keda_problems(docs: list[dict], parsed: dict[str, dict]) -> list[str]:
         if target.get("kind", "Deployment") != "Deployment" or target.get("name") not in parsed:
             problems.append(f"{where}: scaleTargetRef {target.get('name')!r} is no Deployment here")
             continue
-        problems += _scaling_problems(where, spec)
+        problems += _scaling_problems(where, spec, parsed[target["name"]])
         for trigger in spec.get("triggers") or []:
             problems += _trigger_problems(docs, where, trigger, parsed[target["name"]])
     return problems
 
 
-def _scaling_problems(where: str, spec: dict) -> list[str]:
+def _scaling_problems(where: str, spec: dict, params: dict) -> list[str]:
     low, high = spec.get("minReplicaCount", 0), spec.get("maxReplicaCount", 100)
     problems = []
     if spec.get("pollingInterval") != 5:
         problems.append(f"{where}: pollingInterval {spec.get('pollingInterval')}, not the article's 5 s")
     if not 0 <= low <= high:
         problems.append(f"{where}: replicas from {low} to {high}")
-    if [t.get("type") for t in spec.get("triggers") or []] != ["redis-streams"]:
-        problems.append(f"{where}: the trigger is not one redis-streams trigger")
+    kind = "redis-cluster-streams" if params.get("cluster") else "redis-streams"  # the scaler for the topology
+    if [t.get("type") for t in spec.get("triggers") or []] != [kind]:
+        problems.append(f"{where}: the trigger is not one {kind} trigger")
     return problems
 
 
@@ -550,9 +551,10 @@ def _trigger_problems(docs: list[dict], where: str, trigger: dict, params: dict)
     meta = trigger.get("metadata") or {}
     problems = [f"{where}: metadata {k} must be a string (KEDA metadata is map[string]string)"
                 for k, v in meta.items() if not isinstance(v, str)]
-    try:
-        stream = QueueKeys(params.get("name") or "", params.get("prefix") or DEFAULT_PREFIX).requests
-    except ProtocolError as exc:
+    try:  # the worker's own stream: its shard's, when the queue is sharded
+        shards = shard_keys(params.get("name") or "", params.get("shards") or 1, params.get("prefix") or DEFAULT_PREFIX)
+        stream = shards[params.get("shard") or 0].requests
+    except (ProtocolError, IndexError) as exc:
         return problems + [f"{where}: {exc}"]
     expected = {"stream": stream, "consumerGroup": GROUP, "lagCount": "50"}
     problems += [f"{where}: {k} is {meta.get(k)!r}, not {v!r}" for k, v in expected.items() if meta.get(k) != v]
@@ -564,10 +566,15 @@ def _trigger_problems(docs: list[dict], where: str, trigger: dict, params: dict)
 def _redis_auth_problems(docs: list[dict], where: str, trigger: dict, env: dict[str, str]) -> list[str]:
     """KEDA reaches the Redis the workers use: address from their env, password from the Secret."""
     meta, url = trigger.get("metadata") or {}, urlsplit(env.get("REDIS_URL", ""))
-    address = env.get(str(meta.get("addressFromEnv")), meta.get("address"))
+    node = f"{url.hostname}:{url.port or 6379}"
     problems = []
-    if address != f"{url.hostname}:{url.port or 6379}":
-        problems.append(f"{where}: KEDA's address {address!r} is not REDIS_URL's {url.hostname}:{url.port or 6379}")
+    if trigger.get("type") == "redis-cluster-streams":  # a list of nodes; REDIS_URL names one of them
+        addresses = env.get(str(meta.get("addressesFromEnv")), meta.get("addresses")) or ""
+        if node not in addresses.split(","):
+            problems.append(f"{where}: KEDA's addresses {addresses!r} do not hold REDIS_URL's {node}")
+    elif env.get(str(meta.get("addressFromEnv")), meta.get("address")) != node:
+        address = env.get(str(meta.get("addressFromEnv")), meta.get("address"))
+        problems.append(f"{where}: KEDA's address {address!r} is not REDIS_URL's {node}")
     auth = by_kind(docs, "TriggerAuthentication").get((trigger.get("authenticationRef") or {}).get("name", ""))
     refs = {r.get("parameter"): r for r in (auth or {}).get("spec", {}).get("secretTargetRef") or []}
     if "password" not in refs:
@@ -588,4 +595,24 @@ def gpu_pod_problems(docs: list[dict]) -> list[str]:
         env, _ = container_env(docs, container)
         if not env.get("INFERFLEET_DEVICE", "auto").startswith(("cuda", "auto")):
             problems.append(f"Deployment {name}: INFERFLEET_DEVICE {env['INFERFLEET_DEVICE']} is not a GPU")
+    return problems
+
+
+def shard_problems(parsed: dict[str, dict]) -> list[str]:
+    """The Deployments of a sharded queue serve each of its shards, each once, all agreeing on S."""
+    by_queue: dict[str, list[tuple[str, int, int]]] = {}
+    for name, params in parsed.items():
+        if (params.get("shards") or 1) > 1:
+            by_queue.setdefault(params.get("name") or "", []).append((name, params["shards"], params.get("shard") or 0))
+    problems = []
+    for queue, deps in by_queue.items():
+        counts = {s for _, s, _ in deps}
+        if len(counts) != 1:
+            problems.append(f"queue {queue}: Deployments disagree on --shards: {sorted(counts)}")
+            continue
+        served = sorted(shard for _, _, shard in deps)
+        if served != list(range(counts.pop())):
+            problems.append(f"queue {queue}: Deployments serve shards {served}, not each shard once")
+        problems += [f"Deployment {name}: a sharded queue needs --cluster" for name, _, _ in deps
+                     if not parsed[name].get("cluster")]
     return problems

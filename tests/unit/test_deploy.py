@@ -41,9 +41,12 @@ def k8s_docs(variant: str) -> list[dict]:
     base = [d for path in sorted(K8S.glob("*.yaml")) for d in dc.load_yaml_all(path)]
     if variant == "cpu":
         return base
-    gpu = [d for path in sorted((K8S / "gpu").glob("*.yaml")) for d in dc.load_yaml_all(path)]
-    replaced = {(d["kind"], d["metadata"]["name"]) for d in gpu}
-    return [d for d in base if (d["kind"], d["metadata"]["name"]) not in replaced] + gpu
+    extra = [d for path in sorted((K8S / variant).glob("*.yaml")) for d in dc.load_yaml_all(path)]
+    if variant == "sharded":  # its Deployments and ScaledObjects stand in for the unsharded ones
+        replaced = {("Deployment", "inferfleet-worker"), ("ScaledObject", "inferfleet-worker")}
+    else:
+        replaced = {(d["kind"], d["metadata"]["name"]) for d in extra}
+    return [d for d in base if (d["kind"], d["metadata"]["name"]) not in replaced] + extra
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +62,7 @@ def files() -> dict[str, Any]:
         "rules": dc.load_yaml(ROOT / "deploy" / "prometheus" / "alerts.yml"),
         "k8s": k8s_docs("cpu"),
         "k8s_gpu": k8s_docs("gpu"),
+        "k8s_sharded": k8s_docs("sharded"),
     }
 
 
@@ -97,6 +101,12 @@ def gpu_k8s_problems(f: dict[str, Any]) -> list[str]:
     return k8s_problems(f, "k8s_gpu") + dc.gpu_pod_problems(f["k8s_gpu"])
 
 
+def sharded_k8s_problems(f: dict[str, Any]) -> list[str]:
+    docs = f["k8s_sharded"]
+    _, parsed = dc.worker_pod_problems(docs, dc.built_models(dc.parse_dockerfile(f["dockerfile"])))
+    return k8s_problems(f, "k8s_sharded") + dc.shard_problems(parsed)
+
+
 # --------------------------------------------------------------------------- the real files
 
 
@@ -120,6 +130,14 @@ def test_kubernetes_worker_keda_pdb_and_grace_agree_with_the_code(files: dict[st
     assert k8s_problems(files) == []
     kinds = {d["kind"] for d in files["k8s"]}
     assert kinds == {"Deployment", "ScaledObject", "TriggerAuthentication", "PodDisruptionBudget", "Secret"}
+
+
+def test_the_sharded_variant_scales_each_shard_on_its_own_stream(files: dict[str, Any]) -> None:
+    assert sharded_k8s_problems(files) == []
+    streams = sorted(so["spec"]["triggers"][0]["metadata"]["stream"]
+                     for so in dc.by_kind(files["k8s_sharded"], "ScaledObject").values())
+    assert streams == ["inferfleet:{ctr.0}:requests", "inferfleet:{ctr.1}:requests"]
+    assert len(dc.by_kind(files["k8s_sharded"], "Deployment")) == 2
 
 
 def test_the_kubernetes_gpu_variant_replaces_the_cpu_deployment(files: dict[str, Any]) -> None:
@@ -182,6 +200,8 @@ POD = ("Deployment/inferfleet-worker", "spec", "template")
 CONTAINER = (*POD, "spec", "containers", 0)
 ENV = (*CONTAINER, "env")
 TRIGGER = ("ScaledObject/inferfleet-worker", "spec", "triggers", 0, "metadata")
+SHARD1 = ("Deployment/inferfleet-worker-s1", "spec", "template", "spec", "containers", 0, "args")
+SHARD1_TRIGGER = ("ScaledObject/inferfleet-worker-s1", "spec", "triggers", 0)
 
 #: (what breaks, which files, the mutation, a phrase of the problem it must raise)
 BREAKS: list[tuple[str, str, Callable, str]] = [
@@ -280,6 +300,21 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
     ("TriggerAuthentication parameter", "k8s", put(("TriggerAuthentication/inferfleet-redis", "spec",
                                                     "secretTargetRef", 0, "parameter"), "passwd"),
      "no TriggerAuthentication with a password"),
+    # Kubernetes sharded variant
+    ("two workers on one shard", "k8s_sharded", put(SHARD1, ["worker", "--metrics-port", "9100", "--shards", "2",
+                                                          "--shard", "0", "--cluster"]),
+     "serve shards [0, 0], not each shard once"),
+    ("shard counts disagree", "k8s_sharded", put(SHARD1, ["worker", "--metrics-port", "9100", "--shards", "3",
+                                                       "--shard", "1", "--cluster"]), "disagree on --shards"),
+    ("shard without --cluster", "k8s_sharded", put(SHARD1, ["worker", "--metrics-port", "9100", "--shards", "2",
+                                                         "--shard", "1"]), "needs --cluster"),
+    ("scaled on another shard's stream", "k8s_sharded", put((*SHARD1_TRIGGER, "metadata", "stream"),
+                                                            "inferfleet:{ctr.0}:requests"),
+     "stream is 'inferfleet:{ctr.0}:requests', not 'inferfleet:{ctr.1}:requests'"),
+    ("single-node scaler on a cluster", "k8s_sharded", put((*SHARD1_TRIGGER, "type"), "redis-streams"),
+     "not one redis-cluster-streams trigger"),
+    ("cluster addresses without REDIS_URL's node", "k8s_sharded",
+     put(("Secret/inferfleet-redis", "stringData", "addresses"), "other:6379"), "do not hold REDIS_URL's"),
     # Kubernetes GPU variant
     ("GPU pod without a GPU", "k8s_gpu", drop((*CONTAINER, "resources", "limits", "nvidia.com/gpu")),
      "no resources.limits nvidia.com/gpu"),
@@ -302,7 +337,7 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
 
 CHECKS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "compose": compose_problems, "compose_gpu": gpu_compose_problems, "k8s": k8s_problems,
-    "k8s_gpu": gpu_k8s_problems, "dockerfile": docker_problems,
+    "k8s_gpu": gpu_k8s_problems, "k8s_sharded": sharded_k8s_problems, "dockerfile": docker_problems,
 }
 
 
