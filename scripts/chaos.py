@@ -6,16 +6,18 @@ pushes requests, breaks something, and counts what came back:
 
 * ``kill``:   SIGKILL a random worker every second while requests flow;
 * ``redis``:  SIGKILL redis-server mid-run and start it again (AOF, fsync always);
-* ``poison``: one request kills every worker that computes it, others keep flowing.
+* ``poison``: one request kills every worker that computes it, others keep flowing;
+* ``swap``:   hot swaps and a rollback while a random worker is SIGKILLed every second.
 
 Every scenario reports requests, answered, lost (no reply), duplicated (more
-than one reply in a reply list), wrong (outputs not 2x inputs) and recovery
-time. The tests in tests/integration/test_reliability.py run the same
+than one reply in a reply list), wrong (outputs other than the version that
+replied computes: 2x for sim-1, 3x for sim-2) and recovery time. The tests in tests/integration/test_reliability.py run the same
 functions smaller and assert on them.
 
     python scripts/chaos.py kill --requests 5000
     python scripts/chaos.py redis --requests 3000
     python scripts/chaos.py poison --requests 2000
+    python scripts/chaos.py swap --requests 4000
 """
 
 from __future__ import annotations
@@ -44,9 +46,12 @@ from producer.protocol import QueueKeys, decode_reply  # noqa: E402
 from scripts.example_handlers import POISON  # noqa: E402
 from worker.embedded import EmbeddedRedis  # noqa: E402
 from worker.heartbeat import read_heartbeats  # noqa: E402
+from worker.lifecycle import publish, rollback  # noqa: E402
 
 NAME = "chaos"
 KEYS = QueueKeys(NAME)
+#: what each example handler version multiplies its inputs by
+FACTOR = {"sim-1": 2.0, "sim-2": 3.0}
 
 
 @contextmanager
@@ -107,7 +112,7 @@ def feed(url: str, requests: int, per_s: float, accepted: dict[str, int]) -> Non
 def tally(client: redis.Redis, accepted: dict[str, int], timeout_s: float) -> dict[str, float]:
     """Wait for every accepted request's reply; count lost, duplicated, wrong, dead-lettered."""
     pending = dict(accepted)
-    counts = {"answered": 0, "duplicated": 0, "wrong": 0, "dead_lettered": 0}
+    counts = {"answered": 0, "duplicated": 0, "wrong": 0, "dead_lettered": 0, "sim-1": 0, "sim-2": 0}
     deadline = time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
         rids = list(pending)
@@ -129,8 +134,11 @@ def _check(client: redis.Redis, rid: str, index: int, length: int, counts: dict)
     reply = decode_reply(client.lindex(KEYS.reply(rid), 0))
     if not reply.ok:
         counts["dead_lettered" if reply.error_code == "dead_letter" else "wrong"] += 1
-    elif not np.array_equal(reply.outputs, inputs_for(index) * 2):
-        counts["wrong"] += 1
+        return
+    counts[reply.model_version or "?"] = counts.get(reply.model_version or "?", 0) + 1
+    factor = FACTOR.get(reply.model_version or "")
+    if factor is None or not np.array_equal(reply.outputs, inputs_for(index) * factor):
+        counts["wrong"] += 1  # the outputs are not what the version named in the reply computes
 
 
 def scenario_kill(requests: int = 5000, workers: int = 3, kill_every_s: float = 1.0) -> dict:
@@ -201,7 +209,41 @@ def scenario_poison(requests: int = 2000, workers: int = 2) -> dict:
     return result
 
 
-SCENARIOS = {"kill": scenario_kill, "redis": scenario_redis, "poison": scenario_poison}
+def scenario_swap(requests: int = 4000, workers: int = 3, kill_every_s: float = 1.0) -> dict:
+    """Swap sim-1 -> sim-2, roll back, swap again, while a random worker is SIGKILLed every second."""
+    base = "scripts.example_handlers:SimulatedAccelerator"
+    steps = [lambda c: publish(c, KEYS, base + "V2", "sim-2", serving=(base, "sim-1")),
+             lambda c: rollback(c, KEYS),
+             lambda c: rollback(c, KEYS)]  # rolling back a rollback: sim-2 again
+    with EmbeddedRedis() as server, fleet(server.url, workers, "SimulatedAccelerator",
+                                          "--crash-loop-deaths", "1000", "--max-deliveries", "20"):
+        client = redis.Redis.from_url(server.url)
+        accepted: dict[str, int] = {}
+        feeder = threading.Thread(target=feed, args=(server.url, requests, 600, accepted))
+        feeder.start()
+        kills = ticks = 0
+        while feeder.is_alive():
+            time.sleep(kill_every_s)
+            ticks += 1
+            if ticks % 2 and steps:
+                steps.pop(0)(client)
+            pids = [b.pid for b in read_heartbeats(client, KEYS)]
+            if pids:
+                try:
+                    os.kill(random.choice(pids), signal.SIGKILL)
+                    kills += 1
+                except ProcessLookupError:
+                    pass
+        feeder.join()
+        result = tally(client, accepted, 120)
+        wait_for(lambda: {b.version for b in read_heartbeats(client, KEYS)} == {"sim-2"}, 60,
+                 "every worker, restarted ones included, to serve the published version")
+        result.update(kills=kills, swaps=3 - len(steps))
+        client.close()
+    return result
+
+
+SCENARIOS = {"kill": scenario_kill, "redis": scenario_redis, "poison": scenario_poison, "swap": scenario_swap}
 
 
 def main() -> None:

@@ -29,6 +29,15 @@ class SimulatedAccelerator(Handler):
         return x * 2.0
 
 
+class SimulatedAcceleratorV2(SimulatedAccelerator):
+    """The "next version" of SimulatedAccelerator for hot swap runs: y = 3x, version sim-2."""
+
+    version = "sim-2"
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        return super().predict(x, params) * 1.5
+
+
 POISON = -999.0
 
 

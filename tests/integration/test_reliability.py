@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.chaos import scenario_kill, scenario_poison, scenario_redis
+from scripts.chaos import scenario_kill, scenario_poison, scenario_redis, scenario_swap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -39,3 +39,11 @@ def test_a_request_that_kills_its_worker_is_dead_lettered_while_others_flow():
     assert result["dead_letters"] == 1, result  # only the poison: its batch-mates were answered
     assert_all_answered_once(result)
     assert result["dead_lettered"] == 0, result
+
+
+def test_hot_swaps_while_workers_are_killed_lose_nothing_and_name_their_version():
+    result = scenario_swap(requests=4000, workers=3, kill_every_s=1.0)
+    assert result["swaps"] == 3 and result["kills"] >= 3, result
+    assert_all_answered_once(result)  # "wrong" counts outputs that are not the named version's
+    assert result["dead_lettered"] == 0, result
+    assert result["sim-1"] > 0 and result["sim-2"] > 0, result
