@@ -141,6 +141,18 @@ def _check(client: redis.Redis, rid: str, index: int, length: int, counts: dict)
         counts["wrong"] += 1  # the outputs are not what the version named in the reply computes
 
 
+def kill_random_worker(client: redis.Redis) -> int:
+    """SIGKILL one live worker (from the heartbeats); 1 if one was killed."""
+    pids = [b.pid for b in read_heartbeats(client, KEYS)]
+    if not pids:
+        return 0
+    try:
+        os.kill(random.choice(pids), signal.SIGKILL)
+        return 1
+    except ProcessLookupError:
+        return 0
+
+
 def scenario_kill(requests: int = 5000, workers: int = 3, kill_every_s: float = 1.0) -> dict:
     """SIGKILL a random worker every ``kill_every_s`` while requests flow."""
     with EmbeddedRedis() as server, fleet(server.url, workers, "SimulatedAccelerator",
@@ -152,13 +164,7 @@ def scenario_kill(requests: int = 5000, workers: int = 3, kill_every_s: float = 
         kills = 0
         while feeder.is_alive():
             time.sleep(kill_every_s)
-            pids = [b.pid for b in read_heartbeats(client, KEYS)]
-            if pids:
-                try:
-                    os.kill(random.choice(pids), signal.SIGKILL)
-                    kills += 1
-                except ProcessLookupError:
-                    pass
+            kills += kill_random_worker(client)
         feeder.join()
         last_kill = time.monotonic()
         result = tally(client, accepted, 120)
@@ -227,13 +233,7 @@ def scenario_swap(requests: int = 4000, workers: int = 3, kill_every_s: float = 
             ticks += 1
             if ticks % 2 and steps:
                 steps.pop(0)(client)
-            pids = [b.pid for b in read_heartbeats(client, KEYS)]
-            if pids:
-                try:
-                    os.kill(random.choice(pids), signal.SIGKILL)
-                    kills += 1
-                except ProcessLookupError:
-                    pass
+            kills += kill_random_worker(client)
         feeder.join()
         result = tally(client, accepted, 120)
         wait_for(lambda: {b.version for b in read_heartbeats(client, KEYS)} == {"sim-2"}, 60,
