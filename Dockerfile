@@ -25,6 +25,7 @@ WORKDIR /app
 RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 
 COPY pyproject.toml README.md ./
+COPY inferfleet ./inferfleet
 COPY producer ./producer
 COPY worker ./worker
 RUN pip install . && rm -rf build

@@ -3,15 +3,15 @@
 Import only this package in a service that sends work to the fleet; it never
 imports the worker (or torch).
 
-    from producer import Producer
+    from inferfleet.producer import Producer
     with Producer("redis://localhost:6379/0", "ctr") as p:
         reply = p.result(p.submit(features), timeout_s=5)
 """
 
 from __future__ import annotations
 
-from producer.client import DEFAULT_REDIS_URL, AsyncProducer, Producer
-from producer.errors import (
+from inferfleet.producer.client import DEFAULT_REDIS_URL, AsyncProducer, Producer
+from inferfleet.producer.errors import (
     BadRequest,
     ConnectionError,
     DeadLetter,
@@ -24,7 +24,7 @@ from producer.errors import (
     ReplyTimeout,
     TooLarge,
 )
-from producer.protocol import CONTRACT_VERSION, DEFAULT_PREFIX, QueueKeys, Reply
+from inferfleet.producer.protocol import CONTRACT_VERSION, DEFAULT_PREFIX, QueueKeys, Reply
 
 __all__ = [
     "AsyncProducer",

@@ -3,11 +3,11 @@
 Both share :class:`_ProducerBase`, which owns everything that is not I/O
 (request ids, entry fields, shard routing, reply decoding); the two
 subclasses only differ in how they talk to Redis. Every redis-py exception
-is translated into the SDK's own (``producer.errors``) in :func:`_translate`.
+is translated into the SDK's own (``inferfleet.producer.errors``) in :func:`_translate`.
 
 A queue may be sharded into ``shards`` streams (``NAME.0`` ...), each in its
 own Redis Cluster slot: a request goes to shard
-:func:`~producer.protocol.shard_for` of its id, and so does its reply.
+:func:`~inferfleet.producer.protocol.shard_for` of its id, and so does its reply.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from redis.cluster import RedisCluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from producer import errors
-from producer.protocol import (
+from inferfleet.producer import errors
+from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
     GROUP,
     QueueKeys,
@@ -261,12 +261,12 @@ _LIMITS_DOC = """
     without one: a worker answers ``expired`` instead of computing a request
     nobody waits for any more (``None``: no deadline). With ``max_backlog``
     set, sending while the queue's backlog (lag) is over it raises
-    :class:`~producer.errors.QueueFull` (``on_full="raise"``) or waits up to
+    :class:`~inferfleet.producer.errors.QueueFull` (``on_full="raise"``) or waits up to
     ``full_wait_s`` for room (``on_full="wait"``): the bounded request buffer.
 
     redis-py's silent command retries are off: a retried XADD could enqueue a
     request twice and a retried pop could lose a reply. A dropped connection
-    raises :class:`~producer.errors.ConnectionError`; the next call reconnects.
+    raises :class:`~inferfleet.producer.errors.ConnectionError`; the next call reconnects.
 
     ``shards`` (default 1) splits the queue into that many streams, queues
     ``NAME.0`` to ``NAME.{shards-1}``, each in its own Redis Cluster slot: a
@@ -368,7 +368,7 @@ class Producer(_ProducerBase):
 
         Any process can collect a reply; it is removed once collected. With
         ``raise_errors`` (the default) an ``ok: false`` reply raises the
-        matching :class:`~producer.errors.ReplyError`.
+        matching :class:`~inferfleet.producer.errors.ReplyError`.
         """
         key = self.keys_for(request_id).reply(validate_request_id(request_id))
         with _translate():

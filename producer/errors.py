@@ -18,7 +18,7 @@ caller can catch the whole family at once::
 
 redis-py's own exceptions never escape the SDK: they are translated into
 :class:`ConnectionError` (or :class:`InferfleetError`) at one seam,
-``producer.client._translate``, with the original kept as ``__cause__``.
+``inferfleet.producer.client._translate``, with the original kept as ``__cause__``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import builtins
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from producer.protocol import Reply
+    from inferfleet.producer.protocol import Reply
 
 __all__ = [
     "InferfleetError",

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Union
 import msgpack
 import numpy as np
 
-from producer.errors import ProtocolError
+from inferfleet.producer.errors import ProtocolError
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -521,7 +521,7 @@ class Reply:
     def raise_for_error(self) -> Reply:
         """Return self if ok, else raise the matching :class:`ReplyError`."""
         if not self.ok:
-            from producer.errors import reply_error_for
+            from inferfleet.producer.errors import reply_error_for
 
             raise reply_error_for(self)
         return self

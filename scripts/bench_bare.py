@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from worker.bench import bench_inputs  # noqa: E402
-from worker.config import WorkerSettings  # noqa: E402
-from worker.runtime import load_runtime  # noqa: E402
+from inferfleet.worker.bench.load import bench_inputs  # noqa: E402
+from inferfleet.worker.config import WorkerSettings  # noqa: E402
+from inferfleet.worker.runtime.loading import load_runtime  # noqa: E402
 
 
 def rows_per_s(runtime, inputs, seconds: float) -> float:

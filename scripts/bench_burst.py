@@ -28,10 +28,10 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from producer import Producer  # noqa: E402
-from producer.protocol import QueueKeys  # noqa: E402
-from worker.embedded import EmbeddedRedis  # noqa: E402
-from worker.heartbeat import read_heartbeats  # noqa: E402
+from inferfleet.producer import Producer  # noqa: E402
+from inferfleet.producer.protocol import QueueKeys  # noqa: E402
+from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
+from inferfleet.worker.heartbeat import read_heartbeats  # noqa: E402
 
 POLICIES = {
     "lag": ["--policy", "lag", "--min-workers", "1", "--max-workers", "8"],
@@ -42,7 +42,7 @@ POLICIES = {
 
 def supervise(url: str, policy_args: list[str]) -> subprocess.Popen:
     env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT), BATCH_S="0.02")
-    cmd = [sys.executable, "-m", "worker.cli", "supervise", "--name", "burst",
+    cmd = [sys.executable, "-m", "inferfleet.worker.cli", "supervise", "--name", "burst",
            "--model", "scripts.example_handlers:SimulatedAccelerator", "--max-batch-rows", "8",
            "--devices", "cpu", "--log-level", "warning", "--interval-s", "0.5", *policy_args]
     return subprocess.Popen(cmd, env=env, cwd=ROOT)

@@ -24,13 +24,13 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from prometheus_client import REGISTRY  # noqa: E402
 
-from producer import Producer  # noqa: E402
-from worker.config import WorkerSettings  # noqa: E402
-from worker.consumer import Consumer  # noqa: E402
-from worker.embedded import EmbeddedRedis  # noqa: E402
-from worker.metrics import WorkerMetrics  # noqa: E402
-from worker.runtime import load_runtime  # noqa: E402
-from worker.serve import connect  # noqa: E402
+from inferfleet.producer import Producer  # noqa: E402
+from inferfleet.worker.config import WorkerSettings  # noqa: E402
+from inferfleet.worker.serving.consumer import Consumer  # noqa: E402
+from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
+from inferfleet.worker.metrics import WorkerMetrics  # noqa: E402
+from inferfleet.worker.runtime.loading import load_runtime  # noqa: E402
+from inferfleet.worker.serving.serve import connect  # noqa: E402
 
 
 def drain(consumer: Consumer, modes: dict[str, WorkerMetrics], cpu: dict[str, float], done: dict[str, int],

@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from scripts.bench_bare import rows_per_s  # noqa: E402
 from scripts.build_models import DEFAULT_MODELS, build, example_inputs  # noqa: E402
 from scripts.export_onnx import export_onnx  # noqa: E402
-from worker.config import WorkerSettings  # noqa: E402
-from worker.runtime import ModelRuntime, load_runtime  # noqa: E402
+from inferfleet.worker.config import WorkerSettings  # noqa: E402
+from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: (label, file suffix, precision); the first is the baseline of the ratios.

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(*args: str) -> dict:
-    cmd = [sys.executable, "-m", "worker.cli", "bench", "--spawn", "1", "--json", *args]
+    cmd = [sys.executable, "-m", "inferfleet.worker.cli", "bench", "--spawn", "1", "--json", *args]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")

@@ -41,12 +41,12 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from producer import Producer, errors  # noqa: E402
-from producer.protocol import QueueKeys, decode_reply  # noqa: E402
+from inferfleet.producer import Producer, errors  # noqa: E402
+from inferfleet.producer.protocol import QueueKeys, decode_reply  # noqa: E402
 from scripts.example_handlers import POISON  # noqa: E402
-from worker.embedded import EmbeddedRedis  # noqa: E402
-from worker.heartbeat import read_heartbeats  # noqa: E402
-from worker.lifecycle import publish, rollback  # noqa: E402
+from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
+from inferfleet.worker.heartbeat import read_heartbeats  # noqa: E402
+from inferfleet.worker.serving.lifecycle import publish, rollback  # noqa: E402
 
 NAME = "chaos"
 KEYS = QueueKeys(NAME)
@@ -58,7 +58,7 @@ FACTOR = {"sim-1": 2.0, "sim-2": 3.0}
 def fleet(url: str, workers: int, handler: str = "SimulatedAccelerator", *extra: str) -> Iterator[subprocess.Popen]:
     """``inferfleet supervise`` with a fixed fleet, until the block ends (then drained)."""
     env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT), BATCH_S="0.005")
-    cmd = [sys.executable, "-m", "worker.cli", "supervise", "--name", NAME,
+    cmd = [sys.executable, "-m", "inferfleet.worker.cli", "supervise", "--name", NAME,
            "--model", f"scripts.example_handlers:{handler}", "--max-batch-rows", "16", "--devices", "cpu",
            "--policy", "fixed", "--min-workers", str(workers), "--max-workers", str(workers),
            "--interval-s", "0.2", "--log-level", "warning", *extra]

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from worker.handler import Handler
+from inferfleet.worker.handler import Handler
 
 
 class SimulatedAccelerator(Handler):

@@ -15,7 +15,7 @@ import click
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from worker.cli import main as cli  # noqa: E402
+from inferfleet.worker.cli import main as cli  # noqa: E402
 
 HEADER = """# inferfleet command line
 

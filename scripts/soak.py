@@ -26,11 +26,11 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from producer import Producer  # noqa: E402
-from producer.protocol import QueueKeys  # noqa: E402
-from worker.bench import bench_inputs  # noqa: E402
-from worker.embedded import EmbeddedRedis  # noqa: E402
-from worker.heartbeat import read_heartbeats  # noqa: E402
+from inferfleet.producer import Producer  # noqa: E402
+from inferfleet.producer.protocol import QueueKeys  # noqa: E402
+from inferfleet.worker.bench.load import bench_inputs  # noqa: E402
+from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
+from inferfleet.worker.heartbeat import read_heartbeats  # noqa: E402
 
 
 def sample(url: str, stop: threading.Event, samples: list[tuple[float, int, float]]) -> None:
@@ -69,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     with EmbeddedRedis() as server:
         env = dict(os.environ, REDIS_URL=server.url, PYTHONPATH=str(ROOT))
-        worker = subprocess.Popen([sys.executable, "-m", "worker.cli", "worker", "--name", "soak", "--model",
+        worker = subprocess.Popen([sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", "soak", "--model",
                                    args.model, "--consumer", "soak-0", "--log-level", "warning"], env=env, cwd=ROOT)
         client = redis.Redis.from_url(server.url)
         while not read_heartbeats(client, QueueKeys("soak")):

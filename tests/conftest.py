@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 import redis
 
-from worker.embedded import EmbeddedRedis, find_redis_server
+from inferfleet.worker.embedded import EmbeddedRedis, find_redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = ROOT / "models"
@@ -112,7 +112,7 @@ def spawn_worker(redis_url: str, redis_client: redis.Redis):
 
     def spawn(name: str, model: str, *args: str, consumer: str | None = None) -> subprocess.Popen:
         consumer = consumer or f"test-{name}-{len(procs)}"
-        cmd = [sys.executable, "-m", "worker.cli", "worker", "--name", name, "--model", model,
+        cmd = [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", name, "--model", model,
                "--consumer", consumer, *args]
         proc = subprocess.Popen(cmd, env=worker_env(redis_url), cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

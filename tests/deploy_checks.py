@@ -7,10 +7,10 @@ broken on purpose (the expected problem), so every check is shown able to fail.
 
 What the files are checked against, never copied from:
 
-* ``worker.cli.main``: each ``inferfleet`` subcommand, ``--option`` and INFERFLEET_* /
+* ``inferfleet.worker.cli.main``: each ``inferfleet`` subcommand, ``--option`` and INFERFLEET_* /
   REDIS_URL variable, parsed by click itself (``make_context``) and then validated by
   ``WorkerSettings`` for the commands that run a worker;
-* ``producer.protocol``: the stream name (``QueueKeys(name, prefix).requests``) and the
+* ``inferfleet.producer.protocol``: the stream name (``QueueKeys(name, prefix).requests``) and the
   consumer group (``GROUP``) that KEDA watches;
 * ``pyproject.toml``: the console script the image's ENTRYPOINT runs;
 * ``scripts/build_models.py``: the models the image builds.
@@ -34,11 +34,11 @@ from urllib.parse import urlsplit
 import click
 import yaml
 
-from producer.errors import ProtocolError
-from producer.protocol import DEFAULT_PREFIX, GROUP, shard_keys
-from worker.cli import main
-from worker.config import WorkerSettings
-from worker.errors import ConfigError
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import DEFAULT_PREFIX, GROUP, shard_keys
+from inferfleet.worker.cli import main
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSOLE_SCRIPT = "inferfleet"
@@ -224,8 +224,8 @@ def runtime_problems(instrs: list[tuple[str, str]], scripts: dict[str, str]) -> 
         problems.append(f"the metrics port {METRICS_PORT} is not EXPOSEd")
     if not entry or json.loads(entry[-1]) != [CONSOLE_SCRIPT]:
         problems.append(f'ENTRYPOINT is not ["{CONSOLE_SCRIPT}"]')
-    if scripts.get(CONSOLE_SCRIPT) != "worker.cli:main":
-        problems.append(f"pyproject.toml has no console script {CONSOLE_SCRIPT} = worker.cli:main")
+    if scripts.get(CONSOLE_SCRIPT) != "inferfleet.worker.cli:main":
+        problems.append(f"pyproject.toml has no console script {CONSOLE_SCRIPT} = inferfleet.worker.cli:main")
     return problems
 
 

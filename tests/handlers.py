@@ -7,7 +7,7 @@ import os
 import numpy as np
 import torch
 
-from worker.handler import Handler
+from inferfleet.worker.handler import Handler
 
 POISON = -999.0
 

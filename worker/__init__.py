@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.config import WorkerSettings
-from worker.handler import Handler
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.handler import Handler
 
 __all__ = ["Handler", "WorkerSettings"]

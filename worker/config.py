@@ -11,11 +11,11 @@ import re
 import socket
 from dataclasses import dataclass, field, fields
 
-from producer.client import DEFAULT_REDIS_URL
-from producer.protocol import (DEFAULT_PREFIX, DEFAULT_REPLY_TTL_S, Limits, QueueKeys, shard_name, validate_name,
+from inferfleet.producer.client import DEFAULT_REDIS_URL
+from inferfleet.producer.protocol import (DEFAULT_PREFIX, DEFAULT_REPLY_TTL_S, Limits, QueueKeys, shard_name, validate_name,
                                validate_prefix)
-from producer.errors import ProtocolError
-from worker.errors import ConfigError
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.worker.errors import ConfigError
 
 __all__ = ["WorkerSettings", "ENV_VARS", "DEVICE_CHOICES", "PRECISIONS", "default_consumer_name"]
 
@@ -61,10 +61,10 @@ class WorkerSettings:
     empty_cache_every: int = 0
     prefetch: str = "auto"
     tune_malloc: bool = True
-    # result cache (worker.cache): 0 entries turns the per-worker LFU off; a TTL of 0 the fleet cache
+    # result cache (inferfleet.worker.serving.cache): 0 entries turns the per-worker LFU off; a TTL of 0 the fleet cache
     cache_size: int = 0
     fleet_cache_ttl_s: int = 0
-    # result checks (worker.validation): 0 turns a check off
+    # result checks (inferfleet.worker.serving.validation): 0 turns a check off
     min_confidence: float = 0.0
     consistency_tol: float = 0.0
     nan_guard: bool = True

@@ -2,20 +2,20 @@
 
 ::
 
-    InferfleetError                (producer.errors)
+    InferfleetError                (inferfleet.producer.errors)
     └── WorkerError
         ├── ConfigError            an invalid setting; the message lists what is allowed
         ├── ModelLoadError         the model cannot be loaded, placed or warmed up
         └── OutputError            a model output breaks the contract (answered model_error)
 
 Redis and torch exceptions are translated where they are caught: redis-py's
-in ``worker.consumer`` (a connection loss is retried, never fatal) and
-torch's in ``worker.runtime`` (a load failure becomes ModelLoadError).
+in ``inferfleet.worker.serving.consumer`` (a connection loss is retried, never fatal) and
+torch's in ``inferfleet.worker.runtime.loading`` (a load failure becomes ModelLoadError).
 """
 
 from __future__ import annotations
 
-from producer.errors import InferfleetError
+from inferfleet.producer.errors import InferfleetError
 
 __all__ = ["WorkerError", "ConfigError", "ModelLoadError", "OutputError"]
 

@@ -10,7 +10,7 @@ every batch::
 
 Start a worker on it with ``inferfleet worker --model mypkg.mymodule:MyHandler``.
 TorchScript and torch.export models are served by :class:`ModuleHandler`,
-``.onnx`` files by :class:`worker.onnx_backend.OnnxHandler`.
+``.onnx`` files by :class:`inferfleet.worker.runtime.onnx_backend.OnnxHandler`.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ class Handler:
 
         The default swaps every ``torch.nn.Linear`` inside the handler's
         ``nn.Module`` attributes for a dynamically quantized one
-        (:mod:`worker.quantize`). Raises ValueError when there is none.
+        (:mod:`inferfleet.worker.runtime.quantize`). Raises ValueError when there is none.
         """
-        from worker.quantize import quantize_module
+        from inferfleet.worker.runtime.quantize import quantize_module
 
         swapped = 0
         for name, value in list(vars(self).items()):
@@ -115,7 +115,7 @@ class ModuleHandler(Handler):
 
     def quantize(self) -> None:
         """int8 linear layers: an exported graph is rewritten, a TorchScript one has no route."""
-        from worker.quantize import quantize_graph, quantize_module
+        from inferfleet.worker.runtime.quantize import quantize_graph, quantize_module
 
         if isinstance(self.module, torch.jit.ScriptModule):
             raise ValueError("--precision int8 cannot quantize a TorchScript model: serve its torch.export "

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import redis
 
-from producer.protocol import QueueKeys
+from inferfleet.producer.protocol import QueueKeys
 
 __all__ = ["Heartbeat", "HeartbeatInfo", "Meter", "read_heartbeats", "heartbeat_key", "HEARTBEAT_INDEX"]
 

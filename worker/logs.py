@@ -13,7 +13,7 @@ without touching the call sites:
 
 A JSON line looks like::
 
-    {"time": "2025-01-02T03:04:05.678+00:00", "level": "DEBUG", "logger": "worker.consumer",
+    {"time": "2025-01-02T03:04:05.678+00:00", "level": "DEBUG", "logger": "inferfleet.worker.serving.consumer",
      "message": "...", "process": 4242, "consumer": "ctr-s0", "batch": 17, "request_ids": ["r1", "r2"]}
 
 with ``exception`` (the formatted traceback) when the record has one.
@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 
 from pythonjsonlogger.json import JsonFormatter
 
-from worker.errors import ConfigError
+from inferfleet.worker.errors import ConfigError
 
 __all__ = ["LOG_FORMATS", "TEXT_FORMAT", "JsonLogFormatter", "ContextFilter", "batch_context", "bind",
            "setup_logging"]

@@ -37,7 +37,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from worker.errors import ConfigError
+from inferfleet.worker.errors import ConfigError
 
 __all__ = ["WorkerMetrics", "FleetMetrics", "worker_metrics", "metrics_mode", "serve_worker_metrics", "observe_many",
            "reply_codes",

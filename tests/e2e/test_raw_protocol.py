@@ -108,7 +108,7 @@ def start_worker(redis_url: str, redis_client: redis.Redis, models_dir: Path,
         log_path = tmp_path / f"{consumer}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", "worker", "--name", NAME,
+                [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", NAME,
                  "--model", str(models_dir / "affine.pt"), "--consumer", consumer],
                 env=worker_env(redis_url), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
             )

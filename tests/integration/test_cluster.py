@@ -24,14 +24,14 @@ import pytest
 import torch
 from redis.cluster import RedisCluster
 
-from producer import AsyncProducer, Producer
-from producer.protocol import GROUP, shard_for, shard_keys
+from inferfleet.producer import AsyncProducer, Producer
+from inferfleet.producer.protocol import GROUP, shard_for, shard_keys
 from tests.conftest import ROOT, stop_process, worker_env
 from tests.integration.conftest import LocalCluster
 
 NAME = "ctr"  # with 3 shards: ctr.0, ctr.1 and ctr.2 hash to slots of three different masters
 SHARDS = 3
-CLI = [sys.executable, "-m", "worker.cli"]
+CLI = [sys.executable, "-m", "inferfleet.worker.cli"]
 
 
 def rows(n: int, seed: int = 0) -> list[np.ndarray]:
@@ -211,7 +211,7 @@ def test_cli_enqueue_result_and_status_find_the_shard(fleet: str, tmp_path: Path
 
 def test_swap_and_alerts_reach_every_shard(fleet: str, models_dir: Path) -> None:
     """The same affine model as a .pt2 file: other version, same outputs, so later tests still hold."""
-    from worker.heartbeat import read_heartbeats
+    from inferfleet.worker.heartbeat import read_heartbeats
 
     common = ["--name", NAME, "--shards", str(SHARDS), "--cluster", "--redis-url", fleet]
     swapped = subprocess.run([*CLI, "swap", *common, "--model", str(models_dir / "affine.pt2"), "--wait-s", "60"],

@@ -10,12 +10,12 @@ import pytest
 import redis
 import torch
 
-from producer import Producer
-from producer.protocol import GROUP, QueueKeys, decode_reply, encode_body, pack
+from inferfleet.producer import Producer
+from inferfleet.producer.protocol import GROUP, QueueKeys, decode_reply, encode_body, pack
 from tests.handlers import POISON
-from worker.config import WorkerSettings
-from worker.consumer import Consumer
-from worker.runtime import load_runtime
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.serving.consumer import Consumer
+from inferfleet.worker.runtime.loading import load_runtime
 
 
 def make_consumer(redis_url: str, model: str, name: str = "q", **overrides) -> Consumer:
@@ -201,13 +201,13 @@ def test_dead_letter_commands(redis_url, redis_client, models_dir):
     import sys
 
     from tests.conftest import worker_env
-    from worker.deadletter import dead_fields
+    from inferfleet.worker.serving.deadletter import dead_fields
 
     keys = QueueKeys("q")
     body = encode_body(np.ones((1, 16), np.float32))
     fields = {b"id": b"victim-1", b"body": body}
     redis_client.xadd(keys.dead, dead_fields(b"1-0", fields, "delivered 4 times", 4, "c9"))
-    cli = [sys.executable, "-m", "worker.cli", "dead"]
+    cli = [sys.executable, "-m", "inferfleet.worker.cli", "dead"]
     env = {**worker_env(redis_url), "COLUMNS": "200"}  # rich wraps tables to the terminal width
     listed = subprocess.run([*cli, "list", "--name", "q"], env=env, capture_output=True, text=True, check=True)
     assert "victim-1" in listed.stdout and "delivered 4 times" in listed.stdout

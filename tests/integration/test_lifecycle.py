@@ -10,21 +10,21 @@ import time
 import numpy as np
 import pytest
 
-from producer import Producer
-from producer.protocol import QueueKeys
+from inferfleet.producer import Producer
+from inferfleet.producer.protocol import QueueKeys
 from tests.conftest import ROOT, worker_env
-from worker.alerts import read_alerts
-from worker.config import WorkerSettings
-from worker.errors import ModelLoadError
-from worker.heartbeat import read_heartbeats
-from worker.lifecycle import ModelWatcher, NoPreviousVersion, publish, read_published, rollback
+from inferfleet.worker.serving.alerts import read_alerts
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.errors import ModelLoadError
+from inferfleet.worker.heartbeat import read_heartbeats
+from inferfleet.worker.serving.lifecycle import ModelWatcher, NoPreviousVersion, publish, read_published, rollback
 
 SCALE, TRIPLE = "tests.handlers:Scale", "tests.handlers:Triple"
 FACTOR = {"scale-1": 2.0, "triple-1": 3.0}
 
 
 def swap_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "worker.cli", "swap", "--name", "q", *args],
+    return subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", "swap", "--name", "q", *args],
                           env=worker_env(redis_url), cwd=ROOT, capture_output=True, text=True, timeout=90)
 
 
@@ -157,7 +157,7 @@ def test_a_failed_swap_keeps_the_old_model_and_says_why(redis_url, redis_client,
     assert "v9" in alert.detail
     (info,) = read_heartbeats(redis_client, QueueKeys("q"))
     assert info.version == "scale-1" and "v9" in info.swap_error
-    shown = subprocess.run([sys.executable, "-m", "worker.cli", "status", "--name", "q"], capture_output=True,
+    shown = subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", "status", "--name", "q"], capture_output=True,
                            env={**worker_env(redis_url), "COLUMNS": "300"}, cwd=ROOT, text=True, check=True).stdout
     assert "swap failed: version v9" in shown
 

@@ -7,11 +7,11 @@ import sys
 
 import numpy as np
 
-from producer import Producer
+from inferfleet.producer import Producer
 from scripts.build_models import example_inputs
 from tests.conftest import worker_env
-from worker.config import WorkerSettings
-from worker.runtime import _file_version, load_runtime
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.runtime.loading import _file_version, load_runtime
 
 
 def local(path, **settings):
@@ -48,7 +48,7 @@ def test_worker_serves_int8_with_float32_outputs(spawn_worker, redis_url, models
 
 
 def test_worker_refuses_int8_on_torchscript_and_says_what_to_serve(redis_url, models_dir):
-    cmd = [sys.executable, "-m", "worker.cli", "worker", "--name", "m", "--model", str(models_dir / "ctr.pt"),
+    cmd = [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", "m", "--model", str(models_dir / "ctr.pt"),
            "--precision", "int8"]
     done = subprocess.run(cmd, env=worker_env(redis_url), capture_output=True, text=True, timeout=60)
     assert done.returncode == 1

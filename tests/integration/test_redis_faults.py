@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import redis
 
-from producer import Producer, errors
-from worker.config import WorkerSettings
-from worker.consumer import Consumer
-from worker.embedded import EmbeddedRedis
-from worker.runtime import load_runtime
+from inferfleet.producer import Producer, errors
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.serving.consumer import Consumer
+from inferfleet.worker.embedded import EmbeddedRedis
+from inferfleet.worker.runtime.loading import load_runtime
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_producer_raises_while_redis_is_down_and_works_after(aof_redis):
 
 
 def test_worker_waits_out_a_redis_restart_and_carries_on(aof_redis, models_dir, caplog):
-    caplog.set_level(logging.WARNING, logger="worker.consumer")
+    caplog.set_level(logging.WARNING, logger="inferfleet.worker.serving.consumer")
     settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=aof_redis.url,
                               consumer="c1", idle_block_ms=100, warmup_iters=1)
     consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(aof_redis.url))
@@ -64,7 +64,7 @@ def test_worker_waits_out_a_redis_restart_and_carries_on(aof_redis, models_dir, 
 
 def test_a_full_redis_is_waited_out_without_losing_replies(redis_url, redis_client, models_dir, caplog):
     """At maxmemory (noeviction) the reply script is refused: nothing is acknowledged, the round is retried."""
-    caplog.set_level(logging.WARNING, logger="worker.consumer")
+    caplog.set_level(logging.WARNING, logger="inferfleet.worker.serving.consumer")
     settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=redis_url,
                               consumer="c1", idle_block_ms=100, warmup_iters=1)
     consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))

@@ -7,14 +7,14 @@ import pytest
 import redis
 import torch
 
-from producer import Producer
+from inferfleet.producer import Producer
 from scripts.build_models import example_inputs
-from worker.config import WorkerSettings
-from worker.consumer import Consumer
-from worker.errors import ModelLoadError
-from worker.handler import to_device
-from worker.heartbeat import Heartbeat, read_heartbeats
-from worker.runtime import load_runtime
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.serving.consumer import Consumer
+from inferfleet.worker.errors import ModelLoadError
+from inferfleet.worker.handler import to_device
+from inferfleet.worker.heartbeat import Heartbeat, read_heartbeats
+from inferfleet.worker.runtime.loading import load_runtime
 
 
 def runtime(models_dir, kind: str, **settings):
@@ -67,8 +67,8 @@ def test_memory_hygiene_cadence(redis_url, redis_client, models_dir, monkeypatch
 
 
 def test_heartbeat_reports_resident_memory(redis_url, redis_client):
-    from producer.protocol import QueueKeys
-    from worker.heartbeat import Meter
+    from inferfleet.producer.protocol import QueueKeys
+    from inferfleet.worker.heartbeat import Meter
 
     beat = Heartbeat(redis_client, QueueKeys("q"), "c1", Meter(), {"device": "cpu", "version": "1"}).start()
     try:
@@ -81,7 +81,7 @@ def test_heartbeat_reports_resident_memory(redis_url, redis_client):
 
 _MMAP_PROBE = """
 import ctypes, sys
-from worker.memory import tune_allocator
+from inferfleet.worker.runtime.memory import tune_allocator
 if sys.argv[1] == "tuned":
     assert tune_allocator()
 libc = ctypes.CDLL("libc.so.6")

@@ -31,9 +31,9 @@ import pytest
 import redis
 import torch
 
-from producer import AsyncProducer, Producer, errors
+from inferfleet.producer import AsyncProducer, Producer, errors
 from tests.conftest import ROOT, stop_process, worker_env
-from worker.embedded import find_redis_server, free_port
+from inferfleet.worker.embedded import find_redis_server, free_port
 
 QUEUE = "q"
 KEY_BASE = f"inferfleet:{{{QUEUE}}}:"
@@ -140,12 +140,12 @@ def producer_for(url: str, name: str = QUEUE, **options: Any) -> Iterator[Produc
 
 
 def worker_cmd(models_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "worker.cli", "worker", "--name", QUEUE, "--model",
+    return [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", QUEUE, "--model",
             str(models_dir / "affine.pt"), "--consumer", "c1", *extra]
 
 
 def supervise_cmd(models_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "worker.cli", "supervise", "--name", QUEUE, "--model",
+    return [sys.executable, "-m", "inferfleet.worker.cli", "supervise", "--name", QUEUE, "--model",
             str(models_dir / "affine.pt"), "--policy", "fixed", "--min-workers", "1", "--devices", "cpu",
             "--interval-s", "0.2"]
 
@@ -200,7 +200,7 @@ def serving_worker(url: str, admin_url: str, models_dir: Path, log_path: Path,
 def run_cli(url: str, *args: str) -> subprocess.CompletedProcess:
     """``inferfleet ARGS`` with REDIS_URL=``url``, wide output, to completion."""
     env = {**worker_env(url), "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 

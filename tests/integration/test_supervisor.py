@@ -10,14 +10,14 @@ import time
 import numpy as np
 import pytest
 
-from producer import Producer
-from producer.protocol import GROUP, QueueKeys
+from inferfleet.producer import Producer
+from inferfleet.producer.protocol import GROUP, QueueKeys
 from tests.handlers import STALL
-from worker.cli import child_main
-from worker.config import WorkerSettings
-from worker.heartbeat import read_heartbeats
-from worker.scaling import PolicySettings
-from worker.supervisor import Supervisor, SupervisorSettings
+from inferfleet.worker.cli import child_main
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.heartbeat import read_heartbeats
+from inferfleet.worker.fleet.scaling import PolicySettings
+from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings
 
 
 def wait_until(predicate, timeout_s: float, what: str) -> None:
@@ -153,7 +153,7 @@ def test_a_second_signal_kills_the_draining_workers(redis_url, redis_client, mon
     from tests.conftest import worker_env
 
     env = {**worker_env(redis_url), "STALL_S": "30"}  # a batch that would take 30 s to drain
-    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "supervise", "--name", "q", "--model",
+    proc = subprocess.Popen([sys.executable, "-m", "inferfleet.worker.cli", "supervise", "--name", "q", "--model",
                              "tests.handlers:Stall", "--devices", "cpu", "--policy", "fixed", "--min-workers", "1",
                              "--max-workers", "1", "--interval-s", "0.2", "--log-level", "warning"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

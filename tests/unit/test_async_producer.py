@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import redis
 
-from producer import AsyncProducer
-from producer import errors
-from producer.protocol import GROUP, decode_body, encode_reply_error, encode_reply_ok, parse_entry
+from inferfleet.producer import AsyncProducer
+from inferfleet.producer import errors
+from inferfleet.producer.protocol import GROUP, decode_body, encode_reply_error, encode_reply_ok, parse_entry
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 

@@ -1,4 +1,4 @@
-"""worker.batching: signatures, batch forming, concat/split, collect, isolation."""
+"""inferfleet.worker.serving.batching: signatures, batch forming, concat/split, collect, isolation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 import pytest
 
-from worker.batching import (
+from inferfleet.worker.serving.batching import (
     Request,
     collect,
     concat_inputs,
@@ -19,7 +19,7 @@ from worker.batching import (
     spec_of,
     split_outputs,
 )
-from worker.errors import OutputError
+from inferfleet.worker.errors import OutputError
 
 
 def f32(rows: int, *trailing: int, start: float = 0.0) -> np.ndarray:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from worker.bench import (
+from inferfleet.worker.bench.load import (
     BenchError,
     BenchPlan,
     BenchReport,

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from producer.protocol import QueueKeys, decode_body, encode_body
-from worker.cache import ResultCache, copy_outputs, input_digest, split_duplicates
+from inferfleet.producer.protocol import QueueKeys, decode_body, encode_body
+from inferfleet.worker.serving.cache import ResultCache, copy_outputs, input_digest, split_duplicates
 
 
 def test_digest_is_canonical_across_encodings():

@@ -1,4 +1,4 @@
-"""worker.config.WorkerSettings: defaults, validation messages, environment names."""
+"""inferfleet.worker.config.WorkerSettings: defaults, validation messages, environment names."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from producer.protocol import DEFAULT_PREFIX, DEFAULT_REPLY_TTL_S, Limits
-from worker.config import DEVICE_CHOICES, ENV_VARS, WorkerSettings, default_consumer_name
-from worker.errors import ConfigError, WorkerError
+from inferfleet.producer.protocol import DEFAULT_PREFIX, DEFAULT_REPLY_TTL_S, Limits
+from inferfleet.worker.config import DEVICE_CHOICES, ENV_VARS, WorkerSettings, default_consumer_name
+from inferfleet.worker.errors import ConfigError, WorkerError
 
 
 def settings(**overrides: Any) -> WorkerSettings:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import producer
-import worker
+import inferfleet
+from inferfleet import producer, worker
 
 
 def test_producer_exported_members() -> None:
@@ -29,6 +29,11 @@ def test_producer_exported_members() -> None:
     ]
 
 
+def test_the_package_exports_the_sdk() -> None:
+    assert inferfleet.__all__ == producer.__all__
+    assert all(getattr(inferfleet, name) is getattr(producer, name) for name in producer.__all__)
+
+
 def test_worker_exported_members() -> None:
     assert worker.__all__ == ["Handler", "WorkerSettings"]
 
@@ -46,5 +51,7 @@ def test_producer_does_not_import_the_worker() -> None:
     import subprocess
     import sys
 
-    code = "import sys, producer; assert not [m for m in sys.modules if m == 'worker' or m.startswith('worker.')]; assert 'torch' not in sys.modules"
+    code = ("import sys, inferfleet, inferfleet.producer; "
+            "assert not [m for m in sys.modules if m.split('.')[:2] == ['inferfleet', 'worker']]; "
+            "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

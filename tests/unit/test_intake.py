@@ -1,4 +1,4 @@
-"""worker.intake.Intake.admit: every admission rule, with the time passed in."""
+"""inferfleet.worker.serving.intake.Intake.admit: every admission rule, with the time passed in."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producer.protocol import DTYPES, Limits, QueueKeys, Reply, decode_reply, encode_body, pack
-from worker.batching import Request, signature_of, spec_of
-from worker.intake import Answer, Intake
+from inferfleet.producer.protocol import DTYPES, Limits, QueueKeys, Reply, decode_reply, encode_body, pack
+from inferfleet.worker.serving.batching import Request, signature_of, spec_of
+from inferfleet.worker.serving.intake import Answer, Intake
 
 KEYS = QueueKeys("q")
 ENTRY_ID = b"1700000000000-3"

@@ -11,8 +11,8 @@ from typing import Iterator
 
 import pytest
 
-from worker import logs
-from worker.errors import ConfigError
+from inferfleet.worker import logs
+from inferfleet.worker.errors import ConfigError
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""worker.npfiles: .npy / .npz inputs and outputs."""
+"""inferfleet.worker.npfiles: .npy / .npz inputs and outputs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.npfiles import load_inputs, save_outputs
+from inferfleet.worker.npfiles import load_inputs, save_outputs
 
 
 def test_load_npy_is_one_tensor(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""--precision int8 (worker.quantize, ONNX Runtime's quantizer) and the ONNX Runtime backend."""
+"""--precision int8 (inferfleet.worker.runtime.quantize, ONNX Runtime's quantizer) and the ONNX Runtime backend."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from scripts.build_models import example_inputs
-from worker.config import WorkerSettings
-from worker.errors import ModelLoadError
-from worker.handler import Handler, ModuleHandler
-from worker.onnx_backend import OnnxHandler
-from worker.quantize import DynamicInt8Linear, int8_linear, quantize_module, quantize_weight
-from worker.runtime import _file_version, apply_precision, load_runtime
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.errors import ModelLoadError
+from inferfleet.worker.handler import Handler, ModuleHandler
+from inferfleet.worker.runtime.onnx_backend import OnnxHandler
+from inferfleet.worker.runtime.quantize import DynamicInt8Linear, int8_linear, quantize_module, quantize_weight
+from inferfleet.worker.runtime.loading import _file_version, apply_precision, load_runtime
 
 KINDS = ["affine", "ctr", "cnn"]
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import redis
 
-from producer import Producer
-from producer import errors
-from producer.protocol import (
+from inferfleet.producer import Producer
+from inferfleet.producer import errors
+from inferfleet.producer.protocol import (
     GROUP,
     decode_body,
     encode_reply_error,

@@ -1,4 +1,4 @@
-"""The tensor codec of producer.protocol: round trips, zero-copy, hostile input."""
+"""The tensor codec of inferfleet.producer.protocol: round trips, zero-copy, hostile input."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from producer.errors import ProtocolError
-from producer.protocol import (
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import (
     DTYPES,
     Limits,
     decode_body,

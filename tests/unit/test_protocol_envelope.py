@@ -1,4 +1,4 @@
-"""producer.protocol beyond tensors: names, keys, entries and replies."""
+"""inferfleet.producer.protocol beyond tensors: names, keys, entries and replies."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from producer import errors
-from producer.errors import ProtocolError
-from producer.protocol import (
+from inferfleet.producer import errors
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
     ERROR_CODES,
     GROUP,

@@ -1,4 +1,4 @@
-"""worker.scaling: the pure scaling policy, replayed on synthetic traces with a fake clock.
+"""inferfleet.worker.fleet.scaling: the pure scaling policy, replayed on synthetic traces with a fake clock.
 
 The simulator queues each step's arrivals, lets the live workers drain
 ``workers * capacity`` per step, observes the stream like the supervisor
@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import pytest
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 
-from worker.errors import ConfigError
-from worker.scaling import (
+from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.fleet.scaling import (
     MIN_PEAK_WINDOW_S,
     Decision,
     Observation,

@@ -7,10 +7,10 @@ import zlib
 import pytest
 import redis
 
-from producer import Producer
-from producer.client import _InFlight, _ProducerBase
-from producer.errors import ProtocolError
-from producer.protocol import MAX_SHARDS, shard_for, shard_keys, shard_name
+from inferfleet.producer import Producer
+from inferfleet.producer.client import _InFlight, _ProducerBase
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import MAX_SHARDS, shard_for, shard_keys, shard_name
 
 
 def test_shard_for_is_crc32_ieee_of_the_utf8_bytes_mod_shards() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from producer.protocol import QueueKeys
-from worker.alerts import ROUND_CAP, Alert, capped, publish, read_alerts
-from worker.validation import ConsistencyLog, check_outputs, max_difference, non_finite, top_score
+from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.serving.alerts import ROUND_CAP, Alert, capped, publish, read_alerts
+from inferfleet.worker.serving.validation import ConsistencyLog, check_outputs, max_difference, non_finite, top_score
 
 
 def test_non_finite_finds_nan_and_inf_in_any_output():

@@ -1,7 +1,7 @@
 """What happens to results between the forward pass and the reply, per round.
 
-:class:`ResultPolicy` ties the result cache (:mod:`worker.cache`) and the
-result checks (:mod:`worker.validation`) to one worker: it keys requests,
+:class:`ResultPolicy` ties the result cache (:mod:`inferfleet.worker.serving.cache`) and the
+result checks (:mod:`inferfleet.worker.serving.validation`) to one worker: it keys requests,
 answers hits, reviews computed outputs and queues alerts and cache entries,
 which the consumer writes once per round. Checks on the happy path cost one
 vectorised test per batch (:meth:`ResultPolicy.batch_suspicious`); only a
@@ -14,12 +14,12 @@ from typing import Any
 
 import redis
 
-from producer.protocol import QueueKeys
-from worker.alerts import Alert
-from worker.batching import Request
-from worker.cache import ResultCache, copy_outputs, input_digest
-from worker.config import WorkerSettings
-from worker.validation import ConsistencyLog, check_outputs, non_finite, top_score
+from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.serving.alerts import Alert
+from inferfleet.worker.serving.batching import Request
+from inferfleet.worker.serving.cache import ResultCache, copy_outputs, input_digest
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.serving.validation import ConsistencyLog, check_outputs, non_finite, top_score
 
 __all__ = ["NonFiniteOutput", "ResultPolicy"]
 

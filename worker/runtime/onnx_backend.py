@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from worker.errors import ModelLoadError
-from worker.handler import Handler
+from inferfleet.worker.errors import ModelLoadError
+from inferfleet.worker.handler import Handler
 
 __all__ = ["EXAMPLE_METADATA_KEY", "OnnxHandler", "load_onnx", "quantize_onnx"]
 

@@ -4,15 +4,15 @@
 
 * a TorchScript file (``torch.jit.load``), any suffix but ``.pt2`` and ``.onnx``;
 * a ``torch.export`` program (``.pt2``, ``torch.export.load``);
-* an ONNX model (``.onnx``, ONNX Runtime: :mod:`worker.onnx_backend`);
-* a :class:`~worker.handler.Handler` given as ``module:attr``.
+* an ONNX model (``.onnx``, ONNX Runtime: :mod:`inferfleet.worker.runtime.onnx_backend`);
+* a :class:`~inferfleet.worker.handler.Handler` given as ``module:attr``.
 
 Example models store an example request body in the file's extra files
 (``inferfleet_example``, base64; ONNX models in their metadata_props), so the
 worker can warm up and check each request's dtypes and trailing shapes against
 what the model takes. This is the only module that knows about devices,
 threads and precision: fp16 and bf16 run under ``torch.autocast``, int8 is
-dynamic quantization of the linear layers on the CPU (:mod:`worker.quantize`
+dynamic quantization of the linear layers on the CPU (:mod:`inferfleet.worker.runtime.quantize`
 for torch models, ONNX Runtime's quantizer for ``.onnx``).
 """
 
@@ -30,15 +30,15 @@ from typing import Any, Hashable
 import numpy as np
 import torch
 
-from producer.errors import ProtocolError
-from producer.protocol import decode_body
-from worker.batching import spec_of
-from worker.config import WorkerSettings
-from worker.errors import ModelLoadError, OutputError
-from worker.handler import Handler, ModuleHandler
-from worker.onnx_backend import OnnxHandler, load_onnx
-from worker.memory import tune_allocator
-from worker.npfiles import load_inputs
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import decode_body
+from inferfleet.worker.serving.batching import spec_of
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.errors import ModelLoadError, OutputError
+from inferfleet.worker.handler import Handler, ModuleHandler
+from inferfleet.worker.runtime.onnx_backend import OnnxHandler, load_onnx
+from inferfleet.worker.runtime.memory import tune_allocator
+from inferfleet.worker.npfiles import load_inputs
 
 __all__ = ["ModelRuntime", "apply_precision", "is_out_of_memory", "load_runtime", "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
 
@@ -232,7 +232,7 @@ def _load_handler(spec: str) -> Handler:
         raise ModelLoadError(f"cannot import handler {spec!r}: {exc}") from exc
     handler = target() if isinstance(target, type) else target
     if not isinstance(handler, Handler):
-        raise ModelLoadError(f"{spec!r} is not a worker.handler.Handler subclass or instance")
+        raise ModelLoadError(f"{spec!r} is not a inferfleet.worker.handler.Handler subclass or instance")
     return handler
 
 

@@ -8,7 +8,7 @@
   outputs differ by more than a tolerance raise an ``inconsistent`` alert: a
   non-deterministic model, a bad kernel or faulty hardware.
 
-Nothing here touches Redis; :mod:`worker.alerts` publishes the findings.
+Nothing here touches Redis; :mod:`inferfleet.worker.serving.alerts` publishes the findings.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from worker.cache import copy_outputs
+from inferfleet.worker.serving.cache import copy_outputs
 
 __all__ = ["ConsistencyLog", "Finding", "check_outputs", "max_difference", "non_finite", "top_score"]
 
-#: Alert kinds raised by result checks (``swap_failed`` comes from worker.lifecycle).
+#: Alert kinds raised by result checks (``swap_failed`` comes from inferfleet.worker.serving.lifecycle).
 KINDS = ("low_confidence", "non_finite", "inconsistent", "swap_failed")
 
 

@@ -11,12 +11,12 @@ has something honest to be compared with:
   reply is pushed (to ``reply_to`` or the default reply key) and the entry
   acknowledged, and only then is the next request read.
 
-It speaks the same wire protocol as the fleet (``producer.protocol``), so
+It speaks the same wire protocol as the fleet (``inferfleet.producer.protocol``), so
 the same producer drives both. It checks no deadlines, reclaims nothing and
 never trims its stream: it is a yardstick, not a server. Torch runs with one
 intra-op thread by default, like each fleet worker.
 
-    python -m worker.naive --name ctr-naive --model models/ctr.pt --redis-url redis://127.0.0.1:6390/0
+    python -m inferfleet.worker.bench.naive --name ctr-naive --model models/ctr.pt --redis-url redis://127.0.0.1:6390/0
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Any, Mapping
 import redis
 import torch
 
-from producer.client import DEFAULT_REDIS_URL
-from producer.errors import ProtocolError
-from producer.protocol import (
+from inferfleet.producer.client import DEFAULT_REDIS_URL
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
     DEFAULT_REPLY_TTL_S,
     GROUP,
@@ -46,9 +46,9 @@ from producer.protocol import (
     parse_entry,
     row_count,
 )
-from worker.consumer import ensure_group
-from worker.handler import Handler
-from worker.runtime import load_model, to_numpy
+from inferfleet.worker.serving.consumer import ensure_group
+from inferfleet.worker.handler import Handler
+from inferfleet.worker.runtime.loading import load_model, to_numpy
 
 __all__ = ["NaiveServer", "main"]
 
@@ -134,7 +134,7 @@ class NaiveServer:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m worker.naive", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m inferfleet.worker.bench.naive", description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, help="queue name (bench uses NAME-naive)")
     parser.add_argument("--model", required=True, help="TorchScript or .pt2 file, or module:Handler")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL)
@@ -146,7 +146,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: ``python -m worker.naive --name Q --model PATH [--redis-url URL]``."""
+    """Entry point: ``python -m inferfleet.worker.bench.naive --name Q --model PATH [--redis-url URL]``."""
     args = _parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s naive %(message)s")
     torch.set_num_threads(args.torch_threads)

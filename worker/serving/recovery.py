@@ -1,6 +1,6 @@
 """Recovery of entries whose consumer died, and of a consumer's own orphans.
 
-A worker proves it is alive with its heartbeat (``worker.heartbeat``), which
+A worker proves it is alive with its heartbeat (``inferfleet.worker.heartbeat``), which
 a thread refreshes even during a long batch. Entries pending on a consumer
 with no live heartbeat are taken over by a live worker once they have been
 idle ``claim_idle_s``: seconds after a crash, never from a worker that is
@@ -16,8 +16,8 @@ from typing import Any
 
 import redis
 
-from producer.protocol import GROUP, QueueKeys
-from worker.heartbeat import read_heartbeats
+from inferfleet.producer.protocol import GROUP, QueueKeys
+from inferfleet.worker.heartbeat import read_heartbeats
 
 __all__ = ["Delivery", "dead_consumers", "claim_from", "own_pending", "start_attempt"]
 

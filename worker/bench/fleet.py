@@ -20,11 +20,11 @@ from typing import IO, Any
 
 import redis
 
-from producer import errors
-from producer.client import DEFAULT_REDIS_URL
-from producer.protocol import DEFAULT_PREFIX, GROUP, QueueKeys
-from worker.embedded import EmbeddedRedis
-from worker.errors import WorkerError
+from inferfleet.producer import errors
+from inferfleet.producer.client import DEFAULT_REDIS_URL
+from inferfleet.producer.protocol import DEFAULT_PREFIX, GROUP, QueueKeys
+from inferfleet.worker.embedded import EmbeddedRedis
+from inferfleet.worker.errors import WorkerError
 
 __all__ = ["BASELINES", "BenchError", "BenchFleet", "DEFAULT_NAME", "FleetSetup", "FleetStartError", "NAIVE_SUFFIX"]
 
@@ -124,7 +124,7 @@ class _Child:
 
 def _child_env(url: str) -> dict[str, str]:
     env = dict(os.environ, REDIS_URL=url)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the checkout: module:Handler specs import from it
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
 
@@ -215,12 +215,12 @@ class BenchFleet:
             client.close()
 
     def _worker_command(self, consumer: str) -> list[str]:
-        return [sys.executable, "-m", "worker.cli", "worker", "--name", self.setup.queue,
+        return [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", self.setup.queue,
                 "--model", self.setup.model or "", "--prefix", self.setup.prefix, "--consumer", consumer,
                 "--log-level", "warning", *self.setup.worker_args]
 
     def _naive_command(self, consumer: str) -> list[str]:
-        return [sys.executable, "-m", "worker.naive", "--name", self.setup.naive_queue,
+        return [sys.executable, "-m", "inferfleet.worker.bench.naive", "--name", self.setup.naive_queue,
                 "--model", self.setup.model or "", "--redis-url", self.url, "--prefix", self.setup.prefix,
                 "--consumer", consumer]
 

@@ -11,14 +11,14 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from worker.config import WorkerSettings
-from worker.consumer import Consumer
-from worker.errors import ModelLoadError
-from worker.heartbeat import Heartbeat
-from worker.lifecycle import ModelWatcher, read_published
-from worker.logs import bind as bind_log_fields
-from worker.metrics import metrics_mode, serve_worker_metrics
-from worker.runtime import ModelRuntime, load_runtime
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.serving.consumer import Consumer
+from inferfleet.worker.errors import ModelLoadError
+from inferfleet.worker.heartbeat import Heartbeat
+from inferfleet.worker.serving.lifecycle import ModelWatcher, read_published
+from inferfleet.worker.logs import bind as bind_log_fields
+from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics
+from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
 
 __all__ = ["connect", "serve"]
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 
-from worker.errors import OutputError
+from inferfleet.worker.errors import OutputError
 
 __all__ = [
     "Request",

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from worker.cli_common import _cluster, _name, _prefix, _redis_url, _shards, queue_context
+from inferfleet.worker.cli.options import _cluster, _name, _prefix, _redis_url, _shards, queue_context
 
 __all__ = ["alerts", "swap"]
 
@@ -19,8 +19,8 @@ _VERSION_RE = re.compile(r"[A-Za-z0-9._:+-]{1,64}\Z")
 
 def _check_model(model: str, version: str | None, check: bool) -> str:
     """Validate the model here before the fleet sees it; return its version."""
-    from worker.errors import ModelLoadError
-    from worker.runtime import _file_version, _is_handler_spec, load_model
+    from inferfleet.worker.errors import ModelLoadError
+    from inferfleet.worker.runtime.loading import _file_version, _is_handler_spec, load_model
 
     is_spec = _is_handler_spec(model)
     if not is_spec and not os.path.isfile(model):
@@ -41,7 +41,7 @@ def _check_model(model: str, version: str | None, check: bool) -> str:
 
 def _serving(client: Any, keys: Any) -> tuple[str, str]:
     """The (model, version) the live workers run, for a first publish's rollback target."""
-    from worker.heartbeat import heartbeat_key, read_heartbeats
+    from inferfleet.worker.heartbeat import heartbeat_key, read_heartbeats
 
     for info in read_heartbeats(client, keys):
         raw = client.hget(heartbeat_key(keys, info.consumer), "model")
@@ -52,7 +52,7 @@ def _serving(client: Any, keys: Any) -> tuple[str, str]:
 
 def _wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool:
     """Until every live worker serves ``version`` or reports a failed load; print each."""
-    from worker.heartbeat import read_heartbeats
+    from inferfleet.worker.heartbeat import read_heartbeats
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -93,7 +93,7 @@ def swap(name: str, model: str | None, version: str | None, rollback: bool, chec
     """
     import redis
 
-    from worker.lifecycle import NoPreviousVersion, publish, rollback as do_rollback
+    from inferfleet.worker.serving.lifecycle import NoPreviousVersion, publish, rollback as do_rollback
 
     if rollback == (model is not None):
         raise click.UsageError("give either --model (to publish a version) or --rollback")
@@ -137,7 +137,7 @@ def alerts(name: str, count: int, kind: str | None, follow: bool, redis_url: str
     """Show a queue's alerts: low confidence, NaN/Inf outputs, inconsistent results, failed swaps."""
     import redis
 
-    from worker.alerts import Alert, alerts_key, read_alerts
+    from inferfleet.worker.serving.alerts import Alert, alerts_key, read_alerts
 
     if count < 1:
         raise click.BadParameter("must be at least 1", param_hint="--count")

@@ -26,8 +26,8 @@ import numpy as np
 import redis
 from cachetools import LFUCache
 
-from producer.errors import ProtocolError
-from producer.protocol import QueueKeys, decode_outputs, encode_outputs
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import QueueKeys, decode_outputs, encode_outputs
 
 __all__ = ["CacheStats", "ResultCache", "copy_outputs", "input_digest", "split_duplicates"]
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import click
 
-from producer import errors
-from producer.protocol import DEFAULT_PREFIX
-from worker.config import ENV_VARS
+from inferfleet.producer import errors
+from inferfleet.producer.protocol import DEFAULT_PREFIX
+from inferfleet.worker.config import ENV_VARS
 
 _redis_url = click.option("--redis-url", envvar="REDIS_URL", show_envvar=True, default=None,
                           help="Redis URL (redis://, rediss://, unix://); default redis://localhost:6379/0.")
@@ -28,8 +28,8 @@ def queue_context(name: str, redis_url: str | None, prefix: str, shards: int = 1
     """A client (no silent retries) and the keys of every shard of the queue (one, unsharded)."""
     import redis
 
-    from producer.protocol import shard_keys
-    from worker.status import admin_client
+    from inferfleet.producer.protocol import shard_keys
+    from inferfleet.worker.cli.status import admin_client
 
     try:
         keys = list(shard_keys(name, shards, prefix))

@@ -17,10 +17,10 @@ Two kinds of load drive a :class:`producer.Producer`:
 Latency is client-side, end to end, up to the moment the reply is taken
 from the inbox. Before its warm-up each target answers one request timed on
 its own (``first_ms``): a fleet worker loads and warms its model before it
-joins the group, the naive baseline (:mod:`worker.naive`) loads it then.
+joins the group, the naive baseline (:mod:`inferfleet.worker.bench.naive`) loads it then.
 
 Schedules are pure; summaries, the markdown table, the comparison, JSON and
-the PNG live in :mod:`worker.bench_report`; :class:`~worker.bench_fleet.BenchFleet`
+the PNG live in :mod:`inferfleet.worker.bench.report`; :class:`~inferfleet.worker.bench.fleet.BenchFleet`
 starts and stops what a run needs (a private Redis, the ``--spawn`` workers
 and the naive server). Errors: :class:`BenchError` (bad options, a
 ``ValueError``: the CLI exits 2) and :class:`FleetStartError` (something it
@@ -37,14 +37,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from producer.client import _translate  # the SDK's one seam for redis-py errors
-from producer import Producer, errors
-from producer.protocol import Reply, decode_reply, encode_body, request_fields
-from worker.bench_fleet import BASELINES, BenchError, BenchFleet, FleetSetup, FleetStartError
-from worker.bench_report import (BenchReport, RunSpec, Samples, compare, first_latencies,
+from inferfleet.producer.client import _translate  # the SDK's one seam for redis-py errors
+from inferfleet.producer import Producer, errors
+from inferfleet.producer.protocol import Reply, decode_reply, encode_body, request_fields
+from inferfleet.worker.bench.fleet import BASELINES, BenchError, BenchFleet, FleetSetup, FleetStartError
+from inferfleet.worker.bench.report import (BenchReport, RunSpec, Samples, compare, first_latencies,
                                  latency_percentiles_ms, markdown_table, mean_batch_rows, render_markdown,
                                  report_json, summarize, write_outputs, write_png)
-from worker.npfiles import load_inputs
+from inferfleet.worker.npfiles import load_inputs
 
 __all__ = [
     "ARRIVALS",
@@ -188,8 +188,8 @@ def _random_like(example: Any, rows: int, rng: np.random.Generator) -> Any:
 def _model_example(model_path: str) -> Any:
     import torch
 
-    from worker.errors import ModelLoadError
-    from worker.runtime import load_model
+    from inferfleet.worker.errors import ModelLoadError
+    from inferfleet.worker.runtime.loading import load_model
 
     try:
         example = load_model(model_path, torch.device("cpu"))[1]

@@ -55,7 +55,7 @@ import numbers
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from worker.errors import ConfigError
+from inferfleet.worker.errors import ConfigError
 
 __all__ = [
     "POLICY_KINDS",

@@ -19,8 +19,8 @@ from redis.retry import Retry
 from rich.console import Group
 from rich.table import Table
 
-from producer.protocol import GROUP, QueueKeys
-from worker.heartbeat import HeartbeatInfo, read_heartbeats
+from inferfleet.producer.protocol import GROUP, QueueKeys
+from inferfleet.worker.heartbeat import HeartbeatInfo, read_heartbeats
 
 __all__ = ["QueueStatus", "gather", "render", "find_queues", "admin_client"]
 
@@ -42,7 +42,7 @@ class QueueStatus:
 def admin_client(redis_url: str | None, cluster: bool = False) -> redis.Redis:
     """The client of ``status`` and ``dead``: a RedisCluster when asked; no silent retries
     (a retried XADD of ``dead replay`` could enqueue a request twice)."""
-    from producer.client import _redis_url
+    from inferfleet.producer.client import _redis_url
 
     factory = RedisCluster.from_url if cluster else redis.Redis.from_url
     return factory(_redis_url(redis_url), socket_connect_timeout=5, retry=Retry(NoBackoff(), 0))

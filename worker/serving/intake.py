@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass
 from typing import Hashable, Mapping
 
-from producer.errors import ProtocolError
-from producer.protocol import (
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import (
     Limits,
     QueueKeys,
     decode_body,
@@ -23,7 +23,7 @@ from producer.protocol import (
     row_count,
     validate_request_id,
 )
-from worker.batching import Request, describe_spec, signature_of, spec_of
+from inferfleet.worker.serving.batching import Request, describe_spec, signature_of, spec_of
 
 __all__ = ["Answer", "Intake"]
 

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import redis
 
-from producer.protocol import QueueKeys
+from inferfleet.producer.protocol import QueueKeys
 
 __all__ = ["ALERTS_MAXLEN", "Alert", "alerts_key", "publish", "read_alerts"]
 

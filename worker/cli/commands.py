@@ -18,22 +18,22 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 import numpy as np
 
-from producer import Producer, errors
-from producer.protocol import Reply
-from worker import cli_lifecycle as lifecycle_commands
-from worker.cli_common import _cluster, _name, _prefix, _redis_url, _shards, queue_context
-from worker.config import DEVICE_CHOICES, ENV_VARS, PRECISIONS, WorkerSettings
-from worker.errors import ConfigError, ModelLoadError
-from worker.npfiles import load_inputs, save_outputs
+from inferfleet.producer import Producer, errors
+from inferfleet.producer.protocol import Reply
+from inferfleet.worker.cli import lifecycle as lifecycle_commands
+from inferfleet.worker.cli.options import _cluster, _name, _prefix, _redis_url, _shards, queue_context
+from inferfleet.worker.config import DEVICE_CHOICES, ENV_VARS, PRECISIONS, WorkerSettings
+from inferfleet.worker.errors import ConfigError, ModelLoadError
+from inferfleet.worker.npfiles import load_inputs, save_outputs
 
 if TYPE_CHECKING:
-    from worker.metrics import FleetMetrics
+    from inferfleet.worker.metrics import FleetMetrics
 
 log = logging.getLogger("inferfleet")
 
 
 def _setup_logging(level: str, fmt: str = "text") -> None:
-    from worker.logs import setup_logging
+    from inferfleet.worker.logs import setup_logging
 
     setup_logging(level, fmt)
 
@@ -160,7 +160,7 @@ def _worker_settings(options: dict[str, Any]) -> WorkerSettings:
 def worker(log_level: str, log_format: str, **options: Any) -> None:
     """Serve one queue: load and warm the model, then batch requests from the stream."""
     _setup_logging(log_level, log_format)
-    from worker.serve import serve  # torch is imported only by commands that need it
+    from inferfleet.worker.serving.serve import serve  # torch is imported only by commands that need it
 
     settings = _worker_settings(options)
     stop = threading.Event()
@@ -176,7 +176,7 @@ def child_main(settings: WorkerSettings, visible_device: str | None) -> None:
     if visible_device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_device  # before torch touches CUDA
     _setup_logging(os.environ.get("INFERFLEET_LOG_LEVEL", "info"), os.environ.get("INFERFLEET_LOG_FORMAT", "text"))
-    from worker.serve import serve
+    from inferfleet.worker.serving.serve import serve
 
     stop = threading.Event()
     _install_stop_handlers(stop)
@@ -224,8 +224,8 @@ def supervise(log_level: str, log_format: str, min_workers: int, max_workers: in
     _setup_logging(log_level, log_format)
     os.environ["INFERFLEET_LOG_LEVEL"] = log_level  # children inherit both
     os.environ["INFERFLEET_LOG_FORMAT"] = log_format
-    from worker.scaling import PolicySettings
-    from worker.supervisor import Supervisor, SupervisorSettings, resolve_devices
+    from inferfleet.worker.fleet.scaling import PolicySettings
+    from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings, resolve_devices
 
     min_workers = _cover_shards(min_workers, options["shards"])
     try:
@@ -268,7 +268,7 @@ def _fleet_metrics(worker_settings: WorkerSettings) -> FleetMetrics | None:
     """With --metrics-port: the host's one /metrics endpoint (the children's, summed, and the fleet's)."""
     if not worker_settings.metrics_port:
         return None
-    from worker.metrics import FleetMetrics
+    from inferfleet.worker.metrics import FleetMetrics
 
     metrics = FleetMetrics(worker_settings.name, worker_settings.metrics_port)
     try:
@@ -418,8 +418,8 @@ def status(name: str | None, watch: bool, interval_s: float, redis_url: str | No
     from rich.console import Console
     from rich.live import Live
 
-    from producer.protocol import QueueKeys, shard_keys
-    from worker.status import admin_client, find_queues, gather, render
+    from inferfleet.producer.protocol import QueueKeys, shard_keys
+    from inferfleet.worker.cli.status import admin_client, find_queues, gather, render
 
     try:
         keys_list = list(shard_keys(name, shards, prefix)) if name else None
@@ -457,7 +457,7 @@ def status(name: str | None, watch: bool, interval_s: float, redis_url: str | No
 
 def _find_dead_in(client: Any, shards: list, ident: str) -> tuple[Any, Any]:
     """(shard keys, dead letter) of IDENT in the first shard that holds it, else a clear error."""
-    from worker.deadletter import find_dead
+    from inferfleet.worker.serving.deadletter import find_dead
 
     for keys in shards:
         letter = find_dead(client, keys, ident)
@@ -485,7 +485,7 @@ def dead_list(name: str, count: int, redis_url: str | None, prefix: str, shards:
     from rich.console import Console
     from rich.table import Table
 
-    from worker.deadletter import list_dead
+    from inferfleet.worker.serving.deadletter import list_dead
 
     client, shard_keys = queue_context(name, redis_url, prefix, shards, cluster)
     table = Table(title=f"dead letters of {name}", title_justify="left")
@@ -526,7 +526,7 @@ def dead_show(name: str, ident: str, redis_url: str | None, prefix: str, shards:
 def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str | None, prefix: str,
                 shards: int, cluster: bool) -> None:
     """Put a dead letter (or --all) back on the request stream it came from, same request id."""
-    from worker.deadletter import list_dead, replay_dead
+    from inferfleet.worker.serving.deadletter import list_dead, replay_dead
 
     if bool(ident) == replay_all:
         raise click.UsageError("give a dead id or request id, or --all")
@@ -547,7 +547,7 @@ def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str |
 @_cluster
 def dead_purge(name: str, yes: bool, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
     """Delete every dead letter of the queue (of every shard)."""
-    from worker.deadletter import purge_dead
+    from inferfleet.worker.serving.deadletter import purge_dead
 
     client, shard_keys = queue_context(name, redis_url, prefix, shards, cluster)
     streams = ", ".join(k.dead for k in shard_keys)
@@ -617,7 +617,7 @@ def bench(name: str | None, model_path: str | None, input_path: str | None, spaw
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from worker import bench as b
+    from inferfleet.worker.bench import load as b
 
     try:
         plan = b.BenchPlan(requests, rows, concurrency, b.parse_rates(rate, rates), arrival, warmup, seed, timeout_s)
@@ -650,6 +650,3 @@ def bench(name: str | None, model_path: str | None, input_path: str | None, spaw
 # the model lifecycle commands live in their own module (swap, alerts)
 main.add_command(lifecycle_commands.swap)
 main.add_command(lifecycle_commands.alerts)
-
-if __name__ == "__main__":
-    main()

@@ -2,7 +2,7 @@
 
 Process management is kept apart from the decision (as rq's WorkerPool
 does): every ``interval_s`` the supervisor observes the stream and the
-workers' heartbeats, asks the pure policy (:func:`worker.scaling.desired_workers`)
+workers' heartbeats, asks the pure policy (:func:`inferfleet.worker.fleet.scaling.desired_workers`)
 how many workers there should be, and only applies the difference:
 
 * a new worker is a *slot* with a stable consumer name (``NAME-sN``), so a
@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import redis
 from redis.cluster import RedisCluster
 
-from producer.protocol import GROUP, QueueKeys, shard_keys
-from worker.config import WorkerSettings
-from worker.errors import ConfigError
-from worker.heartbeat import read_heartbeats
-from worker.scaling import Decision, Observation, PolicySettings, PolicyState, desired_workers
+from inferfleet.producer.protocol import GROUP, QueueKeys, shard_keys
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.heartbeat import read_heartbeats
+from inferfleet.worker.fleet.scaling import Decision, Observation, PolicySettings, PolicyState, desired_workers
 
 if TYPE_CHECKING:
-    from worker.metrics import FleetMetrics
+    from inferfleet.worker.metrics import FleetMetrics
 
 __all__ = ["SupervisorSettings", "Supervisor", "resolve_devices", "observe"]
 

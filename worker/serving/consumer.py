@@ -1,7 +1,7 @@
 """The consumer loop: read, batch, infer, reply, acknowledge, reclaim, trim.
 
 The loop is thin: what to batch, how to split and what to answer is decided
-by the pure modules (:mod:`worker.batching`, :mod:`worker.intake`); this
+by the pure modules (:mod:`inferfleet.worker.serving.batching`, :mod:`inferfleet.worker.serving.intake`); this
 module only moves bytes between them and Redis.
 
 Replies are written by one Lua script per round (:data:`REPLY_SCRIPT`): for
@@ -24,20 +24,20 @@ from typing import Any, Sequence
 
 import redis
 
-from producer.protocol import GROUP, encode_reply_error, encode_reply_ok
-from worker.alerts import Alert, publish as publish_alerts
-from worker.batching import Request, collect, concat_inputs, form_batches, predict_isolated, split_outputs
-from worker.cache import split_duplicates
-from worker.config import WorkerSettings
-from worker.deadletter import DEAD_MAXLEN, dead_fields
-from worker.heartbeat import Meter
-from worker.intake import Answer, Intake
-from worker.lifecycle import ModelWatcher
-from worker.logs import batch_context
-from worker.metrics import reply_codes, worker_metrics
-from worker.quality import ResultPolicy
-from worker.recovery import Delivery, claim_from, dead_consumers, own_pending, start_attempt
-from worker.runtime import ModelRuntime, is_out_of_memory
+from inferfleet.producer.protocol import GROUP, encode_reply_error, encode_reply_ok
+from inferfleet.worker.serving.alerts import Alert, publish as publish_alerts
+from inferfleet.worker.serving.batching import Request, collect, concat_inputs, form_batches, predict_isolated, split_outputs
+from inferfleet.worker.serving.cache import split_duplicates
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.serving.deadletter import DEAD_MAXLEN, dead_fields
+from inferfleet.worker.heartbeat import Meter
+from inferfleet.worker.serving.intake import Answer, Intake
+from inferfleet.worker.serving.lifecycle import ModelWatcher
+from inferfleet.worker.logs import batch_context
+from inferfleet.worker.metrics import reply_codes, worker_metrics
+from inferfleet.worker.serving.quality import ResultPolicy
+from inferfleet.worker.serving.recovery import Delivery, claim_from, dead_consumers, own_pending, start_attempt
+from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
 
 __all__ = ["Consumer", "REPLY_SCRIPT", "ensure_group"]
 

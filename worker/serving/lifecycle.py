@@ -26,9 +26,9 @@ from typing import Callable
 
 import redis
 
-from producer.protocol import QueueKeys
-from worker.config import WorkerSettings
-from worker.errors import ModelLoadError
+from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.errors import ModelLoadError
 
 __all__ = ["ModelWatcher", "NoPreviousVersion", "Published", "model_key", "publish", "read_published", "rollback"]
 

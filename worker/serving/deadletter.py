@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import redis
 
-from producer.protocol import QueueKeys
+from inferfleet.producer.protocol import QueueKeys
 
 __all__ = ["DeadLetter", "dead_fields", "list_dead", "find_dead", "replay_dead", "purge_dead", "DEAD_MAXLEN"]
 

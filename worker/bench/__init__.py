@@ -1,0 +1,1 @@
+"""``inferfleet bench``: load generation, fleet setup, the report and the naive baseline."""

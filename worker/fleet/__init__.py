@@ -1,0 +1,1 @@
+"""The fleet: the supervisor (processes) and the pure scaling policy."""
