@@ -15,22 +15,19 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from contextlib import contextmanager
 from itertools import count, islice
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.asyncio.retry import Retry as AsyncRetry
 from redis.cluster import RedisCluster
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from inferfleet.producer import errors
+from inferfleet.producer.connections import DEFAULT_REDIS_URL, connect, connect_async, translate_errors
+from inferfleet.producer.connections import redis_url as resolve_url
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
-    GROUP,
     QueueKeys,
     Reply,
     decode_reply,
@@ -39,30 +36,13 @@ from inferfleet.producer.protocol import (
     shard_for,
     shard_keys,
     validate_request_id,
+    workers_group,
 )
 
 __all__ = ["Producer", "AsyncProducer", "DEFAULT_REDIS_URL"]
 
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 _POP_COUNT = 1000  # replies taken from an inbox per round trip
 _POLL_S = 0.05  # longest blocking wait between rounds of a bulk collect
-
-
-@contextmanager
-def _translate() -> Iterator[None]:
-    """The one seam where redis-py exceptions become the SDK's own."""
-    try:
-        yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise errors.ConnectionError(f"Redis connection failed: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        raise errors.InferfleetError(f"Redis error: {exc}") from exc
-    except redis.exceptions.RedisClusterException as exc:  # not a RedisError: cross-slot and the like
-        raise errors.InferfleetError(f"Redis Cluster error: {exc}") from exc
-
-
-def _redis_url(url: str | None) -> str:
-    return url or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
 
 
 class _ProducerBase:
@@ -156,12 +136,10 @@ class _ProducerBase:
 
     @staticmethod
     def _lag_from(groups: list[dict], length: int) -> int | None:
-        for group in groups:
-            gname = group.get("name")
-            if gname in (GROUP, GROUP.encode()):
-                lag = group.get("lag")
-                return int(lag) if lag is not None else None
-        return int(length)  # no worker has created the group yet: all is backlog
+        group = workers_group(groups)
+        if group is None:
+            return int(length)  # no worker has created the group yet: all is backlog
+        return group.lag
 
     @classmethod
     def _sum_shards(cls, lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[int | None, int]:
@@ -278,22 +256,6 @@ _LIMITS_DOC = """
 """
 
 
-def _client_options() -> dict[str, Any]:
-    return {"socket_connect_timeout": 5, "socket_keepalive": True}
-
-
-def _connect(url: str, cluster: bool) -> Any:
-    """A redis.Redis, or a RedisCluster when asked, with redis-py's command retries off."""
-    factory = RedisCluster.from_url if cluster else redis.Redis.from_url
-    return factory(url, retry=Retry(NoBackoff(), 0), **_client_options())
-
-
-def _connect_async(url: str, cluster: bool) -> Any:
-    """The asyncio twin of :func:`_connect`."""
-    factory = AsyncRedisCluster.from_url if cluster else aioredis.Redis.from_url
-    return factory(url, retry=AsyncRetry(NoBackoff(), 0), **_client_options())
-
-
 class Producer(_ProducerBase):
     """Enqueue requests on queue ``name`` and collect their replies.
 
@@ -325,8 +287,8 @@ class Producer(_ProducerBase):
         super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards)
         self._owns_client = client is None
         self.cluster = cluster or isinstance(client, RedisCluster)
-        with _translate():
-            self.redis = client or _connect(_redis_url(redis_url), self.cluster)
+        with translate_errors():
+            self.redis = client or connect(resolve_url(redis_url), self.cluster)
 
     def _make_room(self, adding: int) -> None:
         """Enforce max_backlog before sending ``adding`` requests (raise or wait)."""
@@ -359,7 +321,7 @@ class Producer(_ProducerBase):
         """Enqueue one request and return its request id."""
         rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
         self._make_room(1)
-        with _translate():
+        with translate_errors():
             self.redis.xadd(keys.requests, fields)
         return rid
 
@@ -371,7 +333,7 @@ class Producer(_ProducerBase):
         matching :class:`~inferfleet.producer.errors.ReplyError`.
         """
         key = self.keys_for(request_id).reply(validate_request_id(request_id))
-        with _translate():
+        with translate_errors():
             popped = self.redis.blpop([key], timeout=max(timeout_s, 0.01))
         if popped is None:
             raise errors.ReplyTimeout(f"no reply to {request_id!r} within {timeout_s} s")
@@ -401,7 +363,7 @@ class Producer(_ProducerBase):
                 rid, keys, fields = self._entry(one, params, deadline_s)
                 pipe.xadd(keys.requests, fields)
                 rids.append(rid)
-            with _translate():
+            with translate_errors():
                 pipe.execute()
         return rids
 
@@ -419,7 +381,7 @@ class Producer(_ProducerBase):
             pipe = self.redis.pipeline(transaction=False)
             for key in keys:
                 pipe.lpop(key)
-            with _translate():
+            with translate_errors():
                 popped = pipe.execute()
             for key, raw in zip(list(keys), popped):
                 if raw is not None:
@@ -485,7 +447,7 @@ class Producer(_ProducerBase):
             self._queue_pops(pipe, waiting)
             if on_send is not None and batch:
                 on_send(batch)
-            with _translate():
+            with translate_errors():
                 popped = self._popped(pipe.execute(), waiting)
                 if not popped and in_flight:
                     got = self.redis.blpop(self._block_keys(waiting), timeout=_POLL_S)
@@ -512,7 +474,7 @@ class Producer(_ProducerBase):
         return self._lag_and_backlog()[1]
 
     def _lag_and_backlog(self) -> tuple[int | None, int]:
-        with _translate():
+        with translate_errors():
             pipe = self.redis.pipeline(transaction=False)
             for keys in self.shard_keys:
                 pipe.xlen(keys.requests)
@@ -560,8 +522,8 @@ class AsyncProducer(_ProducerBase):
         super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards)
         self._owns_client = client is None
         self.cluster = cluster or isinstance(client, AsyncRedisCluster)
-        with _translate():
-            self.redis = client or _connect_async(_redis_url(redis_url), self.cluster)
+        with translate_errors():
+            self.redis = client or connect_async(resolve_url(redis_url), self.cluster)
 
     async def _make_room(self, adding: int) -> None:
         """Enforce max_backlog before sending ``adding`` requests (raise or wait)."""
@@ -588,14 +550,14 @@ class AsyncProducer(_ProducerBase):
         """Enqueue one request and return its request id."""
         rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
         await self._make_room(1)
-        with _translate():
+        with translate_errors():
             await self.redis.xadd(keys.requests, fields)
         return rid
 
     async def result(self, request_id: str, timeout_s: float = 30.0, *, raise_errors: bool = True) -> Reply:
         """Wait up to ``timeout_s`` for the reply to ``request_id``."""
         key = self.keys_for(request_id).reply(validate_request_id(request_id))
-        with _translate():
+        with translate_errors():
             popped = await self.redis.blpop([key], timeout=max(timeout_s, 0.01))
         if popped is None:
             raise errors.ReplyTimeout(f"no reply to {request_id!r} within {timeout_s} s")
@@ -623,7 +585,7 @@ class AsyncProducer(_ProducerBase):
                 rid, keys, fields = self._entry(one, params, deadline_s)
                 pipe.xadd(keys.requests, fields)
                 rids.append(rid)
-            with _translate():
+            with translate_errors():
                 await pipe.execute()
         return rids
 
@@ -653,7 +615,7 @@ class AsyncProducer(_ProducerBase):
                 sent += len(batch)
             waiting = in_flight.shards()
             self._queue_pops(pipe, waiting)
-            with _translate():
+            with translate_errors():
                 popped = self._popped(await pipe.execute(), waiting)
                 if not popped and in_flight:
                     got = await self.redis.blpop(self._block_keys(waiting), timeout=_POLL_S)
@@ -673,7 +635,7 @@ class AsyncProducer(_ProducerBase):
         return (await self._lag_and_backlog())[1]
 
     async def _lag_and_backlog(self) -> tuple[int | None, int]:
-        with _translate():
+        with translate_errors():
             pipe = self.redis.pipeline(transaction=False)
             for keys in self.shard_keys:
                 pipe.xlen(keys.requests)

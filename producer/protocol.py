@@ -21,7 +21,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Sequence, Union
 
 import msgpack
 import numpy as np
@@ -32,6 +32,7 @@ __all__ = [
     "CONTRACT_VERSION",
     "DEFAULT_PREFIX",
     "GROUP",
+    "GroupInfo",
     "DEFAULT_REPLY_TTL_S",
     "ERROR_CODES",
     "DTYPES",
@@ -59,6 +60,7 @@ __all__ = [
     "row_count",
     "pack",
     "unpack",
+    "workers_group",
 ]
 
 CONTRACT_VERSION = 1
@@ -140,6 +142,33 @@ def validate_request_id(rid: str | bytes) -> str:
             f"invalid request id {rid!r}: use 1 to 128 bytes of A-Z a-z 0-9 . _ : -"
         )
     return raw.decode("ascii")
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """Group ``workers`` of one request stream, as XINFO GROUPS reports it."""
+
+    #: Entries not yet delivered to any worker; None where Redis cannot tell
+    #: (after an XDEL or XTRIM of undelivered entries).
+    lag: int | None
+    #: Entries delivered but not yet acknowledged.
+    pending: int
+    last_delivered_id: str
+
+
+def workers_group(groups: Sequence[Mapping[Any, Any]]) -> GroupInfo | None:
+    """Group ``workers`` in an XINFO GROUPS reply (names as str or bytes), or None if it is missing.
+
+    The one place that reads that reply: the SDK's backpressure, the
+    supervisor, ``inferfleet status`` and the worker's trim all use it.
+    """
+    for group in groups:
+        if group.get("name") in (GROUP, GROUP.encode()):
+            lag = group.get("lag")
+            last = group.get("last-delivered-id", b"0-0")
+            return GroupInfo(None if lag is None else int(lag), int(group.get("pending", 0)),
+                             last.decode() if isinstance(last, bytes) else str(last))
+    return None
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from inferfleet.worker.serving.consumer import Consumer  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
 from inferfleet.worker.metrics import WorkerMetrics  # noqa: E402
 from inferfleet.worker.runtime.loading import load_runtime  # noqa: E402
-from inferfleet.worker.serving.serve import connect  # noqa: E402
+from inferfleet.worker.connections import worker_client  # noqa: E402
 
 
 def drain(consumer: Consumer, modes: dict[str, WorkerMetrics], cpu: dict[str, float], done: dict[str, int],
@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     with EmbeddedRedis() as server:
         settings = WorkerSettings(name="bench-metrics", model=args.model, redis_url=server.url, device="cpu")
-        consumer = Consumer(settings, load_runtime(settings), connect(server.url))
+        consumer = Consumer(settings, load_runtime(settings), worker_client(server.url))
         consumer.prepare()
         modes = {"on": WorkerMetrics(settings.name, REGISTRY), "off": WorkerMetrics(settings.name, None)}
         cpu, done = {"on": 0.0, "off": 0.0}, {"on": 0, "off": 0}

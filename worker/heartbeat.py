@@ -27,13 +27,11 @@ from typing import Any, Callable
 import redis
 
 from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.keys import HEARTBEAT_INDEX, heartbeat_index, heartbeat_key
 
 __all__ = ["Heartbeat", "HeartbeatInfo", "Meter", "read_heartbeats", "heartbeat_key", "HEARTBEAT_INDEX"]
 
 log = logging.getLogger(__name__)
-
-HEARTBEAT_INDEX = "hb"
-
 
 def rss_mb() -> float:
     """This process's resident set size in MiB (Linux /proc; peak RSS elsewhere)."""
@@ -44,10 +42,6 @@ def rss_mb() -> float:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def heartbeat_key(keys: QueueKeys, consumer: str) -> str:
-    return keys.own(f"{HEARTBEAT_INDEX}:{consumer}")
 
 
 class Meter:
@@ -170,7 +164,7 @@ class Heartbeat:
         pipe = self.client.pipeline(transaction=True)
         pipe.hset(key, mapping=mapping)
         pipe.pexpire(key, self.ttl_ms)
-        pipe.zadd(self.keys.own(HEARTBEAT_INDEX), {self.consumer: now_ms})
+        pipe.zadd(heartbeat_index(self.keys), {self.consumer: now_ms})
         pipe.execute()
 
     def _loop(self) -> None:
@@ -189,7 +183,7 @@ class Heartbeat:
             try:
                 pipe = self.client.pipeline(transaction=True)
                 pipe.delete(heartbeat_key(self.keys, self.consumer))
-                pipe.zrem(self.keys.own(HEARTBEAT_INDEX), self.consumer)
+                pipe.zrem(heartbeat_index(self.keys), self.consumer)
                 pipe.execute()
             except redis.exceptions.RedisError as exc:
                 log.warning("could not remove the heartbeat of %s: %s", self.consumer, exc)
@@ -197,7 +191,7 @@ class Heartbeat:
 
 def read_heartbeats(client: redis.Redis, keys: QueueKeys) -> list[HeartbeatInfo]:
     """Every live worker's heartbeat; forgets index entries whose hash expired."""
-    index = keys.own(HEARTBEAT_INDEX)
+    index = heartbeat_index(keys)
     names = [n.decode() for n in client.zrange(index, 0, -1)]
     if not names:
         return []

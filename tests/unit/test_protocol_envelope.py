@@ -358,3 +358,14 @@ def test_decode_reply_malformed_fields_raise_protocol_error(obj: Any) -> None:
     # Every exception the SDK raises derives from InferfleetError (errors.py).
     with pytest.raises(ProtocolError):
         decode_reply(pack(obj))
+
+
+def test_workers_group_reads_the_xinfo_groups_reply_in_either_encoding() -> None:
+    from inferfleet.producer.protocol import GroupInfo, workers_group
+
+    other = {"name": b"audit", "lag": 7, "pending": 1, "last-delivered-id": b"1-0"}
+    ours = {"name": b"workers", "lag": 3, "pending": 2, "last-delivered-id": b"5-1"}
+    assert workers_group([other, ours]) == GroupInfo(lag=3, pending=2, last_delivered_id="5-1")
+    text = {"name": "workers", "lag": None, "pending": "4", "last-delivered-id": "9-0"}
+    assert workers_group([text]) == GroupInfo(lag=None, pending=4, last_delivered_id="9-0")
+    assert workers_group([other]) is None and workers_group([]) is None

@@ -23,6 +23,7 @@ import redis
 from inferfleet.producer import errors
 from inferfleet.producer.client import DEFAULT_REDIS_URL
 from inferfleet.producer.protocol import DEFAULT_PREFIX, GROUP, QueueKeys
+from inferfleet.worker.connections import admin_client
 from inferfleet.worker.embedded import EmbeddedRedis
 from inferfleet.worker.errors import WorkerError
 
@@ -140,7 +141,7 @@ def _consumers(client: redis.Redis, stream: str) -> set[str]:
 
 def _connect(url: str) -> redis.Redis:
     try:
-        return redis.Redis.from_url(url, socket_connect_timeout=5)
+        return admin_client(url)
     except ValueError as exc:
         raise BenchError(f"--redis-url: {exc}") from exc
 

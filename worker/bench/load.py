@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from inferfleet.producer.client import _translate  # the SDK's one seam for redis-py errors
+from inferfleet.producer.connections import translate_errors  # the SDK's one seam for redis-py errors
 from inferfleet.producer import Producer, errors
 from inferfleet.producer.protocol import Reply, decode_reply, encode_body, request_fields
 from inferfleet.worker.bench.fleet import BASELINES, BenchError, BenchFleet, FleetSetup, FleetStartError
@@ -349,7 +349,7 @@ class _OpenLoop:
             body = self.bodies[i % len(self.bodies)]
             pipe.xadd(self.producer.keys.requests, request_fields(rid, body, deadline_ms, self.producer.inbox))
             self.due_at[rid] = self.start + float(self.offsets[i])
-        with _translate():
+        with translate_errors():
             pipe.execute()
         self.last_send = time.perf_counter()
 
@@ -362,7 +362,7 @@ class _OpenLoop:
             self.failed.set()
 
     def _receive_some(self) -> None:
-        with _translate():
+        with translate_errors():
             got = self.producer.redis.blpop([self.producer.inbox], timeout=_POLL_S)
             more = self.producer.redis.lpop(self.producer.inbox, _POP_COUNT) if got else None
         now = time.perf_counter()

@@ -47,6 +47,7 @@ from inferfleet.producer.protocol import (
     row_count,
 )
 from inferfleet.worker.serving.consumer import ensure_group
+from inferfleet.worker.connections import admin_client
 from inferfleet.worker.handler import Handler
 from inferfleet.worker.runtime.loading import load_model, to_numpy
 
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    client = redis.Redis.from_url(args.redis_url, socket_connect_timeout=5)
+    client = admin_client(args.redis_url)
     server = NaiveServer(client, QueueKeys(args.name, args.prefix), args.model, args.consumer)
     log.info("naive server on %s: %d requests served", args.name, server.serve(stop))
 

@@ -419,7 +419,8 @@ def status(name: str | None, watch: bool, interval_s: float, redis_url: str | No
     from rich.live import Live
 
     from inferfleet.producer.protocol import QueueKeys, shard_keys
-    from inferfleet.worker.cli.status import admin_client, find_queues, gather, render
+    from inferfleet.worker.cli.status import find_queues, gather, render
+    from inferfleet.worker.connections import admin_client
 
     try:
         keys_list = list(shard_keys(name, shards, prefix)) if name else None

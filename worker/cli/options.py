@@ -29,7 +29,7 @@ def queue_context(name: str, redis_url: str | None, prefix: str, shards: int = 1
     import redis
 
     from inferfleet.producer.protocol import shard_keys
-    from inferfleet.worker.cli.status import admin_client
+    from inferfleet.worker.connections import admin_client
 
     try:
         keys = list(shard_keys(name, shards, prefix))

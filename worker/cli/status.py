@@ -13,16 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
-from redis.retry import Retry
 from rich.console import Group
 from rich.table import Table
 
-from inferfleet.producer.protocol import GROUP, QueueKeys
+from inferfleet.producer.protocol import GROUP, QueueKeys, workers_group
 from inferfleet.worker.heartbeat import HeartbeatInfo, read_heartbeats
+from inferfleet.worker.keys import supervisor_key
 
-__all__ = ["QueueStatus", "gather", "render", "find_queues", "admin_client"]
+__all__ = ["QueueStatus", "gather", "render", "find_queues"]
 
 
 @dataclass
@@ -37,15 +35,6 @@ class QueueStatus:
     consumers: list[dict[str, Any]] = field(default_factory=list)
     workers: list[HeartbeatInfo] = field(default_factory=list)
     supervisor: dict[str, str] = field(default_factory=dict)
-
-
-def admin_client(redis_url: str | None, cluster: bool = False) -> redis.Redis:
-    """The client of ``status`` and ``dead``: a RedisCluster when asked; no silent retries
-    (a retried XADD of ``dead replay`` could enqueue a request twice)."""
-    from inferfleet.producer.client import _redis_url
-
-    factory = RedisCluster.from_url if cluster else redis.Redis.from_url
-    return factory(_redis_url(redis_url), socket_connect_timeout=5, retry=Retry(NoBackoff(), 0))
 
 
 def find_queues(client: redis.Redis, prefix: str) -> list[str]:
@@ -63,16 +52,16 @@ def gather(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
     pipe = client.pipeline(transaction=False)
     pipe.xlen(keys.requests)
     pipe.xlen(keys.dead)
-    pipe.hgetall(keys.own("supervisor"))
+    pipe.hgetall(supervisor_key(keys))
     status.length, status.dead, sup = pipe.execute()
     status.supervisor = {k.decode(): v.decode() for k, v in sup.items()}
     if status.length or client.exists(keys.requests):
         try:
             groups = client.xinfo_groups(keys.requests)
-            group = next((g for g in groups if g["name"] in (GROUP, GROUP.encode())), None)
+            group = workers_group(groups)
             if group is not None:
-                status.pending = int(group["pending"])
-                status.lag = int(group["lag"]) if group.get("lag") is not None else None
+                status.pending = group.pending
+                status.lag = group.lag
                 status.consumers = [_consumer(c) for c in client.xinfo_consumers(keys.requests, GROUP)]
             else:
                 status.lag = status.length

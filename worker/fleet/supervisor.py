@@ -34,12 +34,13 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import redis
-from redis.cluster import RedisCluster
 
-from inferfleet.producer.protocol import GROUP, QueueKeys, shard_keys
+from inferfleet.producer.protocol import QueueKeys, shard_keys, workers_group
 from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.connections import admin_client
 from inferfleet.worker.errors import ConfigError
 from inferfleet.worker.heartbeat import read_heartbeats
+from inferfleet.worker.keys import supervisor_key
 from inferfleet.worker.fleet.scaling import Decision, Observation, PolicySettings, PolicyState, desired_workers
 
 if TYPE_CHECKING:
@@ -125,10 +126,10 @@ def _lag_and_pending(client: redis.Redis, keys: QueueKeys) -> tuple[int | None, 
         groups = client.xinfo_groups(keys.requests)
     except redis.exceptions.ResponseError:  # no stream yet
         groups = []
-    group = next((g for g in groups if g["name"] in (GROUP, GROUP.encode())), None)
+    group = workers_group(groups)
     if group is None:
         return int(client.xlen(keys.requests)), 0
-    return (int(group["lag"]) if group.get("lag") is not None else None), int(group["pending"])
+    return group.lag, group.pending
 
 
 def observe(client: redis.Redis, keys: QueueKeys | Sequence[QueueKeys], workers: int, now_s: float) -> Observation:
@@ -162,8 +163,7 @@ class Supervisor:
         worker = settings.worker
         self.shard_keys = shard_keys(worker.name, worker.shards, worker.prefix)
         self.keys = self.shard_keys[0]
-        factory = RedisCluster.from_url if worker.cluster else redis.Redis.from_url
-        self.redis = client or factory(worker.redis_url, socket_connect_timeout=5)
+        self.redis = client or admin_client(worker.redis_url, worker.cluster)
         self.context = multiprocessing.get_context("spawn")
         self.slots: list[Slot] = []
         self.state = PolicyState()
@@ -312,8 +312,8 @@ class Supervisor:
         try:
             for keys in self.shard_keys:  # one transaction per shard: a cluster's spans one slot only
                 pipe = self.redis.pipeline(transaction=True)
-                pipe.hset(keys.own("supervisor"), mapping=info)
-                pipe.pexpire(keys.own("supervisor"), int(max(5 * self.settings.interval_s, 5) * 1000))
+                pipe.hset(supervisor_key(keys), mapping=info)
+                pipe.pexpire(supervisor_key(keys), int(max(5 * self.settings.interval_s, 5) * 1000))
                 pipe.execute()
         except redis.exceptions.RedisError:
             pass
@@ -339,7 +339,7 @@ class Supervisor:
                     self.metrics.process_exited(slot.process.pid)
         try:
             for keys in self.shard_keys:
-                self.redis.delete(keys.own("supervisor"))
+                self.redis.delete(supervisor_key(keys))
         except redis.exceptions.RedisError:
             pass
         log.info("supervisor stopped; every worker has exited")

@@ -14,6 +14,7 @@ from typing import Sequence
 import redis
 
 from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.keys import alerts_key
 
 __all__ = ["ALERTS_MAXLEN", "Alert", "alerts_key", "publish", "read_alerts"]
 
@@ -21,10 +22,6 @@ __all__ = ["ALERTS_MAXLEN", "Alert", "alerts_key", "publish", "read_alerts"]
 ALERTS_MAXLEN = 10_000
 #: Most alerts one worker writes in one round; the rest are summed into one entry.
 ROUND_CAP = 20
-
-
-def alerts_key(keys: QueueKeys) -> str:
-    return keys.own("alerts")
 
 
 @dataclass(frozen=True)

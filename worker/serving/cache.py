@@ -28,6 +28,7 @@ from cachetools import LFUCache
 
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import QueueKeys, decode_outputs, encode_outputs
+from inferfleet.worker.keys import cache_key
 
 __all__ = ["CacheStats", "ResultCache", "copy_outputs", "input_digest", "split_duplicates"]
 
@@ -115,7 +116,7 @@ class ResultCache:
         self.stats = CacheStats()
 
     def fleet_key(self, digest: bytes) -> str:
-        return self.keys.own("cache:" + digest.hex())
+        return cache_key(self.keys, digest)
 
     def clear(self) -> None:
         """Forget the local tier (after a model swap: the digests change anyway,

@@ -27,6 +27,7 @@ from typing import Callable
 import redis
 
 from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.keys import model_key
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
 
@@ -60,10 +61,6 @@ return redis.call('HINCRBY', key, 'seq', 1)
 
 class NoPreviousVersion(Exception):
     """``rollback`` with nothing to roll back to."""
-
-
-def model_key(keys: QueueKeys) -> str:
-    return keys.own("model")
 
 
 @dataclass(frozen=True)

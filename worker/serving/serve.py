@@ -7,11 +7,9 @@ import threading
 from dataclasses import replace
 
 import redis
-from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
-from redis.retry import Retry
 
 from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.connections import worker_client
 from inferfleet.worker.serving.consumer import Consumer
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.heartbeat import Heartbeat
@@ -20,26 +18,9 @@ from inferfleet.worker.logs import bind as bind_log_fields
 from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics
 from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
 
-__all__ = ["connect", "serve"]
+__all__ = ["serve"]
 
 log = logging.getLogger(__name__)
-
-
-def connect(redis_url: str, cluster: bool = False) -> redis.Redis:
-    """A client for the worker: bytes replies, keepalive, no read timeout (reads block).
-
-    redis-py's silent command retries are off: a retried XREADGROUP whose first
-    reply was lost would leave entries pending on us unseen. A connection error
-    reaches the consumer loop, which backs off, reconnects and replays its own
-    pending entries.
-
-    With ``cluster``, a RedisCluster (retries off too: it still follows MOVED
-    and ASK redirects, which never re-run a command). Every key one command
-    names is in one slot: all of a queue's (or a shard's) keys share a hash tag.
-    """
-    factory = RedisCluster.from_url if cluster else redis.Redis.from_url
-    return factory(redis_url, socket_connect_timeout=5, socket_keepalive=True,
-                   health_check_interval=30, retry=Retry(NoBackoff(), 0))
 
 
 def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
@@ -61,14 +42,14 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
 
 
 def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
-    client = connect(settings.redis_url, settings.cluster)
+    client = worker_client(settings.redis_url, settings.cluster)
     runtime, seen_seq, source = _load_current(settings, client)
     consumer = Consumer(settings, runtime, client)
     consumer.model_source = source
     consumer.watcher = ModelWatcher(client, consumer.keys, settings, load_runtime, seen_seq)
     if stop.is_set():
         return consumer
-    heartbeat = Heartbeat(connect(settings.redis_url, settings.cluster), consumer.keys, settings.consumer, consumer.meter,
+    heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer, consumer.meter,
                           {"device": str(runtime.device)},
                           interval_s=settings.heartbeat_s)
     heartbeat.extra = consumer.heartbeat_fields

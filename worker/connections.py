@@ -1,0 +1,44 @@
+"""Every Redis client of the worker side is built here (as arq's ``connections.py``).
+
+All of them return bytes (``decode_responses`` off), connect within 5 s, and
+have redis-py's silent command retries off: a retried XREADGROUP whose first
+reply was lost would leave entries pending on us unseen, and a retried XADD
+(``dead replay``, the bench) could enqueue a request twice. A connection error
+reaches the caller, which backs off and reconnects (the consumer loop also
+replays its own pending entries).
+
+With ``cluster``, a RedisCluster (the URL names any one node); it still
+follows MOVED and ASK redirects, which never re-run a command. Every key one
+command names is in one slot: all of a queue's (or a shard's) keys share a
+hash tag.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+
+from inferfleet.producer.connections import redis_url
+
+__all__ = ["admin_client", "redis_url", "worker_client"]
+
+
+def _connect(url: str, cluster: bool, **options: Any) -> redis.Redis:
+    factory = RedisCluster.from_url if cluster else redis.Redis.from_url
+    return factory(url, socket_connect_timeout=5, retry=Retry(NoBackoff(), 0), **options)
+
+
+def worker_client(url: str, cluster: bool = False) -> redis.Redis:
+    """A consumer's (and its heartbeat's) client: keepalive and a health check on
+    connections idle for 30 s, no read timeout (its reads block)."""
+    return _connect(url, cluster, socket_keepalive=True, health_check_interval=30)
+
+
+def admin_client(url: str | None = None, cluster: bool = False) -> redis.Redis:
+    """The client of the supervisor, the CLI's queue tools and the bench
+    (``url`` None: ``$REDIS_URL``, else the default)."""
+    return _connect(redis_url(url), cluster)
