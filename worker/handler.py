@@ -9,8 +9,10 @@ every batch::
     outputs = postprocess(y, params) # tensors or numpy arrays, same row count
 
 Start a worker on it with ``inferfleet worker --model mypkg.mymodule:MyHandler``.
-TorchScript and torch.export models are served by :class:`ModuleHandler`,
-``.onnx`` files by :class:`inferfleet.worker.runtime.onnx_backend.OnnxHandler`.
+The runtime serves TorchScript and torch.export files with its own handler
+(:class:`inferfleet.worker.runtime.modules.ModuleHandler`) and ``.onnx`` files
+with :class:`inferfleet.worker.runtime.onnx_backend.OnnxHandler`. This module
+imports nothing of the worker: it is the contract the runtime builds on.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Handler", "ModuleHandler", "to_device"]
+__all__ = ["Handler", "to_device"]
 
 
 def to_device(inputs: Any, device: torch.device) -> Any:
@@ -64,21 +66,12 @@ class Handler:
     def quantize(self) -> None:
         """Make the model int8 for ``--precision int8`` (CPU); called once, after ``setup``.
 
-        The default swaps every ``torch.nn.Linear`` inside the handler's
-        ``nn.Module`` attributes for a dynamically quantized one
-        (:mod:`inferfleet.worker.runtime.quantize`). Raises ValueError when there is none.
+        Left as it is, the runtime applies its default: every ``torch.nn.Linear``
+        inside the handler's ``nn.Module`` attributes becomes a dynamically
+        quantized one (:func:`inferfleet.worker.runtime.quantize.quantize_handler`).
+        Override it for anything else; raise ValueError when it cannot be done.
         """
-        from inferfleet.worker.runtime.quantize import quantize_module
-
-        swapped = 0
-        for name, value in list(vars(self).items()):
-            if isinstance(value, torch.nn.Module):
-                module, count = quantize_module(value)
-                setattr(self, name, module)
-                swapped += count
-        if not swapped:
-            raise ValueError(f"--precision int8 found no torch.nn.Linear in the nn.Module attributes of "
-                             f"{type(self).__name__}: override Handler.quantize, or serve it in fp32")
+        raise NotImplementedError("the runtime quantizes a Handler that does not override quantize()")
 
     def predict(self, x: Any, params: dict) -> Any:
         """Run the model on one batch."""
@@ -87,52 +80,3 @@ class Handler:
     def postprocess(self, y: Any, params: dict) -> Any:
         """Turn model outputs into reply outputs (default: unchanged)."""
         return y
-
-
-class ModuleHandler(Handler):
-    """Serves a callable torch module (TorchScript or torch.export) as it is."""
-
-    accepts_params = False
-
-    def __init__(self, module: Any, example: Any = None) -> None:
-        self.module = module
-        self._example = example
-
-    def setup(self, device: torch.device) -> None:
-        self.device = device
-        if isinstance(self.module, torch.jit.ScriptModule):
-            self.module.eval()  # exported programs refuse eval(): they are frozen already
-
-    def example_inputs(self) -> Any:
-        return self._example
-
-    def compile(self) -> None:
-        """Wrap the module in ``torch.compile`` (torch.export programs only)."""
-        if isinstance(self.module, torch.jit.ScriptModule):
-            raise ValueError("torch.compile cannot compile a TorchScript model: export it with "
-                             "torch.export (.pt2) or serve it without --compile")
-        self.module = torch.compile(self.module, dynamic=True)
-
-    def quantize(self) -> None:
-        """int8 linear layers: an exported graph is rewritten, a TorchScript one has no route."""
-        from inferfleet.worker.runtime.quantize import quantize_graph, quantize_module
-
-        if isinstance(self.module, torch.jit.ScriptModule):
-            raise ValueError("--precision int8 cannot quantize a TorchScript model: serve its torch.export "
-                             "form (.pt2) or its ONNX form (.onnx, see scripts/export_onnx.py) instead, or use fp32")
-        if isinstance(self.module, torch.fx.GraphModule):
-            swapped = quantize_graph(self.module)
-        else:
-            self.module, swapped = quantize_module(self.module)
-        if not swapped:
-            raise ValueError("--precision int8 found no linear layer with constant weights in this model: "
-                             "serve it in fp32")
-
-    def predict(self, x: Any, params: dict) -> Any:
-        if params:
-            raise ValueError("this model takes no params; send the request without 'params'")
-        if isinstance(x, dict):
-            return self.module(**x)
-        if isinstance(x, list):
-            return self.module(*x)
-        return self.module(x)

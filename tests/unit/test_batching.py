@@ -12,14 +12,13 @@ from inferfleet.worker.serving.batching import (
     Request,
     collect,
     concat_inputs,
-    describe_spec,
     form_batches,
     predict_isolated,
     signature_of,
-    spec_of,
     split_outputs,
 )
 from inferfleet.worker.errors import OutputError
+from inferfleet.worker.runtime.signature import describe_spec, spec_of
 
 
 def f32(rows: int, *trailing: int, start: float = 0.0) -> np.ndarray:

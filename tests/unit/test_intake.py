@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferfleet.producer.protocol import DTYPES, Limits, QueueKeys, Reply, decode_reply, encode_body, pack
-from inferfleet.worker.serving.batching import Request, signature_of, spec_of
+from inferfleet.worker.runtime.signature import spec_of
+from inferfleet.worker.serving.batching import Request, signature_of
 from inferfleet.worker.serving.intake import Answer, Intake
 
 KEYS = QueueKeys("q")

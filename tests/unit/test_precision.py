@@ -12,7 +12,8 @@ from torch import nn
 from scripts.build_models import example_inputs
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
-from inferfleet.worker.handler import Handler, ModuleHandler
+from inferfleet.worker.handler import Handler
+from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.onnx_backend import OnnxHandler
 from inferfleet.worker.runtime.quantize import DynamicInt8Linear, int8_linear, quantize_module, quantize_weight
 from inferfleet.worker.runtime.loading import _file_version, apply_precision, load_runtime

@@ -32,13 +32,15 @@ import torch
 
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import decode_body
-from inferfleet.worker.serving.batching import spec_of
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError, OutputError
-from inferfleet.worker.handler import Handler, ModuleHandler
+from inferfleet.worker.handler import Handler
+from inferfleet.worker.runtime.modules import ModuleHandler
+from inferfleet.worker.runtime.quantize import quantize_handler
 from inferfleet.worker.runtime.onnx_backend import OnnxHandler, load_onnx
 from inferfleet.worker.runtime.memory import tune_allocator
 from inferfleet.worker.npfiles import load_inputs
+from inferfleet.worker.runtime.signature import spec_of
 
 __all__ = ["ModelRuntime", "apply_precision", "is_out_of_memory", "load_runtime", "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
 
@@ -281,7 +283,7 @@ def apply_precision(handler: Handler, precision: str, device: torch.device) -> N
             raise ModelLoadError(f"--precision int8 (dynamic quantization) runs on the CPU only; "
                                  f"on {device} use --precision fp16 or bf16, or --device cpu")
         try:
-            handler.quantize()
+            quantize_handler(handler)
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from exc
     elif precision in _AUTOCAST and isinstance(handler, OnnxHandler):

@@ -21,7 +21,10 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-__all__ = ["DynamicInt8Linear", "int8_linear", "quantize_graph", "quantize_module", "quantize_weight"]
+from inferfleet.worker.handler import Handler
+
+__all__ = ["DynamicInt8Linear", "int8_linear", "quantize_graph", "quantize_handler", "quantize_module",
+           "quantize_weight"]
 
 _EPS = 1e-12  # keeps an all-zero row or channel from dividing by zero
 
@@ -120,3 +123,20 @@ def quantize_graph(gm: fx.GraphModule) -> int:
     # no eliminate_dead_code(): it would also drop the export's input guards (_guards_fn)
     gm.recompile()
     return count
+
+
+def quantize_handler(handler: Handler) -> None:
+    """int8 for a handler: its own ``quantize()`` if it overrides it, else the default,
+    every ``nn.Linear`` inside its ``nn.Module`` attributes. Raises ValueError when there is none."""
+    if type(handler).quantize is not Handler.quantize:
+        handler.quantize()
+        return
+    swapped = 0
+    for name, value in list(vars(handler).items()):
+        if isinstance(value, nn.Module):
+            module, count = quantize_module(value)
+            setattr(handler, name, module)
+            swapped += count
+    if not swapped:
+        raise ValueError(f"--precision int8 found no torch.nn.Linear in the nn.Module attributes of "
+                         f"{type(handler).__name__}: override Handler.quantize, or serve it in fp32")

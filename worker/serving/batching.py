@@ -5,8 +5,9 @@ in a ``read`` function and a clock, so every rule is unit-tested in
 microseconds with fakes.
 
 Two requests can share a batch when their *signature* is equal: the same
-input form (tensor, list or map), the same dtypes and trailing shapes per
-tensor, and the same params. Their tensors are then concatenated row-wise.
+input spec (:mod:`inferfleet.worker.runtime.signature`: form, dtypes and
+trailing shapes) and the same params. Their tensors are then concatenated
+row-wise.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from typing import Any, Callable, Hashable, Sequence, TypeVar
 import numpy as np
 
 from inferfleet.worker.errors import OutputError
+from inferfleet.worker.runtime.signature import spec_of
 
 __all__ = [
     "Request",
-    "spec_of",
-    "describe_spec",
     "signature_of",
     "collect",
     "form_batches",
@@ -49,33 +49,6 @@ class Request:
     enqueued_ms: int = 0
     picked_ms: float = 0.0
     extra: dict = field(default_factory=dict)
-
-
-def _tensor_spec(arr: np.ndarray) -> tuple[np.dtype, tuple[int, ...]]:
-    return (arr.dtype, arr.shape[1:])  # the dtype object itself: dtype.name is slow
-
-
-def spec_of(inputs: Any) -> Hashable:
-    """The batching-relevant form of inputs: structure, dtypes, trailing shapes."""
-    if isinstance(inputs, np.ndarray):
-        return ("tensor", _tensor_spec(inputs))
-    if isinstance(inputs, dict):
-        return ("map", tuple((k, *_tensor_spec(inputs[k])) for k in sorted(inputs)))
-    return ("list", tuple(_tensor_spec(a) for a in inputs))
-
-
-def describe_spec(spec: Any) -> str:
-    """A readable form of a spec, e.g. ``float32[N,16]`` or ``(x: int64[N,26])``."""
-
-    def one(dtype: np.dtype, trail: tuple[int, ...]) -> str:
-        return f"{np.dtype(dtype).name}[{','.join(['N', *map(str, trail)])}]"
-
-    kind, parts = spec
-    if kind == "tensor":
-        return one(*parts)
-    if kind == "map":
-        return "{" + ", ".join(f"{k}: {one(d, t)}" for k, d, t in parts) + "}"
-    return "(" + ", ".join(one(d, t) for d, t in parts) + ")"
 
 
 def signature_of(inputs: Any, params: dict, spec: Hashable | None = None) -> Hashable:

@@ -23,7 +23,8 @@ from inferfleet.producer.protocol import (
     row_count,
     validate_request_id,
 )
-from inferfleet.worker.serving.batching import Request, describe_spec, signature_of, spec_of
+from inferfleet.worker.runtime.signature import describe_spec, spec_of
+from inferfleet.worker.serving.batching import Request, signature_of
 
 __all__ = ["Answer", "Intake"]
 
