@@ -28,7 +28,7 @@ COPY pyproject.toml README.md ./
 COPY inferfleet ./inferfleet
 COPY producer ./producer
 COPY worker ./worker
-RUN pip install . && rm -rf build
+RUN pip install ".[worker]" && rm -rf build
 
 COPY scripts/build_models.py ./scripts/build_models.py
 RUN python scripts/build_models.py --out /app/models

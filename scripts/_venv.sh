@@ -21,7 +21,7 @@ if [ ! -f "$stamp" ]; then
   # The CPU build of torch 2.13.0 first: a bare "torch" may pull a multi-GB CUDA build.
   python -c 'import torch' 2>/dev/null || pip install -q --disable-pip-version-check "torch==2.13.0" \
     || pip install -q --disable-pip-version-check "torch>=2.2"
-  pip install -q --disable-pip-version-check -e ".[test]"
+  pip install -q --disable-pip-version-check -e ".[worker,test]"
   rm -f .venv/.inferfleet-*
   touch "$stamp"
 fi

@@ -179,6 +179,13 @@ def copy_problems(instrs: list[tuple[str, str]], root: Path, dockerignore: list[
     return problems
 
 
+def package_copy_problems(instrs: list[tuple[str, str]], package_dirs: list[str]) -> list[str]:
+    """Every folder pyproject.toml maps a package to is copied into the image before the install."""
+    copied = {os.path.normpath(s) for s in _copy_sources(instrs)}
+    return [f"the package folder {d} is not copied into the image" for d in package_dirs
+            if os.path.normpath(d) not in copied]
+
+
 def build_steps_problems(instrs: list[tuple[str, str]]) -> list[str]:
     """Base image, the torch index build argument, the project install, the models."""
     args = dict(a.partition("=")[::2] for i, a in instrs if i == "ARG")
@@ -190,8 +197,8 @@ def build_steps_problems(instrs: list[tuple[str, str]]) -> list[str]:
         problems.append("ARG TORCH_INDEX_URL does not default to the PyTorch CPU index")
     if not any("--index-url" in r and "${TORCH_INDEX_URL}" in r for r in runs):
         problems.append("no RUN pip install takes torch from ${TORCH_INDEX_URL}")
-    if not any(re.search(r"pip install \.(\s|$)", r) for r in runs):
-        problems.append("no RUN pip install . (the project itself)")
+    if not any(re.search(r"""pip install ["']?\.\[worker[],]""", r) for r in runs):
+        problems.append("no RUN pip install \".[worker]\" (the project with its worker side)")
     if not any("scripts/build_models.py" in s for s in _copy_sources(instrs)):
         problems.append("scripts/build_models.py is not copied into the image")
     return problems
@@ -224,8 +231,8 @@ def runtime_problems(instrs: list[tuple[str, str]], scripts: dict[str, str]) -> 
         problems.append(f"the metrics port {METRICS_PORT} is not EXPOSEd")
     if not entry or json.loads(entry[-1]) != [CONSOLE_SCRIPT]:
         problems.append(f'ENTRYPOINT is not ["{CONSOLE_SCRIPT}"]')
-    if scripts.get(CONSOLE_SCRIPT) != "inferfleet.worker.cli:main":
-        problems.append(f"pyproject.toml has no console script {CONSOLE_SCRIPT} = inferfleet.worker.cli:main")
+    if scripts.get(CONSOLE_SCRIPT) != "inferfleet.__main__:main":
+        problems.append(f"pyproject.toml has no console script {CONSOLE_SCRIPT} = inferfleet.__main__:main")
     return problems
 
 

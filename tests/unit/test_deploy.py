@@ -11,6 +11,8 @@ too where it is installed; CI installs it (.ci/run), and there its absence is a 
 
 from __future__ import annotations
 
+import re
+
 import copy
 import os
 import shutil
@@ -69,10 +71,17 @@ def files() -> dict[str, Any]:
 # --------------------------------------------------------------------------- all checks of one kind
 
 
+def pyproject_package_dirs() -> list[str]:
+    """The folders pyproject.toml's package-dir maps the packages to."""
+    line = next(l for l in (ROOT / "pyproject.toml").read_text().splitlines() if l.startswith("package-dir"))
+    return re.findall(r'= "([^"]+)"', line)  # one inline table: no TOML parser needed on Python 3.10
+
+
 def docker_problems(f: dict[str, Any]) -> list[str]:
     instrs = dc.parse_dockerfile(f["dockerfile"])
     models = dc.built_models(instrs)
     return (dc.copy_problems(instrs, ROOT, f["dockerignore"]) + dc.build_steps_problems(instrs)
+            + dc.package_copy_problems(instrs, pyproject_package_dirs())
             + dc.runtime_problems(instrs, pyproject_scripts())
             + dc.compose_command_problems(f["compose"], models)[0]
             + dc.worker_pod_problems(f["k8s"], models)[0])
@@ -325,6 +334,10 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
      "COPY tests: excluded by .dockerignore"),
     ("entrypoint", "dockerfile", edit('ENTRYPOINT ["inferfleet"]', 'ENTRYPOINT ["inferfleet-cli"]'),
      'ENTRYPOINT is not ["inferfleet"]'),
+    ("package root not copied", "dockerfile", edit("COPY inferfleet ./inferfleet\n", ""),
+     "the package folder inferfleet is not copied"),
+    ("install without the worker side", "dockerfile", edit('pip install ".[worker]"', "pip install ."),
+     'no RUN pip install ".[worker]"'),
     ("root user", "dockerfile", edit("USER inferfleet", "USER root"), "runs as root"),
     ("stop signal", "dockerfile", edit("STOPSIGNAL SIGTERM", "STOPSIGNAL SIGKILL"), "STOPSIGNAL is not SIGTERM"),
     ("exposed port", "dockerfile", edit("EXPOSE 9100", "EXPOSE 9000"), "9100 is not EXPOSEd"),
