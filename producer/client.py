@@ -1,6 +1,6 @@
 """Producer and AsyncProducer: enqueue inference requests and collect replies.
 
-Both share :class:`_ProducerBase`, which owns everything that is not I/O
+Both share :class:`ProducerBase`, which owns everything that is not I/O
 (request ids, entry fields, shard routing, reply decoding); the two
 subclasses only differ in how they talk to Redis. Every redis-py exception
 is translated into the SDK's own (``inferfleet.producer.errors``) in :func:`_translate`.
@@ -45,7 +45,24 @@ _POP_COUNT = 1000  # replies taken from an inbox per round trip
 _POLL_S = 0.05  # longest blocking wait between rounds of a bulk collect
 
 
-class _ProducerBase:
+def sum_shards(lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[int | None, int]:
+    """(lag, backlog) of a queue from each shard's stream length and XINFO GROUPS reply.
+
+    Lags are summed, and the sum is unknown (None) if one shard's is; the
+    backlog counts such a shard's length (an upper bound) instead. A shard
+    whose group no worker has created yet is all backlog.
+    """
+    lag: int | None = 0
+    backlog = 0
+    for length, shard_groups in zip(lengths, groups):
+        group = workers_group(shard_groups) if length else None
+        one = 0 if not length else int(length) if group is None else group.lag
+        backlog += length if one is None else one
+        lag = None if lag is None or one is None else lag + one
+    return lag, backlog
+
+
+class ProducerBase:
     """What both producers share: names, ids, entry fields, limits and reply decoding."""
 
     def __init__(self, name: str, prefix: str = DEFAULT_PREFIX, default_deadline_s: float | None = 60.0,
@@ -134,31 +151,9 @@ class _ProducerBase:
         reply = decode_reply(raw)
         return reply.raise_for_error() if raise_errors else reply
 
-    @staticmethod
-    def _lag_from(groups: list[dict], length: int) -> int | None:
-        group = workers_group(groups)
-        if group is None:
-            return int(length)  # no worker has created the group yet: all is backlog
-        return group.lag
-
-    @classmethod
-    def _sum_shards(cls, lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[int | None, int]:
-        """(lag, backlog) of the queue from each shard's stream length and groups.
-
-        Lags are summed, and the sum is unknown (None) if one shard's is; the
-        backlog counts such a shard's length (an upper bound) instead.
-        """
-        lag: int | None = 0
-        backlog = 0
-        for length, shard_groups in zip(lengths, groups):
-            one = cls._lag_from(shard_groups, length) if length else 0
-            backlog += length if one is None else one
-            lag = None if lag is None or one is None else lag + one
-        return lag, backlog
-
     # -- map/imap bookkeeping (no I/O: commands are queued on a pipeline) ---
 
-    def _fill(self, pipe: Any, items: Iterator[Any], in_flight: _InFlight, window: int,
+    def _fill(self, pipe: Any, items: Iterator[Any], in_flight: InFlight, window: int,
               params: Mapping[str, Any] | None, deadline_s: float | None, sent: int) -> tuple[list[str], bool]:
         """Queue XADDs on ``pipe`` until ``window`` requests are in flight: (their ids, inputs exhausted)."""
         batch: list[str] = []
@@ -191,7 +186,7 @@ class _ProducerBase:
         return [self.inboxes[waiting[self._turn % len(waiting)]]]
 
     @staticmethod
-    def _take(popped: list[bytes], in_flight: _InFlight, raise_errors: bool) -> list[tuple[int, Reply]]:
+    def _take(popped: list[bytes], in_flight: InFlight, raise_errors: bool) -> list[tuple[int, Reply]]:
         """(input index, reply) of each popped reply that this call is waiting for."""
         taken = []
         for raw in popped:
@@ -202,12 +197,12 @@ class _ProducerBase:
         return taken
 
     @staticmethod
-    def _check_stall(in_flight: _InFlight, last_progress: float, timeout_s: float) -> None:
+    def _check_stall(in_flight: InFlight, last_progress: float, timeout_s: float) -> None:
         if in_flight and time.monotonic() - last_progress > timeout_s:
             raise errors.ReplyTimeout(f"no reply for {timeout_s} s with {len(in_flight)} requests in flight")
 
 
-class _InFlight:
+class InFlight:
     """The requests a map/imap call sent and has no reply for: id -> input index, counted per shard."""
 
     def __init__(self, shards: int) -> None:
@@ -256,7 +251,7 @@ _LIMITS_DOC = """
 """
 
 
-class Producer(_ProducerBase):
+class Producer(ProducerBase):
     """Enqueue requests on queue ``name`` and collect their replies.
 
     >>> p = Producer("redis://localhost:6379/0", "ctr")      # doctest: +SKIP
@@ -432,7 +427,7 @@ class Producer(_ProducerBase):
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
         items = iter(inputs)
-        in_flight = _InFlight(self.shards)
+        in_flight = InFlight(self.shards)
         ready: dict[int, Reply] = {}
         next_out = sent = 0
         exhausted = False
@@ -484,7 +479,7 @@ class Producer(_ProducerBase):
             for stream in busy:
                 pipe.xinfo_groups(stream)
             found = iter(pipe.execute() if busy else [])
-        return self._sum_shards(lengths, [next(found) if n else [] for n in lengths])
+        return sum_shards(lengths, [next(found) if n else [] for n in lengths])
 
     def close(self) -> None:
         """Release the connection pool (if this producer created it)."""
@@ -502,7 +497,7 @@ class Producer(_ProducerBase):
 _END = object()
 
 
-class AsyncProducer(_ProducerBase):
+class AsyncProducer(ProducerBase):
     """The asyncio twin of :class:`Producer` (``await p.submit(...)``)."""
 
     def __init__(
@@ -603,7 +598,7 @@ class AsyncProducer(_ProducerBase):
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
         items = iter(inputs)
-        in_flight = _InFlight(self.shards)
+        in_flight = InFlight(self.shards)
         found: dict[int, Reply] = {}
         sent = 0
         exhausted = False
@@ -645,7 +640,7 @@ class AsyncProducer(_ProducerBase):
             for stream in busy:
                 pipe.xinfo_groups(stream)
             found = iter(await pipe.execute() if busy else [])
-        return self._sum_shards(lengths, [next(found) if n else [] for n in lengths])
+        return sum_shards(lengths, [next(found) if n else [] for n in lengths])
 
     async def close(self) -> None:
         """Release the connection pool (if this producer created it)."""

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from inferfleet.producer import Producer
-from inferfleet.producer.client import _InFlight, _ProducerBase
+from inferfleet.producer.client import InFlight, sum_shards
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import MAX_SHARDS, shard_for, shard_keys, shard_name
 
@@ -86,13 +86,13 @@ def test_unsharded_producer_keeps_the_queue_own_keys() -> None:
 def test_lag_and_backlog_sum_over_shards() -> None:
     group = [{"name": b"workers", "lag": 3}]
     unknown = [{"name": b"workers", "lag": None}]
-    assert _ProducerBase._sum_shards([5, 0, 7], [group, [], group]) == (6, 6)
-    assert _ProducerBase._sum_shards([5, 7], [group, unknown]) == (None, 10)  # unknown: its length
-    assert _ProducerBase._sum_shards([4], [[]]) == (4, 4)  # no group yet: all of it waits
+    assert sum_shards([5, 0, 7], [group, [], group]) == (6, 6)
+    assert sum_shards([5, 7], [group, unknown]) == (None, 10)  # unknown: its length
+    assert sum_shards([4], [[]]) == (4, 4)  # no group yet: all of it waits
 
 
 def test_in_flight_counts_per_shard_and_ignores_stale_replies() -> None:
-    in_flight = _InFlight(3)
+    in_flight = InFlight(3)
     in_flight.add("a", 2, 0)
     in_flight.add("b", 0, 1)
     in_flight.add("c", 2, 2)
