@@ -1,0 +1,126 @@
+"""docs/architecture.md matches the tree, and the code keeps its rules.
+
+The tables of docs/architecture.md are read here: every subpackage and
+module it names exists and every one that exists is named, and each import
+between the packages is one its "may import" column allows (lazy imports in
+functions included). Sizes and private names are held to the house style.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "architecture.md").read_text()
+SUBPACKAGES = ("serving", "runtime", "fleet", "bench", "cli")
+CHECKED = ("inferfleet", "producer", "worker", "scripts", "tests")
+
+
+def _table(heading: str) -> list[list[str]]:
+    section = DOC[DOC.index(heading):]
+    rows = []
+    for line in section.splitlines()[1:]:
+        if line.startswith("## "):
+            break
+        if line.startswith("| ") and not line.startswith("| ---"):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows[1:]  # the header row
+
+
+def _room(module: str) -> str | None:
+    """The package a dotted module name belongs to, as the tables name them."""
+    parts = module.split(".")
+    if parts[:2] == ["inferfleet", "producer"]:
+        return "producer"
+    if parts[:2] == ["inferfleet", "worker"] and len(parts) > 2:
+        return parts[2] if parts[2] in SUBPACKAGES else "shared"
+    return None
+
+
+def _modules(folder: str) -> dict[str, Path]:
+    found = {}
+    for path in (ROOT / folder).rglob("*.py"):
+        dotted = ".".join(("inferfleet", *path.relative_to(ROOT).with_suffix("").parts))
+        found[dotted.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, []) for a in node.names]
+    return found
+
+
+def _allowed() -> dict[str, set[str]]:
+    allowed = {}
+    for package, _, may in _table("## Subpackages and what each may import"):
+        room = package.strip("`").rstrip("/").removeprefix("worker/")
+        allowed[room] = set() if may.startswith("nothing") else {r.strip() for r in may.split(",")}
+    allowed["shared"] = {"producer"}
+    return allowed
+
+
+def test_the_subpackage_table_names_every_subpackage() -> None:
+    on_disk = {p.parent.name for p in (ROOT / "worker").glob("*/__init__.py")}
+    assert set(_allowed()) - {"producer", "shared"} == on_disk == set(SUBPACKAGES)
+
+
+def test_the_shared_module_table_names_every_top_level_module() -> None:
+    named = {row[0].strip("`") for row in _table("## The shared modules at the top of `worker/`")}
+    on_disk = {p.name for p in (ROOT / "worker").glob("*.py")} - {"__init__.py"}
+    assert named == on_disk
+    assert len(on_disk) + 1 <= 14, "worker/ holds at most 14 top-level modules: put new ones in a subpackage"
+
+
+def test_the_module_table_names_every_module_of_every_subpackage() -> None:
+    rows = {row[0].strip("`").rstrip("/"): set(re.findall(r"`(\w+\.py)`", row[1]))
+            for row in _table("## Modules inside the subpackages")}
+    for package in SUBPACKAGES:
+        on_disk = {p.name for p in (ROOT / "worker" / package).glob("*.py")} - {"__init__.py"}
+        assert rows.get(package) == on_disk, package
+
+
+def test_every_import_between_packages_is_one_the_table_allows() -> None:
+    allowed = _allowed()
+    wrong = []
+    for side in ("producer", "worker"):
+        for module, path in _modules(side).items():
+            source = _room(module) if module != "inferfleet.worker" else "shared"
+            for line, target, _ in _imports(path):
+                room = _room(target)
+                if room and source and room != source and room not in allowed[source]:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line}: {source} imports {target}")
+    assert wrong == []
+
+
+def _private_imports(path: Path) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{line}: from {module} import {name}"
+            for line, module, names in _imports(path) if module.split(".")[0] in CHECKED
+            for name in names if name.startswith("_") and not name.startswith("__")]
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    found = [hit for folder in CHECKED for path in sorted((ROOT / folder).rglob("*.py"))
+             for hit in _private_imports(path)]
+    assert found == []
+
+
+@pytest.mark.parametrize("side", ["inferfleet", "producer", "worker"])
+def test_no_class_over_300_lines_and_no_function_over_50(side: str) -> None:
+    too_long = []
+    for path in sorted((ROOT / side).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1 if node.end_lineno else 0
+                limit = 300 if isinstance(node, ast.ClassDef) else 50
+                if lines > limit:
+                    too_long.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} has {lines} lines")
+    assert too_long == []
