@@ -61,6 +61,11 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def pid(self) -> int | None:
+        """The redis-server's process id (None: not running, or the fakeredis fallback)."""
+        return self._proc.pid if self._proc is not None else None
+
     def start(self) -> EmbeddedRedis:
         self.binary = find_redis_server()
         if self.binary:

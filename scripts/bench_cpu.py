@@ -1,0 +1,227 @@
+"""CPU time per request of each process: worker, redis-server and client.
+
+Wall-clock throughput on a shared 2-core machine moves by 30% between runs;
+the CPU each process spends per request does not, so that is the figure to
+optimise (issue "The per-request cost"). Every run starts a private
+redis-server and the worker(s) under test, and reads their CPU time from
+/proc before and after.
+
+Two kinds of run, each repeated ``--runs`` times with the targets interleaved
+(ratios are taken within a run, figures are medians):
+
+* ``drain``: the worker is paused (SIGSTOP) while N one-row requests are
+  written to its stream, then resumed; the run ends when the group has
+  nothing pending or undelivered. Reported: the worker's and redis-server's
+  CPU per request while draining, redis-server's per XADD, and the drain
+  rate. Targets: ``fleet`` (``inferfleet worker``) and ``plain``
+  (scripts/plain_worker.py, about thirty lines with none of the guarantees).
+* ``sdk``: N requests through the SDK end to end with one fleet worker
+  (``Producer.map``, ``submit_many`` + ``results``, ``AsyncProducer.map``):
+  the client's CPU per request beside the worker's and redis-server's, and
+  the requests per second.
+
+    python scripts/bench_cpu.py --kind drain --requests 100000 --runs 3
+    python scripts/bench_cpu.py --kind sdk --requests 60000 --runs 3
+    python scripts/bench_cpu.py --model models/ctr.pt --kind sdk   # CTR inputs are made from its example
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from inferfleet import AsyncProducer, Producer  # noqa: E402
+from inferfleet.producer.protocol import encode_body, workers_group  # noqa: E402
+from inferfleet.worker.bench.load import bench_inputs  # noqa: E402
+from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
+
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+NAME = "cpu"
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S
+
+
+def start_worker(target: str, url: str, model: str, rows: int, extra: list[str]) -> subprocess.Popen:
+    if target == "plain":
+        cmd = [sys.executable, str(ROOT / "scripts" / "plain_worker.py"), "--count", str(rows)]
+    else:
+        cmd = [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--max-batch-rows", str(rows),
+               "--log-level", "warning", *extra]
+    cmd += ["--name", NAME, "--model", model, "--redis-url", url, "--consumer", f"{target}-0"]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+
+
+def wait_joined(client: redis.Redis, proc: subprocess.Popen, consumer: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    stream = f"inferfleet:{{{NAME}}}:requests"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{consumer} exited with status {proc.returncode}")
+        try:
+            if any(c["name"] == consumer.encode() for c in client.xinfo_consumers(stream, "workers")):
+                return
+        except redis.exceptions.ResponseError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{consumer} did not join within {timeout_s} s")
+
+
+def wait_drained(client: redis.Redis, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    stream = f"inferfleet:{{{NAME}}}:requests"
+    while time.monotonic() < deadline:
+        group = workers_group(client.xinfo_groups(stream))
+        if group is not None and group.lag == 0 and group.pending == 0:
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"the stream was not drained within {timeout_s} s")
+
+
+def fill(client: redis.Redis, body: bytes, requests: int, chunk: int = 2000) -> None:
+    stream = f"inferfleet:{{{NAME}}}:requests"
+    for start in range(0, requests, chunk):
+        pipe = client.pipeline(transaction=False)
+        for i in range(start, min(start + chunk, requests)):
+            pipe.xadd(stream, {"id": f"r{i}", "body": body})
+        pipe.execute()
+
+
+def drain_run(target: str, args: argparse.Namespace, body: bytes) -> dict[str, float]:
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        proc = start_worker(target, server.url, args.model, args.max_batch_rows, args.worker_arg)
+        try:
+            wait_joined(client, proc, f"{target}-0")
+            proc.send_signal(signal.SIGSTOP)
+            redis_before = cpu_s(server.pid)
+            fill(client, body, args.requests)
+            redis_xadd = cpu_s(server.pid) - redis_before
+            worker0, redis0, started = cpu_s(proc.pid), cpu_s(server.pid), time.perf_counter()
+            proc.send_signal(signal.SIGCONT)
+            wait_drained(client, args.timeout_s)
+            wall = time.perf_counter() - started
+            worker_s, redis_s = cpu_s(proc.pid) - worker0, cpu_s(server.pid) - redis0
+        finally:
+            proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+            proc.wait(30)
+    n = args.requests
+    return {"worker_us": worker_s / n * 1e6, "redis_us": redis_s / n * 1e6, "redis_xadd_us": redis_xadd / n * 1e6,
+            "drain_rps": n / wall}
+
+
+def _sdk_call(mode: str, url: str, inputs: list[Any]) -> Callable[[], int]:
+    if mode == "map":
+        def call() -> int:
+            with Producer(url, NAME) as p:
+                return sum(r.ok for r in p.map(inputs))
+    elif mode == "submit_many":
+        def call() -> int:
+            with Producer(url, NAME) as p:
+                return sum(r.ok for r in p.results(p.submit_many(inputs), timeout_s=120))
+    else:
+        async def run() -> int:
+            p = AsyncProducer(url, NAME)
+            try:
+                return sum(r.ok for r in await p.map(inputs))
+            finally:
+                await p.close()
+
+        def call() -> int:
+            return asyncio.run(run())
+    return call
+
+
+def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str, float]:
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        proc = start_worker("fleet", server.url, args.model, args.max_batch_rows, args.worker_arg)
+        try:
+            wait_joined(client, proc, "fleet-0")
+            call = _sdk_call(mode, server.url, inputs)
+            worker0, redis0, client0 = cpu_s(proc.pid), cpu_s(server.pid), time.process_time()
+            started = time.perf_counter()
+            ok = call()
+            wall = time.perf_counter() - started
+            client_s = time.process_time() - client0
+            worker_s, redis_s = cpu_s(proc.pid) - worker0, cpu_s(server.pid) - redis0
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    n = len(inputs)
+    if ok != n:
+        raise RuntimeError(f"{mode}: {n - ok} of {n} replies were errors")
+    return {"client_us": client_s / n * 1e6, "worker_us": worker_s / n * 1e6, "redis_us": redis_s / n * 1e6,
+            "rps": n / wall}
+
+
+def median_rows(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    return {target: {k: statistics.median(run[target][k] for run in runs) for k in runs[0][target]}
+            for target in runs[0]}
+
+
+def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
+    columns = list(next(iter(rows.values())))
+    print(f"\n{title}")
+    print(" | ".join(["target", *columns]))
+    for target, row in rows.items():
+        print(" | ".join([target, *(f"{row[c]:,.1f}" for c in columns)]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=["drain", "sdk", "all"], default="all")
+    parser.add_argument("--model", default=str(ROOT / "models" / "affine.pt"))
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--max-batch-rows", type=int, default=256)
+    parser.add_argument("--targets", default="fleet,plain", help="drain targets, comma-separated: fleet, plain")
+    parser.add_argument("--modes", default="map,submit_many,async", help="sdk modes: map, submit_many, async")
+    parser.add_argument("--worker-arg", action="append", default=[], help="extra inferfleet worker option")
+    parser.add_argument("--timeout-s", type=float, default=300.0)
+    parser.add_argument("--json", dest="json_out", default=None, help="write every run and the medians here")
+    args = parser.parse_args()
+    inputs = bench_inputs(args.model, None, 1, seed=0)
+    pool = [inputs[i % len(inputs)] for i in range(args.requests)]
+    report: dict[str, Any] = {"args": vars(args)}
+    if args.kind in ("drain", "all"):
+        runs = [{t: drain_run(t, args, encode_body(pool[0])) for t in args.targets.split(",")}
+                for _ in range(args.runs)]
+        report["drain"] = {"runs": runs, "median": median_rows(runs)}
+        print_table(f"drain {args.requests:,} one-row requests, median of {args.runs} (CPU us a request)",
+                    report["drain"]["median"])
+        if "plain" in runs[0] and "fleet" in runs[0]:
+            ratios = [run["fleet"]["drain_rps"] / run["plain"]["drain_rps"] for run in runs]
+            print(f"fleet/plain drain rate, same run: median {statistics.median(ratios):.2f}x "
+                  f"({', '.join(f'{r:.2f}' for r in ratios)})")
+    if args.kind in ("sdk", "all"):
+        runs = [{m: sdk_run(m, args, pool) for m in args.modes.split(",")} for _ in range(args.runs)]
+        report["sdk"] = {"runs": runs, "median": median_rows(runs)}
+        print_table(f"SDK end to end, {args.requests:,} requests, one worker, median of {args.runs}",
+                    report["sdk"]["median"])
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
