@@ -20,9 +20,9 @@ _VERSION_RE = re.compile(r"[A-Za-z0-9._:+-]{1,64}\Z")
 def _check_model(model: str, version: str | None, check: bool) -> str:
     """Validate the model here before the fleet sees it; return its version."""
     from inferfleet.worker.errors import ModelLoadError
-    from inferfleet.worker.runtime.loading import _file_version, _is_handler_spec, load_model
+    from inferfleet.worker.runtime.loading import file_version, is_handler_spec, load_model
 
-    is_spec = _is_handler_spec(model)
+    is_spec = is_handler_spec(model)
     if not is_spec and not os.path.isfile(model):
         if check or version is None:
             raise click.BadParameter(f"model file {model!r} does not exist here (pass --no-check and --version "
@@ -36,7 +36,7 @@ def _check_model(model: str, version: str | None, check: bool) -> str:
         except ModelLoadError as exc:
             raise click.BadParameter(f"the model does not load: {exc}", param_hint="--model") from exc
         return version or default_version
-    return version or ("1" if is_spec else _file_version(model))
+    return version or ("1" if is_spec else file_version(model))
 
 
 def _serving(client: Any, keys: Any) -> tuple[str, str]:
