@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from inferfleet.worker.cli.options import _cluster, _name, _prefix, _redis_url, _shards, queue_context
+from inferfleet.worker.cli.options import (cluster_option, name_option, prefix_option, queue_context,
+                                           redis_url_option, shards_option)
 
 __all__ = ["alerts", "swap"]
 
@@ -71,7 +72,7 @@ def _wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool
 
 
 @click.command()
-@_name
+@name_option
 @click.option("--model", default=None, help="The new model: a file every worker can read, or module:Handler.")
 @click.option("--version", "version", default=None, help="Its version (default: the file's hash).")
 @click.option("--rollback", is_flag=True, help="Return to the version before the current one.")
@@ -79,10 +80,10 @@ def _wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool
               help="Load the model here first, so a broken file never reaches the fleet.")
 @click.option("--wait-s", type=float, default=60.0, show_default=True,
               help="Wait this long for every live worker to switch (0: do not wait).")
-@_redis_url
-@_prefix
-@_shards
-@_cluster
+@redis_url_option
+@prefix_option
+@shards_option
+@cluster_option
 def swap(name: str, model: str | None, version: str | None, rollback: bool, check: bool, wait_s: float,
          redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
     """Publish a new model version to a queue's workers (hot swap), or roll back.
@@ -122,16 +123,16 @@ def swap(name: str, model: str | None, version: str | None, rollback: bool, chec
 
 
 @click.command()
-@_name
+@name_option
 @click.option("--count", type=int, default=20, show_default=True, help="Most alerts to show.")
 @click.option("--kind", default=None,
               type=click.Choice(["low_confidence", "non_finite", "inconsistent", "swap_failed", "many"]),
               help="Only alerts of this kind.")
 @click.option("--follow", is_flag=True, help="Keep printing new alerts until interrupted.")
-@_redis_url
-@_prefix
-@_shards
-@_cluster
+@redis_url_option
+@prefix_option
+@shards_option
+@cluster_option
 def alerts(name: str, count: int, kind: str | None, follow: bool, redis_url: str | None, prefix: str,
            shards: int, cluster: bool) -> None:
     """Show a queue's alerts: low confidence, NaN/Inf outputs, inconsistent results, failed swaps."""
