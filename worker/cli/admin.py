@@ -12,24 +12,18 @@ from typing import Any
 import click
 
 from inferfleet.producer import errors
-from inferfleet.worker.cli.options import (cluster_option, name_option, prefix_option, queue_context,
-                                           redis_url_option, shards_option)
+from inferfleet.worker.cli.options import QueueConfig, pass_queue_config, queue_options
 from inferfleet.worker.config import ENV_VARS
 
 __all__ = ["dead", "status"]
 
 
 @click.command()
-@click.option("--name", default=None, envvar=ENV_VARS["name"], show_envvar=True,
-              help="One queue (default: every queue under the prefix).")
+@queue_options(name=click.option("--name", default="", envvar=ENV_VARS["name"], show_envvar=True,
+                                 help="One queue (default: every queue under the prefix)."))
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
 @click.option("--interval-s", type=float, default=1.0, show_default=True, help="Refresh period with --watch.")
-@redis_url_option
-@prefix_option
-@shards_option
-@cluster_option
-def status(name: str | None, watch: bool, interval_s: float, redis_url: str | None, prefix: str,
-           shards: int, cluster: bool) -> None:
+def status(queue: QueueConfig, watch: bool, interval_s: float) -> None:
     """Show each queue: length, lag, pending, dead letters, consumers and workers.
 
     A sharded queue shows each shard (NAME.0, NAME.1 ...) as a queue of its own.
@@ -44,8 +38,8 @@ def status(name: str | None, watch: bool, interval_s: float, redis_url: str | No
     from inferfleet.worker.cli.status import admin_client, find_queues, gather, render
 
     try:
-        keys_list = list(shard_keys(name, shards, prefix)) if name else None
-        client = admin_client(redis_url, cluster)
+        keys_list = list(shard_keys(queue.name, queue.shards, queue.prefix)) if queue.name else None
+        client = admin_client(queue.redis_url, queue.cluster)
     except (errors.ProtocolError, ValueError) as exc:
         raise click.BadParameter(str(exc)) from exc
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
@@ -54,9 +48,9 @@ def status(name: str | None, watch: bool, interval_s: float, redis_url: str | No
     def snapshot() -> Any:
         from rich.console import Group
 
-        queues = keys_list or [QueueKeys(q, prefix) for q in find_queues(client, prefix)]
+        queues = keys_list or [QueueKeys(q, queue.prefix) for q in find_queues(client, queue.prefix)]
         if not queues:
-            return f"no queues under prefix {prefix!r}"
+            return f"no queues under prefix {queue.prefix!r}"
         return Group(*(render(gather(client, k)) for k in queues))
 
     console = Console()
@@ -91,13 +85,9 @@ def dead() -> None:
 
 
 @dead.command("list")
-@name_option
+@pass_queue_config
 @click.option("--count", type=int, default=100, show_default=True, help="Most entries to show.")
-@redis_url_option
-@prefix_option
-@shards_option
-@cluster_option
-def dead_list(name: str, count: int, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
+def dead_list(queue: QueueConfig, count: int) -> None:
     """List dead letters, oldest first (shard by shard)."""
     from datetime import datetime, timezone
 
@@ -106,28 +96,24 @@ def dead_list(name: str, count: int, redis_url: str | None, prefix: str, shards:
 
     from inferfleet.worker.serving.deadletter import list_dead
 
-    client, shard_keys = queue_context(name, redis_url, prefix, shards, cluster)
-    table = Table(title=f"dead letters of {name}", title_justify="left")
-    for column in ("dead id", "request id", "when (UTC)", "deliveries", "reason") + ("queue",) * (shards > 1):
+    client, shard_keys = queue.connect()
+    table = Table(title=f"dead letters of {queue.name}", title_justify="left")
+    for column in ("dead id", "request id", "when (UTC)", "deliveries", "reason") + ("queue",) * (queue.shards > 1):
         table.add_column(column)
     for keys in shard_keys:
         for letter in list_dead(client, keys, count):
             when = datetime.fromtimestamp(letter.dead_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
             table.add_row(letter.dead_id, letter.request_id, when, str(letter.deliveries), letter.reason,
-                          *[keys.name] * (shards > 1))
+                          *[keys.name] * (queue.shards > 1))
     Console().print(table if table.row_count else f"no dead letters in {', '.join(k.dead for k in shard_keys)}")
 
 
 @dead.command("show")
-@name_option
+@pass_queue_config
 @click.argument("ident")
-@redis_url_option
-@prefix_option
-@shards_option
-@cluster_option
-def dead_show(name: str, ident: str, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
+def dead_show(queue: QueueConfig, ident: str) -> None:
     """Show one dead letter (IDENT: its dead id or its request id) as JSON."""
-    client, shard_keys = queue_context(name, redis_url, prefix, shards, cluster)
+    client, shard_keys = queue.connect()
     _, letter = _find_dead_in(client, shard_keys, ident)
     shown = {k: v for k, v in vars(letter).items() if k != "fields"}
     shown["fields"] = sorted(k.decode(errors="replace") for k in letter.fields)
@@ -135,21 +121,16 @@ def dead_show(name: str, ident: str, redis_url: str | None, prefix: str, shards:
 
 
 @dead.command("replay")
-@name_option
+@pass_queue_config
 @click.argument("ident", required=False)
 @click.option("--all", "replay_all", is_flag=True, help="Replay every dead letter.")
-@redis_url_option
-@prefix_option
-@shards_option
-@cluster_option
-def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str | None, prefix: str,
-                shards: int, cluster: bool) -> None:
+def dead_replay(queue: QueueConfig, ident: str | None, replay_all: bool) -> None:
     """Put a dead letter (or --all) back on the request stream it came from, same request id."""
     from inferfleet.worker.serving.deadletter import list_dead, replay_dead
 
     if bool(ident) == replay_all:
         raise click.UsageError("give a dead id or request id, or --all")
-    client, shard_keys = queue_context(name, redis_url, prefix, shards, cluster)
+    client, shard_keys = queue.connect()
     found = ([(keys, letter) for keys in shard_keys for letter in list_dead(client, keys, 1_000_000)]
              if replay_all else [_find_dead_in(client, shard_keys, ident or "")])
     for keys, letter in found:
@@ -158,17 +139,13 @@ def dead_replay(name: str, ident: str | None, replay_all: bool, redis_url: str |
 
 
 @dead.command("purge")
-@name_option
+@pass_queue_config
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@redis_url_option
-@prefix_option
-@shards_option
-@cluster_option
-def dead_purge(name: str, yes: bool, redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
+def dead_purge(queue: QueueConfig, yes: bool) -> None:
     """Delete every dead letter of the queue (of every shard)."""
     from inferfleet.worker.serving.deadletter import purge_dead
 
-    client, shard_keys = queue_context(name, redis_url, prefix, shards, cluster)
+    client, shard_keys = queue.connect()
     streams = ", ".join(k.dead for k in shard_keys)
     if not yes:
         click.confirm(f"delete every dead letter in {streams}?", abort=True)

@@ -14,7 +14,7 @@ import numpy as np
 
 from inferfleet.producer import Producer, errors
 from inferfleet.producer.protocol import Reply
-from inferfleet.worker.cli.options import cluster_option, name_option, prefix_option, redis_url_option, shards_option
+from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
 from inferfleet.worker.npfiles import load_inputs, save_outputs
 
 __all__ = ["enqueue", "result"]
@@ -59,9 +59,9 @@ def _show_reply(reply: Reply, output: str | None) -> None:
         sys.exit(1)
 
 
-def _producer(redis_url: str | None, name: str, prefix: str, shards: int = 1, cluster: bool = False) -> Producer:
+def _producer(queue: QueueConfig) -> Producer:
     try:
-        return Producer(redis_url, name, prefix=prefix, shards=shards, cluster=cluster)
+        return Producer(queue.redis_url, queue.name, prefix=queue.prefix, shards=queue.shards, cluster=queue.cluster)
     except errors.ProtocolError as exc:
         raise click.BadParameter(str(exc)) from exc
     except errors.InferfleetError as exc:  # a cluster client connects at once
@@ -69,7 +69,7 @@ def _producer(redis_url: str | None, name: str, prefix: str, shards: int = 1, cl
 
 
 @click.command()
-@name_option
+@pass_queue_config
 @click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help=".npy (one tensor) or .npz (arr_0.. positional, other names keyword) inputs.")
 @click.option("--param", "params", multiple=True, help="KEY=VALUE (VALUE parsed as JSON if it can be).")
@@ -78,19 +78,14 @@ def _producer(redis_url: str | None, name: str, prefix: str, shards: int = 1, cl
 @click.option("--wait/--no-wait", default=False, help="Wait for the reply and print it.")
 @click.option("--timeout-s", type=float, default=30.0, show_default=True, help="With --wait: longest wait.")
 @click.option("--output", default=None, help="With --wait: save outputs to this .npy/.npz file.")
-@redis_url_option
-@prefix_option
-@shards_option
-@cluster_option
-def enqueue(name: str, input_path: str, params: tuple[str, ...], deadline_s: float | None,
-            request_id: str | None, wait: bool, timeout_s: float, output: str | None,
-            redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
+def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadline_s: float | None,
+            request_id: str | None, wait: bool, timeout_s: float, output: str | None) -> None:
     """Enqueue one request from a .npy/.npz file; print its request id (or, with --wait, the reply)."""
     try:
         inputs = load_inputs(input_path)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--input") from exc
-    with _producer(redis_url, name, prefix, shards, cluster) as producer:
+    with _producer(queue) as producer:
         try:
             rid = producer.submit(inputs, _parse_params(params), deadline_s, request_id=request_id)
             if not wait:
@@ -104,18 +99,13 @@ def enqueue(name: str, input_path: str, params: tuple[str, ...], deadline_s: flo
 
 
 @click.command()
-@name_option
+@pass_queue_config
 @click.argument("request_id")
 @click.option("--timeout-s", type=float, default=30.0, show_default=True, help="Longest wait for the reply.")
 @click.option("--output", default=None, help="Save outputs to this .npy/.npz file.")
-@redis_url_option
-@prefix_option
-@shards_option
-@cluster_option
-def result(name: str, request_id: str, timeout_s: float, output: str | None,
-           redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
+def result(queue: QueueConfig, request_id: str, timeout_s: float, output: str | None) -> None:
     """Wait for the reply to REQUEST_ID and print it (exit 1 if it failed)."""
-    with _producer(redis_url, name, prefix, shards, cluster) as producer:
+    with _producer(queue) as producer:
         try:
             reply = producer.result(request_id, timeout_s, raise_errors=False)
         except errors.ProtocolError as exc:
