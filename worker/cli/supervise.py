@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from inferfleet.worker.cli.options import setting_option, settings_field
 from inferfleet.worker.cli.process import setup_logging
 from inferfleet.worker.cli.serving import child_main, worker_options, worker_settings
-from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.config import WorkerSettings, env_var
 from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.fleet.scaling import POLICY_KINDS, PolicySettings
+from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings, resolve_devices
 
 if TYPE_CHECKING:
-    from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings
     from inferfleet.worker.metrics import FleetMetrics
 
 __all__ = ["supervise"]
@@ -29,34 +31,23 @@ log = logging.getLogger("inferfleet")
 
 @click.command()
 @worker_options
-@click.option("--min-workers", type=int, default=1, show_default=True, envvar="INFERFLEET_MIN_WORKERS",
-              show_envvar=True, help="Fewest workers, even when idle.")
-@click.option("--max-workers", type=int, default=None, envvar="INFERFLEET_MAX_WORKERS", show_envvar=True,
+@setting_option(PolicySettings, "min_workers", "--min-workers", type=int)
+@click.option("--max-workers", type=int, default=None, show_envvar=True,  # its default depends on --devices
+              envvar=env_var(settings_field(PolicySettings, "max_workers")),
               help="Most workers (default: one per GPU, or the CPU count).")
-@click.option("--devices", default="auto", show_default=True, envvar="INFERFLEET_DEVICES", show_envvar=True,
+@click.option("--devices", default="auto", show_default=True, show_envvar=True,  # resolved into the field
+              envvar=env_var(settings_field(SupervisorSettings, "devices")),
               help="auto, cpu, or cuda:0,cuda:1,... (workers are placed round-robin).")
-@click.option("--workers-per-device", type=int, default=1, show_default=True,
-              envvar="INFERFLEET_WORKERS_PER_DEVICE", show_envvar=True, help="Workers per GPU.")
-@click.option("--policy", type=click.Choice(["lag", "article", "fixed"]), default="lag", show_default=True,
-              envvar="INFERFLEET_POLICY", show_envvar=True,
-              help="lag: drain-time target with cooldowns; article: queue>50 +1, <10 -1 every 5 s; fixed: min.")
-@click.option("--target-drain-s", type=float, default=5.0, show_default=True, envvar="INFERFLEET_TARGET_DRAIN_S",
-              show_envvar=True, help="Scale up when the backlog would take longer than this to drain.")
-@click.option("--up-cooldown-s", type=float, default=2.0, show_default=True, envvar="INFERFLEET_UP_COOLDOWN_S",
-              show_envvar=True, help="Least time between two scale-ups.")
-@click.option("--down-cooldown-s", type=float, default=20.0, show_default=True,
-              envvar="INFERFLEET_DOWN_COOLDOWN_S", show_envvar=True,
-              help="Least time after a change before scaling down.")
-@click.option("--max-step", type=int, default=2, show_default=True, envvar="INFERFLEET_MAX_STEP",
-              show_envvar=True, help="Most workers added or removed at once.")
-@click.option("--interval-s", type=float, default=1.0, show_default=True, envvar="INFERFLEET_INTERVAL_S",
-              show_envvar=True, help="How often the supervisor observes and decides.")
-@click.option("--drain-timeout-s", type=float, default=60.0, show_default=True,
-              envvar="INFERFLEET_DRAIN_TIMEOUT_S", show_envvar=True, help="Kill workers still draining after this.")
-@click.option("--crash-loop-deaths", type=int, default=5, show_default=True, envvar="INFERFLEET_CRASH_LOOP_DEATHS",
-              show_envvar=True, help="Stop restarting a slot after this many deaths...")
-@click.option("--crash-loop-window-s", type=float, default=60.0, show_default=True,
-              envvar="INFERFLEET_CRASH_LOOP_WINDOW_S", show_envvar=True, help="...within this many seconds.")
+@setting_option(SupervisorSettings, "workers_per_device", "--workers-per-device", type=int)
+@setting_option(PolicySettings, "kind", "--policy", type=click.Choice(POLICY_KINDS))
+@setting_option(PolicySettings, "target_drain_s", "--target-drain-s", type=float)
+@setting_option(PolicySettings, "up_cooldown_s", "--up-cooldown-s", type=float)
+@setting_option(PolicySettings, "down_cooldown_s", "--down-cooldown-s", type=float)
+@setting_option(PolicySettings, "max_step", "--max-step", type=int)
+@setting_option(SupervisorSettings, "interval_s", "--interval-s", type=float)
+@setting_option(SupervisorSettings, "drain_timeout_s", "--drain-timeout-s", type=float)
+@setting_option(SupervisorSettings, "crash_loop_deaths", "--crash-loop-deaths", type=int)
+@setting_option(SupervisorSettings, "crash_loop_window_s", "--crash-loop-window-s", type=float)
 def supervise(log_level: str, log_format: str, min_workers: int, max_workers: int | None, devices: str,
               workers_per_device: int, policy: str, target_drain_s: float, up_cooldown_s: float,
               down_cooldown_s: float, max_step: int, interval_s: float, drain_timeout_s: float,
@@ -65,9 +56,6 @@ def supervise(log_level: str, log_format: str, min_workers: int, max_workers: in
     setup_logging(log_level, log_format)
     os.environ["INFERFLEET_LOG_LEVEL"] = log_level  # children inherit both
     os.environ["INFERFLEET_LOG_FORMAT"] = log_format
-    from inferfleet.worker.fleet.scaling import PolicySettings
-    from inferfleet.worker.fleet.supervisor import SupervisorSettings, resolve_devices
-
     min_workers = _cover_shards(min_workers, options["shards"])
     try:
         device_list = resolve_devices(devices)
@@ -89,8 +77,6 @@ def supervise(log_level: str, log_format: str, min_workers: int, max_workers: in
 
 def _run(settings: SupervisorSettings) -> None:
     """Run the fleet until a stop signal, with the host's one /metrics endpoint when asked."""
-    from inferfleet.worker.fleet.supervisor import Supervisor
-
     stop = threading.Event()
     metrics = _fleet_metrics(settings.worker)  # before the first child: it sets PROMETHEUS_MULTIPROC_DIR
     supervisor = Supervisor(settings, child_main, metrics=metrics)
