@@ -57,16 +57,22 @@ class WorkerSettings:
         "help": "Version reported in replies (default: file hash)."})
     warmup_input: str | None = field(default=None, metadata={
         "help": ".npy/.npz inputs to warm up with (default: the model's example)."})
-    warmup_iters: int = 3
+    warmup_iters: int = field(default=3, metadata={
+        "help": "Forward passes at each warm-up batch size (0: no warm-up)."})
     torch_threads: int = field(default=1, metadata={"help": "Intra-op threads of each worker process."})
     reply_ttl_s: int = field(default=DEFAULT_REPLY_TTL_S, metadata={"help": "TTL of each reply list."})
     max_body_bytes: int = field(default=16 * 1024 * 1024, metadata={"help": "Larger bodies are answered too_large."})
-    idle_block_ms: int = 1000
+    idle_block_ms: int = field(default=1000, metadata={
+        "help": "Longest an idle worker blocks reading the stream before it checks for a stop (a request wakes it "
+                "at once)."})
     claim_idle_s: float = field(default=2.0, metadata={
         "help": "Take over entries of a consumer with no heartbeat once idle this long."})
     max_deliveries: int = field(default=3, metadata={"help": "Dead-letter an entry delivered more often than this."})
-    housekeeping_s: float = 1.0
-    heartbeat_s: float = 1.0
+    housekeeping_s: float = field(default=1.0, metadata={
+        "help": "How often a worker takes over entries of dead consumers, trims the stream and looks for a new "
+                "model version."})
+    heartbeat_s: float = field(default=1.0, metadata={
+        "help": "How often a worker publishes its heartbeat (which expires after 3 of these, at least 2 s)."})
     precision: str = field(default="fp32", metadata={
         "help": "fp16/bf16 run the model under torch.autocast; int8 quantizes its linear layers dynamically "
                 "(CPU; .pt2, .onnx, handlers); outputs stay float32."})
