@@ -1,7 +1,7 @@
 """Worker settings: one frozen dataclass, validated on construction.
 
-Defaults live here and only here; the CLI reads them (and the environment
-variable of every option, :data:`ENV_VARS`) from this module.
+Defaults live here and only here: the CLI builds each option from its field, with the
+field's default, its environment variable (:data:`ENV_VARS`) and the help in its metadata.
 """
 
 from __future__ import annotations
@@ -9,15 +9,16 @@ from __future__ import annotations
 import os
 import re
 import socket
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
 
 from inferfleet.producer.client import DEFAULT_REDIS_URL
-from inferfleet.producer.protocol import (DEFAULT_PREFIX, DEFAULT_REPLY_TTL_S, Limits, QueueKeys, shard_name, validate_name,
-                               validate_prefix)
+from inferfleet.producer.protocol import (DEFAULT_PREFIX, DEFAULT_REPLY_TTL_S, Limits, QueueKeys, shard_name,
+                                          validate_name, validate_prefix)
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.worker.errors import ConfigError
 
-__all__ = ["WorkerSettings", "ENV_VARS", "DEVICE_CHOICES", "PRECISIONS", "default_consumer_name"]
+__all__ = ["WorkerSettings", "ENV_VARS", "DEVICE_CHOICES", "PRECISIONS", "default_consumer_name", "env_var"]
 
 #: fp32 as trained; fp16 and bf16 run under torch.autocast (GPU, and CPU where the ops support it);
 #: int8 is dynamic quantization of the linear layers (CPU only).
@@ -35,45 +36,72 @@ def default_consumer_name() -> str:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """Everything one consumer process needs. Units are in the names."""
+    """Everything one consumer process needs. Units are in the names.
 
-    name: str
-    model: str
-    redis_url: str = field(default_factory=lambda: os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL)
-    prefix: str = DEFAULT_PREFIX
-    device: str = "auto"
-    max_batch_rows: int = 64
-    max_wait_ms: float = 5.0
-    consumer: str = field(default_factory=default_consumer_name)
-    model_version: str | None = None
-    warmup_input: str | None = None
-    warmup_iters: int = 3
-    torch_threads: int = 1
-    reply_ttl_s: int = DEFAULT_REPLY_TTL_S
-    max_body_bytes: int = 16 * 1024 * 1024
-    idle_block_ms: int = 1000
-    claim_idle_s: float = 2.0
-    max_deliveries: int = 3
-    housekeeping_s: float = 1.0
-    heartbeat_s: float = 1.0
-    precision: str = "fp32"
-    compile: bool = False
-    empty_cache_every: int = 0
-    prefetch: str = "auto"
-    tune_malloc: bool = True
+    Each field's metadata holds the help of its CLI option (``help``) and, where it is not
+    ``INFERFLEET_<FIELD>``, its environment variable (``env``): see :func:`env_var`.
+    """
+
+    name: str = field(metadata={"help": "Queue (model) name: 1-64 of A-Z a-z 0-9 . _ -"})
+    model: str = field(metadata={
+        "help": "TorchScript file, torch.export .pt2 file, ONNX .onnx file, or module:Handler."})
+    redis_url: str = field(default_factory=lambda: os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL, metadata={
+        "help": f"Redis URL (redis://, rediss://, unix://); default {DEFAULT_REDIS_URL}.", "env": "REDIS_URL"})
+    prefix: str = field(default=DEFAULT_PREFIX, metadata={"help": "Key prefix of every Redis key."})
+    device: str = field(default="auto", metadata={"help": f"One of {DEVICE_CHOICES}."})
+    max_batch_rows: int = field(default=64, metadata={"help": "Most rows in one forward pass."})
+    max_wait_ms: float = field(default=5.0, metadata={"help": "Longest wait for a batch to fill."})
+    consumer: str = field(default_factory=default_consumer_name, metadata={
+        "help": "Consumer name in the group (default host-pid)."})
+    model_version: str | None = field(default=None, metadata={
+        "help": "Version reported in replies (default: file hash)."})
+    warmup_input: str | None = field(default=None, metadata={
+        "help": ".npy/.npz inputs to warm up with (default: the model's example)."})
+    warmup_iters: int = field(default=3, metadata={
+        "help": "Forward passes at each warm-up batch size (0: no warm-up)."})
+    torch_threads: int = field(default=1, metadata={"help": "Intra-op threads of each worker process."})
+    reply_ttl_s: int = field(default=DEFAULT_REPLY_TTL_S, metadata={"help": "TTL of each reply list."})
+    max_body_bytes: int = field(default=16 * 1024 * 1024, metadata={"help": "Larger bodies are answered too_large."})
+    idle_block_ms: int = field(default=1000, metadata={
+        "help": "Longest an idle worker blocks reading the stream before it checks for a stop (a request wakes it "
+                "at once)."})
+    claim_idle_s: float = field(default=2.0, metadata={
+        "help": "Take over entries of a consumer with no heartbeat once idle this long."})
+    max_deliveries: int = field(default=3, metadata={"help": "Dead-letter an entry delivered more often than this."})
+    housekeeping_s: float = field(default=1.0, metadata={
+        "help": "How often a worker takes over entries of dead consumers, trims the stream and looks for a new "
+                "model version."})
+    heartbeat_s: float = field(default=1.0, metadata={
+        "help": "How often a worker publishes its heartbeat (which expires after 3 of these, at least 2 s)."})
+    precision: str = field(default="fp32", metadata={
+        "help": "fp16/bf16 run the model under torch.autocast; int8 quantizes its linear layers dynamically "
+                "(CPU; .pt2, .onnx, handlers); outputs stay float32."})
+    compile: bool = field(default=False, metadata={"help": "torch.compile the model (torch.export .pt2 models)."})
+    empty_cache_every: int = field(default=0, metadata={"help": "Return cached GPU memory every N batches (0: never)."})
+    prefetch: str = field(default="auto", metadata={
+        "help": "Read and decode the next batch while one computes (auto: on GPUs)."})
+    tune_malloc: bool = field(default=True, metadata={
+        "help": "Fix glibc's mmap/trim thresholds so batch buffers are reused, not re-mapped."})
     # result cache (inferfleet.worker.serving.cache): 0 entries turns the per-worker LFU off; a TTL of 0 the fleet cache
-    cache_size: int = 0
-    fleet_cache_ttl_s: int = 0
+    cache_size: int = field(default=0, metadata={"help": "Entries of the per-worker LFU result cache (0: off)."})
+    fleet_cache_ttl_s: int = field(default=0, metadata={
+        "help": "Also share results fleet-wide in Redis for this long (0: off; needs --cache-size)."})
     # result checks (inferfleet.worker.serving.validation): 0 turns a check off
-    min_confidence: float = 0.0
-    consistency_tol: float = 0.0
-    nan_guard: bool = True
+    min_confidence: float = field(default=0.0, metadata={
+        "help": "Alert when a reply's top score is below this (0: off)."})
+    consistency_tol: float = field(default=0.0, metadata={
+        "help": "Alert when identical inputs on one version differ by more than this (0: off)."})
+    nan_guard: bool = field(default=True, metadata={
+        "help": "Answer model_error (and alert) for outputs holding NaN or Inf."})
     # observability: Prometheus /metrics on this port (0: off)
-    metrics_port: int = 0
+    metrics_port: int = field(default=0, metadata={"help": "Serve Prometheus metrics on this port (0: off)."})
     # Redis Cluster sharding: this worker serves shard `shard` of `shards` (queue NAME.shard)
-    shards: int = 1
-    shard: int = 0
-    cluster: bool = False  # connect with redis-py's RedisCluster (the URL names any one node)
+    shards: int = field(default=1, metadata={
+        "help": "Streams the queue is sharded into (queues NAME.0, NAME.1 ...); a request's shard is CRC-32 of "
+                "its id mod this."})
+    shard: int = field(default=0, metadata={"help": "With --shards: the shard this worker serves (0 to shards-1)."})
+    cluster: bool = field(default=False, metadata={  # connect with redis-py's RedisCluster
+        "help": "Connect to a Redis Cluster (the URL names any one node)."})
 
     def __post_init__(self) -> None:
         try:
@@ -137,6 +165,10 @@ class WorkerSettings:
         return self.max_wait_ms / 1000.0
 
 
-#: The environment variable of each setting (REDIS_URL is also honoured).
-ENV_VARS: dict[str, str] = {f.name: f"INFERFLEET_{f.name.upper()}" for f in fields(WorkerSettings)}
-ENV_VARS["redis_url"] = "REDIS_URL"
+def env_var(setting: Field[Any]) -> str:
+    """The environment variable of a settings field's option: ``INFERFLEET_<FIELD>`` unless its metadata names one."""
+    return setting.metadata.get("env") or f"INFERFLEET_{setting.name.upper()}"
+
+
+#: The environment variable of each setting (the Redis URL's is REDIS_URL); each is read by a CLI option.
+ENV_VARS: dict[str, str] = {f.name: env_var(f) for f in fields(WorkerSettings)}

@@ -11,7 +11,7 @@ from inferfleet.producer import Producer
 from scripts.build_models import example_inputs
 from tests.conftest import worker_env
 from inferfleet.worker.config import WorkerSettings
-from inferfleet.worker.runtime.loading import _file_version, load_runtime
+from inferfleet.worker.runtime.loading import file_version, load_runtime
 
 
 def local(path, **settings):
@@ -30,7 +30,7 @@ def test_worker_serves_an_onnx_model_like_its_torchscript_form(spawn_worker, red
         assert reply.ok, reply.error_message
         assert reply.outputs.dtype == np.float32
         np.testing.assert_allclose(reply.outputs, script.predict(x, {}), rtol=1e-5, atol=1e-5)
-    assert {r.model_version for r in replies} == {_file_version(str(path))}
+    assert {r.model_version for r in replies} == {file_version(str(path))}
     assert max(r.timing["batch_rows"] for r in replies) > 4  # requests were batched through ONNX Runtime
 
 

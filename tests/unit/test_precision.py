@@ -16,7 +16,7 @@ from inferfleet.worker.handler import Handler
 from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.onnx_backend import OnnxHandler
 from inferfleet.worker.runtime.quantize import DynamicInt8Linear, int8_linear, quantize_module, quantize_weight
-from inferfleet.worker.runtime.loading import _file_version, apply_precision, load_runtime
+from inferfleet.worker.runtime.loading import apply_precision, file_version, load_runtime
 
 KINDS = ["affine", "ctr", "cnn"]
 
@@ -144,7 +144,7 @@ def test_onnx_model_equals_torchscript_with_the_same_spec_and_file_version(onnx_
     onnx_rt, script_rt = runtime(path, max_batch_rows=8), runtime(models_dir / f"{kind}.pt")
     assert isinstance(onnx_rt.handler, OnnxHandler) and not onnx_rt.accepts_params
     assert onnx_rt.input_spec == script_rt.input_spec  # the example came from metadata_props
-    assert onnx_rt.version == _file_version(str(path))
+    assert onnx_rt.version == file_version(str(path))
     for rows in (1, 7, 100):  # the batch axis is dynamic
         x = example_inputs(kind, rows=rows, seed=rows)
         np.testing.assert_allclose(onnx_rt.predict(x, {}), script_rt.predict(x, {}), rtol=1e-5, atol=1e-5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from inferfleet.worker.cli.commands import child_main, main
+from inferfleet.worker.cli.app import main
+from inferfleet.worker.cli.serving import child_main
 
 __all__ = ["child_main", "main"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from inferfleet.worker.cli.options import _cluster, _name, _prefix, _redis_url, _shards, queue_context
+from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
 
 __all__ = ["alerts", "swap"]
 
@@ -20,9 +20,9 @@ _VERSION_RE = re.compile(r"[A-Za-z0-9._:+-]{1,64}\Z")
 def _check_model(model: str, version: str | None, check: bool) -> str:
     """Validate the model here before the fleet sees it; return its version."""
     from inferfleet.worker.errors import ModelLoadError
-    from inferfleet.worker.runtime.loading import _file_version, _is_handler_spec, load_model
+    from inferfleet.worker.runtime.loading import file_version, is_handler_spec, load_model
 
-    is_spec = _is_handler_spec(model)
+    is_spec = is_handler_spec(model)
     if not is_spec and not os.path.isfile(model):
         if check or version is None:
             raise click.BadParameter(f"model file {model!r} does not exist here (pass --no-check and --version "
@@ -36,7 +36,7 @@ def _check_model(model: str, version: str | None, check: bool) -> str:
         except ModelLoadError as exc:
             raise click.BadParameter(f"the model does not load: {exc}", param_hint="--model") from exc
         return version or default_version
-    return version or ("1" if is_spec else _file_version(model))
+    return version or ("1" if is_spec else file_version(model))
 
 
 def _serving(client: Any, keys: Any) -> tuple[str, str]:
@@ -71,7 +71,7 @@ def _wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool
 
 
 @click.command()
-@_name
+@pass_queue_config
 @click.option("--model", default=None, help="The new model: a file every worker can read, or module:Handler.")
 @click.option("--version", "version", default=None, help="Its version (default: the file's hash).")
 @click.option("--rollback", is_flag=True, help="Return to the version before the current one.")
@@ -79,12 +79,8 @@ def _wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool
               help="Load the model here first, so a broken file never reaches the fleet.")
 @click.option("--wait-s", type=float, default=60.0, show_default=True,
               help="Wait this long for every live worker to switch (0: do not wait).")
-@_redis_url
-@_prefix
-@_shards
-@_cluster
-def swap(name: str, model: str | None, version: str | None, rollback: bool, check: bool, wait_s: float,
-         redis_url: str | None, prefix: str, shards: int, cluster: bool) -> None:
+def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: bool, check: bool,
+         wait_s: float) -> None:
     """Publish a new model version to a queue's workers (hot swap), or roll back.
 
     Workers load and warm the new version in the background and switch between
@@ -101,7 +97,7 @@ def swap(name: str, model: str | None, version: str | None, rollback: bool, chec
         raise click.BadParameter("must be 0 or more", param_hint="--wait-s")
     if version is not None and not _VERSION_RE.match(version):
         raise click.BadParameter(f"{version!r}: use 1 to 64 of A-Z a-z 0-9 . _ : + -", param_hint="--version")
-    client, shard_list = queue_context(name, redis_url, prefix, shards, cluster)
+    client, shard_list = queue.connect()
     try:
         if model is not None:
             version = _check_model(model, version, check)
@@ -122,18 +118,13 @@ def swap(name: str, model: str | None, version: str | None, rollback: bool, chec
 
 
 @click.command()
-@_name
+@pass_queue_config
 @click.option("--count", type=int, default=20, show_default=True, help="Most alerts to show.")
 @click.option("--kind", default=None,
               type=click.Choice(["low_confidence", "non_finite", "inconsistent", "swap_failed", "many"]),
               help="Only alerts of this kind.")
 @click.option("--follow", is_flag=True, help="Keep printing new alerts until interrupted.")
-@_redis_url
-@_prefix
-@_shards
-@_cluster
-def alerts(name: str, count: int, kind: str | None, follow: bool, redis_url: str | None, prefix: str,
-           shards: int, cluster: bool) -> None:
+def alerts(queue: QueueConfig, count: int, kind: str | None, follow: bool) -> None:
     """Show a queue's alerts: low confidence, NaN/Inf outputs, inconsistent results, failed swaps."""
     import redis
 
@@ -141,7 +132,7 @@ def alerts(name: str, count: int, kind: str | None, follow: bool, redis_url: str
 
     if count < 1:
         raise click.BadParameter("must be at least 1", param_hint="--count")
-    client, shard_list = queue_context(name, redis_url, prefix, shards, cluster)
+    client, shard_list = queue.connect()
 
     def show(alert: Alert) -> None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(alert.time_ms / 1000))

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from inferfleet.worker.errors import ConfigError
@@ -120,17 +120,24 @@ class Observation:
 
 @dataclass(frozen=True)
 class PolicySettings:
-    """How the fleet scales. Validated on construction (ConfigError names the field)."""
+    """How the fleet scales. Validated on construction (ConfigError names the field).
 
-    kind: str = "lag"  # one of POLICY_KINDS
-    min_workers: int = 1
-    max_workers: int = 4
-    target_drain_s: float = 5.0  # scale up when the backlog would take longer to drain
+    A field with a CLI option (``inferfleet supervise``) holds its help in its metadata.
+    """
+
+    kind: str = field(default="lag", metadata={  # one of POLICY_KINDS
+        "help": "lag: drain-time target with cooldowns; article: queue>50 +1, <10 -1 every 5 s; fixed: min.",
+        "env": "INFERFLEET_POLICY"})
+    min_workers: int = field(default=1, metadata={"help": "Fewest workers, even when idle."})
+    max_workers: int = 4  # the CLI's default is computed: one per GPU, or the CPU count
+    target_drain_s: float = field(default=5.0, metadata={
+        "help": "Scale up when the backlog would take longer than this to drain."})
     target_utilization: float = 0.75  # steady arrivals use at most this fraction of capacity
     down_utilization: float = 0.4  # shrink only if the smaller fleet is at most this busy
-    up_cooldown_s: float = 2.0  # min time between two scale-ups
-    down_cooldown_s: float = 20.0  # min time after ANY change before a scale-down
-    max_step: int = 2  # most workers added in one decision
+    up_cooldown_s: float = field(default=2.0, metadata={"help": "Least time between two scale-ups."})
+    down_cooldown_s: float = field(default=20.0, metadata={  # after ANY change
+        "help": "Least time after a change before scaling down."})
+    max_step: int = field(default=2, metadata={"help": "Most workers added or removed at once."})
     default_capacity_rps: float = 500.0  # per-worker capacity until one is measured
     article_up_queue: float = 50.0  # article: average queue per worker over this -> +1
     article_down_queue: float = 10.0  # article: under this -> -1

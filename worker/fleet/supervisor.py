@@ -72,18 +72,21 @@ def resolve_devices(devices: str) -> list[str]:
 
 @dataclass(frozen=True)
 class SupervisorSettings:
-    """How the supervisor runs its fleet. The worker template's consumer name is replaced per slot."""
+    """How the supervisor runs its fleet. The worker template's consumer name is replaced per slot.
+
+    A field with a CLI option (``inferfleet supervise``) holds its help in its metadata.
+    """
 
     worker: WorkerSettings
     policy: PolicySettings
-    devices: tuple[str, ...] = ("cpu",)
-    workers_per_device: int = 1
-    interval_s: float = 1.0
+    devices: tuple[str, ...] = ("cpu",)  # the CLI's --devices is a spec (auto, cpu, cuda:0,...): resolve_devices
+    workers_per_device: int = field(default=1, metadata={"help": "Workers per GPU."})
+    interval_s: float = field(default=1.0, metadata={"help": "How often the supervisor observes and decides."})
     restart_backoff_s: float = 1.0
     max_restart_backoff_s: float = 30.0
-    crash_loop_deaths: int = 5
-    crash_loop_window_s: float = 60.0
-    drain_timeout_s: float = 60.0
+    crash_loop_deaths: int = field(default=5, metadata={"help": "Stop restarting a slot after this many deaths..."})
+    crash_loop_window_s: float = field(default=60.0, metadata={"help": "...within this many seconds."})
+    drain_timeout_s: float = field(default=60.0, metadata={"help": "Kill workers still draining after this."})
 
     def __post_init__(self) -> None:
         if not self.devices:

@@ -42,7 +42,8 @@ from inferfleet.worker.runtime.memory import tune_allocator
 from inferfleet.worker.npfiles import load_inputs
 from inferfleet.worker.runtime.signature import spec_of
 
-__all__ = ["ModelRuntime", "apply_precision", "is_out_of_memory", "load_runtime", "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
+__all__ = ["ModelRuntime", "apply_precision", "file_version", "is_handler_spec", "is_out_of_memory", "load_runtime",
+           "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,8 @@ def _tile_rows(inputs: Any, rows: int) -> Any:
     return [one(v) for v in inputs]
 
 
-def _file_version(path: str) -> str:
+def file_version(path: str) -> str:
+    """A model file's default version: the first 12 hex digits of its SHA-256."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -238,7 +240,8 @@ def _load_handler(spec: str) -> Handler:
     return handler
 
 
-def _is_handler_spec(model: str) -> bool:
+def is_handler_spec(model: str) -> bool:
+    """Whether ``model`` names a ``module:Handler`` to import rather than a file."""
     return ":" in model and not os.path.exists(model)
 
 
@@ -252,7 +255,7 @@ _LOADERS = {".pt2": _load_export, ".onnx": _load_onnx}
 
 def load_model(model: str, device: torch.device) -> tuple[Handler, Any, str]:
     """Load a model of any supported kind; return (handler, example inputs, default version)."""
-    if _is_handler_spec(model):
+    if is_handler_spec(model):
         handler = _load_handler(model)
         handler.setup(device)
         return handler, handler.example_inputs(), handler.version or "1"
@@ -265,7 +268,7 @@ def load_model(model: str, device: torch.device) -> tuple[Handler, Any, str]:
         kind = "torch.export program" if loader is _load_export else "TorchScript file"
         raise ModelLoadError(f"cannot load {model!r} as a {kind}: {exc}") from exc
     handler.setup(device)
-    return handler, example, _file_version(model)
+    return handler, example, file_version(model)
 
 
 def _set_threads(threads: int) -> None:

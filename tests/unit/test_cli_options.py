@@ -1,0 +1,186 @@
+"""The CLI's options against the settings dataclasses: one source for defaults, env vars and help."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, Iterator
+
+import click
+import pytest
+
+from inferfleet.worker.cli import main
+from inferfleet.worker.cli.options import QueueConfig, SettingOption, pass_queue_config, setting_option
+from inferfleet.worker.config import ENV_VARS, WorkerSettings, env_var
+from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.fleet.scaling import PolicySettings
+from inferfleet.worker.fleet.supervisor import SupervisorSettings
+
+
+def commands(command: click.Command = main, path: str = "inferfleet") -> Iterator[tuple[str, click.Command]]:
+    """Every command of the CLI, groups' subcommands included, with its full name."""
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from commands(sub, f"{path} {name}")
+
+
+def command(name: str) -> click.Command:
+    return dict(commands())[f"inferfleet {name}"]
+
+
+def _field(settings: type, name: str) -> Field[Any]:
+    return next(f for f in fields(settings) if f.name == name)
+
+
+def setting_options(cmd: click.Command) -> list[SettingOption]:
+    return [p for p in cmd.params if isinstance(p, SettingOption)]
+
+
+def shown_default(cmd: click.Command, option: click.Option) -> str | None:
+    with click.Context(cmd, info_name=cmd.name) as ctx:
+        return option.get_help_extra(ctx).get("default")
+
+
+def expected_shown(option: click.Option, default: Any) -> str | None:
+    """What --help shows as the default: the value, or the name of a boolean flag's default side."""
+    if default is None:
+        return None
+    if isinstance(default, bool) and option.secondary_opts:
+        return (option.opts if default else option.secondary_opts)[0].lstrip("-")
+    return str(default)
+
+
+def test_every_env_var_of_the_worker_settings_is_read_by_an_option() -> None:
+    read = {p.envvar for _, cmd in commands() for p in cmd.params if isinstance(p, click.Option)}
+    assert set(ENV_VARS.values()) - read == set()
+
+
+def test_the_worker_has_an_option_built_from_every_worker_settings_field() -> None:
+    built = {p.setting.name for p in setting_options(command("worker"))}
+    assert built == {f.name for f in fields(WorkerSettings)}
+
+
+@pytest.mark.parametrize("name", ["worker", "supervise"])
+def test_every_worker_option_has_the_fields_default_env_var_and_help(name: str) -> None:
+    cmd = command(name)
+    for option in setting_options(cmd):
+        setting = option.setting
+        assert option.envvar == env_var(setting), option.name
+        assert option.help == setting.metadata["help"], option.name
+        if setting.default is not MISSING:
+            assert option.default == setting.default, option.name
+            assert shown_default(cmd, option) == expected_shown(option, setting.default), option.name
+        elif setting.default_factory is not MISSING:  # None: the dataclass computes it (REDIS_URL, host-pid)
+            assert option.default is None and not option.required, option.name
+        else:
+            assert option.required, option.name
+
+
+def test_every_option_built_from_a_field_anywhere_shows_its_default() -> None:
+    for path, cmd in commands():
+        for option in setting_options(cmd):
+            assert option.envvar == env_var(option.setting), (path, option.name)
+            if option.setting.default is not MISSING:
+                assert option.default == option.setting.default, (path, option.name)
+                assert shown_default(cmd, option) == expected_shown(option, option.setting.default), (path, option.name)
+
+
+def test_supervise_builds_every_supervisor_and_policy_option_from_its_field() -> None:
+    cmd = command("supervise")
+    built = {p.setting.name: p for p in setting_options(cmd)}
+    for settings in (SupervisorSettings, PolicySettings):
+        names = {f.name for f in fields(settings) if "help" in f.metadata}
+        assert names, settings
+        for name in names:
+            setting = _field(settings, name)
+            assert built[name].setting is setting, name
+            assert built[name].default == setting.default, name
+            assert shown_default(cmd, built[name]) == str(setting.default), name
+    assert built["kind"].opts == ["--policy"] and built["kind"].envvar == "INFERFLEET_POLICY"
+    assert built["min_workers"].envvar == "INFERFLEET_MIN_WORKERS"
+
+
+def test_supervise_options_not_built_from_a_field_are_the_known_few() -> None:
+    # --devices is a spec the command resolves into the field; --max-workers' default follows --devices.
+    plain = {p.name for p in command("supervise").params if not isinstance(p, SettingOption)}
+    assert plain == {"devices", "max_workers", "log_level", "log_format"}
+    params = {p.name: p for p in command("supervise").params}
+    assert params["max_workers"].envvar == env_var(_field(PolicySettings, "max_workers"))
+    assert params["devices"].envvar == "INFERFLEET_DEVICES"
+
+
+def _range_options() -> list[SettingOption]:
+    return [p for p in setting_options(command("worker")) if isinstance(p.type, (click.IntRange, click.FloatRange))]
+
+
+def test_an_options_range_is_what_the_worker_settings_accept() -> None:
+    assert {p.name for p in _range_options()} == {"warmup_iters", "idle_block_ms", "housekeeping_s", "heartbeat_s"}
+    for option in _range_options():
+        low, high = option.type.min, option.type.max
+        step = 1 if isinstance(option.type, click.IntRange) else low / 2
+        for ok in (low, high):
+            assert getattr(WorkerSettings(name="q", model="m.pt", **{option.name: ok}), option.name) == ok
+        for bad in (low - step, high + step):
+            with pytest.raises(ConfigError, match=option.name):
+                WorkerSettings(name="q", model="m.pt", **{option.name: bad})
+
+
+def test_a_default_changed_in_the_dataclass_changes_the_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    @dataclass(frozen=True)
+    class Demo:
+        name: str = field(metadata={"help": "A name."})
+        rows: int = field(default=7, metadata={"help": "Rows."})
+        url: str = field(default_factory=lambda: "computed", metadata={"help": "A URL.", "env": "DEMO_URL"})
+
+    @click.command()
+    @setting_option(Demo, "name", "--name")
+    @setting_option(Demo, "rows", "--rows", type=int)
+    @setting_option(Demo, "url", "--url")
+    def demo(**options: Any) -> None:
+        pass
+
+    params = {p.name: p for p in demo.params}
+    assert params["name"].required and params["name"].envvar == "INFERFLEET_NAME"
+    assert params["rows"].default == 7 and params["rows"].help == "Rows." and params["rows"].show_default
+    assert params["url"].default is None and params["url"].envvar == "DEMO_URL"
+    assert demo.make_context("demo", ["--name", "q"]).params == {"name": "q", "rows": 7, "url": None}
+    monkeypatch.setenv("INFERFLEET_ROWS", "9")
+    assert demo.make_context("demo", ["--name", "q"]).params["rows"] == 9
+    with pytest.raises(TypeError, match="no field 'nope'"):
+        setting_option(Demo, "nope", "--nope")
+
+
+def test_pass_queue_config_hands_one_frozen_config_and_keeps_the_help_order() -> None:
+    seen: list[tuple[QueueConfig, int]] = []
+
+    @click.command()
+    @pass_queue_config
+    @click.option("--count", type=int, default=1)
+    def listing(queue: QueueConfig, count: int) -> None:
+        seen.append((queue, count))
+
+    assert [p.name for p in listing.params] == ["name", "count", "redis_url", "prefix", "shards", "cluster"]
+    listing.main(["--name", "q", "--count", "3", "--shards", "2", "--cluster"], standalone_mode=False)
+    queue, count = seen[0]
+    assert count == 3
+    assert queue == QueueConfig(name="q", redis_url=None, prefix=_field(WorkerSettings, "prefix").default, shards=2,
+                                cluster=True)
+    with pytest.raises(AttributeError):
+        queue.name = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", ["enqueue", "result", "swap", "alerts", "dead list", "dead show", "dead replay",
+                                  "dead purge", "status"])
+def test_queue_commands_take_the_queue_options_from_one_place(name: str) -> None:
+    params = command(name).params
+    options = [p.name for p in params if isinstance(p, click.Option) and p.name != "help"]
+    assert options[0] == "name"
+    assert options[-4:] == ["redis_url", "prefix", "shards", "cluster"]
+    connection = [p for p in params if p.name in ("redis_url", "prefix", "shards", "cluster")]
+    assert all(isinstance(p, SettingOption) for p in connection)
+
+
+def test_env_var_is_inferfleet_name_unless_the_field_names_one() -> None:
+    assert env_var(_field(WorkerSettings, "max_batch_rows")) == "INFERFLEET_MAX_BATCH_ROWS"
+    assert env_var(_field(WorkerSettings, "redis_url")) == "REDIS_URL"
+    assert env_var(_field(PolicySettings, "kind")) == "INFERFLEET_POLICY"

@@ -1,0 +1,29 @@
+"""The ``inferfleet`` click group, with every command family registered on it.
+
+One module per family: :mod:`.serving` (worker), :mod:`.supervise`, :mod:`.requests` (enqueue,
+result), :mod:`.admin` (status, dead), :mod:`.bench` and :mod:`.lifecycle` (swap, alerts); the
+options they share are in :mod:`.options`. Only the commands that need torch import it, when run.
+
+Every option has an environment variable (shown in ``--help``); bad input exits with a clear
+message and status 2, a failed request with status 1. The command line is the only part of
+inferfleet that configures logging or prints.
+"""
+
+from __future__ import annotations
+
+import click
+
+from inferfleet.worker.cli import admin, bench, lifecycle, requests, serving, supervise
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="inferfleet")
+def main() -> None:
+    """inferfleet: PyTorch inference workers fed by Redis Streams."""
+
+
+for _command in (serving.worker, supervise.supervise, requests.enqueue, requests.result, admin.status, admin.dead,
+                 bench.bench, lifecycle.swap, lifecycle.alerts):
+    main.add_command(_command)

@@ -1,0 +1,45 @@
+"""What the commands that run a long-lived process share: the log options and set-up, the stop signals.
+
+The command line is the only part of inferfleet that configures logging.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+import click
+
+__all__ = ["install_stop_handlers", "log_format_option", "log_level_option", "setup_logging"]
+
+log = logging.getLogger("inferfleet")
+
+log_level_option = click.option("--log-level", default="info", envvar="INFERFLEET_LOG_LEVEL", show_envvar=True,
+                                type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+log_format_option = click.option("--log-format", default="text", envvar="INFERFLEET_LOG_FORMAT", show_envvar=True,
+                                 show_default=True, type=click.Choice(["text", "json"]),
+                                 help="json: one JSON object a line, with consumer, batch and request ids.")
+
+
+def setup_logging(level: str, fmt: str = "text") -> None:
+    """Configure the root logger: ``level``, as text lines or one JSON object a line."""
+    from inferfleet.worker.logs import setup_logging as setup
+
+    setup(level, fmt)
+
+
+def install_stop_handlers(stop: threading.Event) -> None:
+    """First SIGTERM/SIGINT: finish the current batch and leave. Second: exit now."""
+
+    def handle(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            log.warning("second %s: exiting without draining", signal.Signals(signum).name)
+            os._exit(128 + signum)
+        log.info("%s received: finishing the current batch, then stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)

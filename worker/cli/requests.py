@@ -1,0 +1,115 @@
+"""``inferfleet enqueue`` and ``inferfleet result``: send one request, wait for its reply.
+
+A reply that is an error exits with status 1 (after printing it); bad input exits with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+import numpy as np
+
+from inferfleet.producer import Producer, errors
+from inferfleet.producer.protocol import Reply
+from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
+from inferfleet.worker.npfiles import load_inputs, save_outputs
+
+__all__ = ["enqueue", "result"]
+
+
+def _parse_params(pairs: tuple[str, ...]) -> dict:
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--param")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        text = {"dtype": str(value.dtype), "shape": list(value.shape)}
+        if value.size <= 32:
+            text["values"] = value.tolist()
+        return text
+    if isinstance(value, dict):
+        return {k: _describe(v) for k, v in value.items()}
+    return [_describe(v) for v in value]
+
+
+def _show_reply(reply: Reply, output: str | None) -> None:
+    summary: dict[str, Any] = {"id": reply.id, "ok": reply.ok,
+                               "model": {"name": reply.model_name, "version": reply.model_version},
+                               "timing": reply.timing}
+    if reply.ok:
+        summary["outputs"] = _describe(reply.outputs)
+        if output:
+            save_outputs(output, reply.outputs)
+    else:
+        summary["error"] = {"code": reply.error_code, "message": reply.error_message}
+    click.echo(json.dumps(summary, indent=2))
+    if not reply.ok:
+        sys.exit(1)
+
+
+def _producer(queue: QueueConfig) -> Producer:
+    try:
+        return Producer(queue.redis_url, queue.name, prefix=queue.prefix, shards=queue.shards, cluster=queue.cluster)
+    except errors.ProtocolError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    except errors.InferfleetError as exc:  # a cluster client connects at once
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command()
+@pass_queue_config
+@click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help=".npy (one tensor) or .npz (arr_0.. positional, other names keyword) inputs.")
+@click.option("--param", "params", multiple=True, help="KEY=VALUE (VALUE parsed as JSON if it can be).")
+@click.option("--deadline-s", type=float, default=None, help="Answer 'expired' if not picked up in time.")
+@click.option("--request-id", default=None, help="Choose the request id (default: a fresh one).")
+@click.option("--wait/--no-wait", default=False, help="Wait for the reply and print it.")
+@click.option("--timeout-s", type=float, default=30.0, show_default=True, help="With --wait: longest wait.")
+@click.option("--output", default=None, help="With --wait: save outputs to this .npy/.npz file.")
+def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadline_s: float | None,
+            request_id: str | None, wait: bool, timeout_s: float, output: str | None) -> None:
+    """Enqueue one request from a .npy/.npz file; print its request id (or, with --wait, the reply)."""
+    try:
+        inputs = load_inputs(input_path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--input") from exc
+    with _producer(queue) as producer:
+        try:
+            rid = producer.submit(inputs, _parse_params(params), deadline_s, request_id=request_id)
+            if not wait:
+                click.echo(rid)
+                return
+            _show_reply(producer.result(rid, timeout_s, raise_errors=False), output)
+        except errors.ProtocolError as exc:
+            raise click.BadParameter(str(exc)) from exc
+        except errors.InferfleetError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.command()
+@pass_queue_config
+@click.argument("request_id")
+@click.option("--timeout-s", type=float, default=30.0, show_default=True, help="Longest wait for the reply.")
+@click.option("--output", default=None, help="Save outputs to this .npy/.npz file.")
+def result(queue: QueueConfig, request_id: str, timeout_s: float, output: str | None) -> None:
+    """Wait for the reply to REQUEST_ID and print it (exit 1 if it failed)."""
+    with _producer(queue) as producer:
+        try:
+            reply = producer.result(request_id, timeout_s, raise_errors=False)
+        except errors.ProtocolError as exc:
+            raise click.BadParameter(str(exc), param_hint="REQUEST_ID") from exc
+        except errors.InferfleetError as exc:
+            raise click.ClickException(str(exc)) from exc
+    _show_reply(reply, output)
