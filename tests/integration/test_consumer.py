@@ -190,7 +190,7 @@ def test_out_of_memory_splits_the_batch_and_lowers_the_row_limit(redis_url, redi
     assert all(r.ok for r in replies)  # every request answered despite the OOM
     for x, r in zip(inputs, replies):
         np.testing.assert_array_equal(r.outputs, x * 2)
-    assert consumer.row_limit == 8  # halved twice: 32 -> 16 -> 8
+    assert consumer.row_limit.rows == 8  # halved twice: 32 -> 16 -> 8
     more = producer.submit_many(inputs)
     drain(consumer)
     assert max(r.timing["batch_rows"] for r in producer.results(more, timeout_s=5)) <= 8

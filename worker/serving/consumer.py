@@ -37,6 +37,7 @@ from inferfleet.worker.logs import batch_context
 from inferfleet.worker.metrics import reply_codes, worker_metrics
 from inferfleet.worker.serving.quality import ResultPolicy
 from inferfleet.worker.serving.recovery import Delivery, claim_from, dead_consumers, own_pending, start_attempt
+from inferfleet.worker.serving.rowlimit import RowLimit
 from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
 
 __all__ = ["Consumer", "REPLY_SCRIPT", "ensure_group"]
@@ -135,8 +136,7 @@ class Consumer:
         self._prefetched: list[Request | Answer] = []  # read ahead, answered next round
         self._pool: ThreadPoolExecutor | None = None
         self.prefetch = settings.prefetch == "on" or (settings.prefetch == "auto" and runtime.device.type == "cuda")
-        self.row_limit = settings.max_batch_rows  # lowered after an out-of-memory error
-        self._good_batches = 0
+        self.row_limit = RowLimit(settings.max_batch_rows)  # lowered after an out-of-memory error
         self._replay_own = True  # first thing after start or reconnect
         self._next_housekeeping = 0.0
         self._next_stats_log = time.monotonic() + 10.0
@@ -226,7 +226,7 @@ class Consumer:
             self._load_own_pending()
         if self._suspects:
             return self._run_suspect(self._suspects.pop(0))
-        items = collect(self._read, self.row_limit, self.settings.max_wait_s,
+        items = collect(self._read, self.row_limit.rows, self.settings.max_wait_s,
                         rows_of=lambda item: item.rows if isinstance(item, Request) else 0)
         if items:
             started = time.perf_counter()
@@ -247,7 +247,7 @@ class Consumer:
         """
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"read-ahead-{self.settings.consumer}")
-        return self._pool.submit(self._read, self.row_limit, 0.0)
+        return self._pool.submit(self._read, self.row_limit.rows, 0.0)
 
     def _answer(self, items: list[Request | Answer]) -> tuple[int, int]:
         """Compute and reply to one round of items; returns (batches, rows)."""
@@ -256,7 +256,7 @@ class Consumer:
         duplicates: list[tuple[Request, Request]] = []
         if requests and self.results.keyed:
             requests, duplicates = self._from_cache(requests, answers)
-        batches = form_batches(requests, self.row_limit)
+        batches = form_batches(requests, self.row_limit.rows)
         for batch in batches:
             answers.extend(self._infer(batch))
         for dup, first in duplicates:
@@ -379,7 +379,8 @@ class Consumer:
         computed = predict_isolated(batch, predict)
         version = self.runtime.version
         results = [self.results.review(req, res, version, suspicious) for req, res in zip(batch, computed)]
-        self._recover_row_limit()
+        if self.row_limit.batch_computed():
+            log.info("consumer %s: row limit raised to %d", self.settings.consumer, self.row_limit.rows)
         every = self.settings.empty_cache_every
         if every and self.total.batches % every == every - 1:
             self.runtime.release_memory()  # the article's memory hygiene: return cached blocks
@@ -400,22 +401,10 @@ class Consumer:
     def _out_of_memory(self, rows: int) -> None:
         """Halve the row limit below the batch that did not fit; bisection retries the halves."""
         self.runtime.release_memory()
-        new_limit = max(1, rows // 2)
-        if new_limit < self.row_limit:
+        before = self.row_limit.rows
+        if self.row_limit.out_of_memory(rows):
             log.warning("consumer %s: out of memory on %d rows; row limit %d -> %d",
-                        self.settings.consumer, rows, self.row_limit, new_limit)
-            self.row_limit = new_limit
-        self._good_batches = 0
-
-    def _recover_row_limit(self) -> None:
-        """After a run of good batches, double the row limit back toward the configured one."""
-        if self.row_limit >= self.settings.max_batch_rows:
-            return
-        self._good_batches += 1
-        if self._good_batches >= 100:
-            self.row_limit = min(self.settings.max_batch_rows, self.row_limit * 2)
-            self._good_batches = 0
-            log.info("consumer %s: row limit raised to %d", self.settings.consumer, self.row_limit)
+                        self.settings.consumer, rows, before, self.row_limit.rows)
 
     def _encode(self, req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
         meta = self.runtime.model_meta
