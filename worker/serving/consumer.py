@@ -19,7 +19,6 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import redis
@@ -30,11 +29,11 @@ from inferfleet.worker.serving.batching import Request, collect, concat_inputs, 
 from inferfleet.worker.serving.cache import split_duplicates
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.serving.deadletter import DEAD_MAXLEN, dead_fields
-from inferfleet.worker.heartbeat import Meter
+from inferfleet.worker.counters import Counters
 from inferfleet.worker.serving.intake import Answer, Intake
 from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.logs import batch_context
-from inferfleet.worker.metrics import reply_codes, worker_metrics
+from inferfleet.worker.metrics import worker_metrics
 from inferfleet.worker.serving.quality import ResultPolicy
 from inferfleet.worker.serving.recovery import Delivery, claim_from, dead_consumers, own_pending, start_attempt
 from inferfleet.worker.serving.rowlimit import RowLimit
@@ -104,22 +103,6 @@ def _id_key(entry_id: bytes | str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-@dataclass
-class Stats:
-    """Counters since the last periodic log line."""
-
-    requests: int = 0
-    batches: int = 0
-    rows: int = 0
-    errors: int = 0
-    skipped: int = 0
-
-    def reset(self) -> Stats:
-        snapshot = Stats(**vars(self))
-        self.__init__()  # type: ignore[misc]
-        return snapshot
-
-
 class Consumer:
     """One consumer of group ``workers`` on one queue, with one model runtime."""
 
@@ -140,11 +123,9 @@ class Consumer:
         self._replay_own = True  # first thing after start or reconnect
         self._next_housekeeping = 0.0
         self._next_stats_log = time.monotonic() + 10.0
-        self.stats = Stats()
-        self.total = Stats()
-        self.meter = Meter()
-        self.metrics = worker_metrics(settings.name, settings.metrics_port)  # NAME, for every shard
-        self.metrics.model_version(runtime.version)
+        self.counters = Counters(worker_metrics(settings.name, settings.metrics_port))  # NAME, for every shard
+        self.counters.model_version(runtime.version)
+        self._window = self.counters.snapshot()  # the totals at the last periodic log line
         self._batch_seq = 0  # numbers batches in the logs (record field ``batch``)
         self.results = ResultPolicy(settings, self.keys, client)
         self.watcher: ModelWatcher | None = None  # set by serve() to follow hot swaps
@@ -178,7 +159,7 @@ class Consumer:
             self._pool.shutdown(wait=True)
         self.leave()
         log.info("consumer %s stopped after %d requests in %d batches",
-                 self.settings.consumer, self.total.requests, self.total.batches)
+                 self.settings.consumer, self.counters.requests, self.counters.batches)
 
     def _finish_prefetched(self) -> None:
         """Answer what was read ahead before stopping (best effort: else it is taken over)."""
@@ -225,16 +206,19 @@ class Consumer:
         if self._replay_own:
             self._load_own_pending()
         if self._suspects:
-            return self._run_suspect(self._suspects.pop(0))
+            started = time.perf_counter()
+            handled = self._run_suspect(self._suspects.pop(0))
+            self.counters.busy(time.perf_counter() - started)
+            return handled
         items = collect(self._read, self.row_limit.rows, self.settings.max_wait_s,
                         rows_of=lambda item: item.rows if isinstance(item, Request) else 0)
         if items:
             started = time.perf_counter()
             ahead = self._read_ahead() if self.prefetch else None
-            batches, rows = self._answer(items)
+            self._answer(items)
             if ahead is not None:
                 self._prefetched = ahead.result()
-            self.meter.record(len(items), batches, rows, time.perf_counter() - started)
+            self.counters.busy(time.perf_counter() - started)
         self._maybe_housekeep()
         return len(items)
 
@@ -249,8 +233,8 @@ class Consumer:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"read-ahead-{self.settings.consumer}")
         return self._pool.submit(self._read, self.row_limit.rows, 0.0)
 
-    def _answer(self, items: list[Request | Answer]) -> tuple[int, int]:
-        """Compute and reply to one round of items; returns (batches, rows)."""
+    def _answer(self, items: list[Request | Answer]) -> None:
+        """Compute and reply to one round of items."""
         answers = [item for item in items if isinstance(item, Answer)]
         requests = [item for item in items if isinstance(item, Request)]
         duplicates: list[tuple[Request, Request]] = []
@@ -268,10 +252,7 @@ class Consumer:
             self._alert(alerts)
         self._write(answers)
         self.results.flush()  # after the replies: a cache write must never delay or block one
-        self.stats.requests += len(items)
-        self.total.requests += len(items)
-        self.stats.errors += sum(1 for a in answers if not a.ok)
-        return len(batches), sum(r.rows for r in requests)
+        self.counters.answered(len(items), sum(1 for a in answers if not a.ok))
 
     # -- reading -----------------------------------------------------------
 
@@ -346,11 +327,8 @@ class Consumer:
         unique, dupes = split_duplicates([r.extra["digest"] for r in misses])
         cache.stats.batch_hits += len(dupes)
         cache.stats.misses -= len(dupes)
-        if self.metrics.enabled:
-            self.metrics.cache_lookup("local", tiers["local"], len(requests) - tiers["local"])
-            if cache.client is not None:
-                self.metrics.cache_lookup("fleet", tiers["fleet"], len(requests) - sum(tiers.values()))
-            self.metrics.cache_lookup("batch", len(dupes), len(unique))
+        fleet = tiers["fleet"] if cache.client is not None else None
+        self.counters.cache_looked_up(len(requests), tiers["local"], fleet, len(dupes), len(unique))
         return [misses[i] for i in unique], [(misses[i], misses[j]) for i, j in dupes]
 
     def _infer(self, batch: list[Request]) -> list[Answer]:
@@ -382,17 +360,12 @@ class Consumer:
         if self.row_limit.batch_computed():
             log.info("consumer %s: row limit raised to %d", self.settings.consumer, self.row_limit.rows)
         every = self.settings.empty_cache_every
-        if every and self.total.batches % every == every - 1:
+        if every and self.counters.batches % every == every - 1:
             self.runtime.release_memory()  # the article's memory hygiene: return cached blocks
         infer_ms = (time.perf_counter() - started) * 1000.0
-        self.stats.batches += 1
-        self.stats.rows += rows_total
-        self.total.batches += 1
+        self.counters.batch_computed(batch, rows_total, infer_ms / 1000.0)
         log.debug("consumer %s: batch of %d rows, %d requests, %.2f ms",
                   self.settings.consumer, rows_total, len(batch), infer_ms)
-        if self.metrics.enabled:
-            self.metrics.batch_done(rows_total, infer_ms / 1000.0,
-                                    [(r.picked_ms - r.enqueued_ms) / 1000.0 for r in batch])
         if self.results.keyed:
             for req, res in zip(batch, results):
                 self._round[req.extra["digest"]] = (res, infer_ms, rows_total)
@@ -437,7 +410,7 @@ class Consumer:
         self._count_replies(answers, failed)
         expected = sum(1 for a in answers if a.payload) - len(failed)
         if pushed < expected:
-            self.stats.skipped += expected - pushed
+            self.counters.replies_skipped(expected - pushed)
             log.info("%d replies skipped: those requests were already answered by another consumer",
                      expected - pushed)
         if failed:
@@ -477,8 +450,7 @@ class Consumer:
 
     def _count_replies(self, answers: list[Answer], failed: list[int]) -> None:
         """Replies written, by code, for the metrics; each error reply logged (debug) with its id."""
-        if self.metrics.enabled:
-            self.metrics.answered(reply_codes(answers, failed))
+        self.counters.replied(answers, failed)
         if log.isEnabledFor(logging.DEBUG):
             for a in answers:
                 if a.payload and not a.ok:
@@ -492,7 +464,7 @@ class Consumer:
         outcome, published, loaded = self.watcher.take()
         if outcome == "none":
             return
-        self.metrics.swap(outcome)
+        self.counters.swap(outcome)
         if outcome == "failed":
             self._alert([Alert("swap_failed", self.watcher.error, self.settings.consumer, self.runtime.version)])
         elif outcome == "ok" and isinstance(loaded, ModelRuntime):
@@ -500,7 +472,7 @@ class Consumer:
 
     def _alert(self, alerts: list[Alert]) -> None:
         for alert in alerts:
-            self.metrics.alert(alert.kind)
+            self.counters.alert(alert.kind)
         publish_alerts(self.redis, self.keys, alerts)
 
     def switch_runtime(self, new: ModelRuntime, source: str) -> None:
@@ -510,7 +482,7 @@ class Consumer:
         old, self.runtime, self.model_source = self.runtime, new, source
         self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params)
         self.results.model_changed()
-        self.metrics.model_version(new.version)
+        self.counters.model_version(new.version)
         log.info("consumer %s switched model %s from version %s to %s", self.settings.consumer,
                  self.settings.name, old.version, new.version)
         old.release_memory()
@@ -518,7 +490,7 @@ class Consumer:
         gc.collect()  # the old copy's tensors go now, not at some later collection
 
     def heartbeat_fields(self) -> dict[str, Any]:
-        """What the heartbeat publishes besides the meter: version, swap error, cache use."""
+        """What the heartbeat publishes besides the counters: version, swap error, cache use."""
         fields: dict[str, Any] = {"version": self.runtime.version, "model": self.model_source,
                                   "swap_error": self.watcher.error if self.watcher else ""}
         cache = self.results.cache
@@ -542,7 +514,8 @@ class Consumer:
                 self._reclaim()
         if now >= self._next_stats_log:
             self._next_stats_log = now + 10.0
-            s = self.stats.reset()
+            totals = self.counters.snapshot()
+            s, self._window = totals - self._window, totals
             if s.requests:
                 log.info("consumer %s: %d requests, %d batches, %.1f rows/batch, %d errors in the last 10 s",
                          self.settings.consumer, s.requests, s.batches, s.rows / max(s.batches, 1), s.errors)
@@ -557,7 +530,7 @@ class Consumer:
         bound: tuple[int, int] | None = None
         for group in self.redis.xinfo_groups(self.keys.requests):
             if group["name"] in (GROUP, GROUP.encode()):  # the metrics' queue depth, at no extra round trip
-                self.metrics.queue_depth(None if group.get("lag") is None else int(group["lag"]),
+                self.counters.queue_depth(None if group.get("lag") is None else int(group["lag"]),
                                          int(group["pending"]))
             need = _id_key(group["last-delivered-id"])
             if int(group["pending"]):

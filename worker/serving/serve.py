@@ -68,10 +68,9 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
     consumer.watcher = ModelWatcher(client, consumer.keys, settings, load_runtime, seen_seq)
     if stop.is_set():
         return consumer
-    heartbeat = Heartbeat(connect(settings.redis_url, settings.cluster), consumer.keys, settings.consumer, consumer.meter,
-                          {"device": str(runtime.device)},
-                          interval_s=settings.heartbeat_s)
-    heartbeat.extra = consumer.heartbeat_fields
+    heartbeat = Heartbeat(connect(settings.redis_url, settings.cluster), consumer.keys, settings.consumer,
+                          consumer.counters, {"device": str(runtime.device)},
+                          interval_s=settings.heartbeat_s, extra=consumer.heartbeat_fields)
     heartbeat.state = "serving"
     heartbeat.start()
     try:
