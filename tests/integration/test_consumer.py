@@ -278,3 +278,17 @@ def test_reply_key_of_the_wrong_type_is_answered_on_the_default_key(affine, redi
     assert reply.error_code == "bad_request" and "not a list" in reply.error_message
     assert redis_client.get(inbox) == b"not a list"  # untouched
     assert pending(redis_client, keys) == 0
+
+
+def test_replies_survive_a_script_flush(affine, redis_url, redis_client):
+    """The reply script is loaded again when Redis forgot it (SCRIPT FLUSH, or a restart without AOF)."""
+    producer = Producer(redis_url, "q")
+    x = np.ones((1, 16), np.float32)
+    first = producer.submit_many([x] * 3)
+    drain(affine)
+    redis_client.script_flush()
+    assert redis_client.script_exists(affine.replies._script.sha) == [False]
+    second = producer.submit_many([x] * 3)
+    drain(affine)
+    assert all(r.ok for r in producer.results(first + second, timeout_s=5))
+    assert pending(redis_client, affine.keys) == 0

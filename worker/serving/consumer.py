@@ -4,12 +4,9 @@ The loop is thin: what to batch, how to split and what to answer is decided
 by the pure modules (:mod:`inferfleet.worker.serving.batching`, :mod:`inferfleet.worker.serving.intake`); this
 module only moves bytes between them and Redis.
 
-Replies are written by one Lua script per round (:data:`REPLY_SCRIPT`): for
-each entry it pushes the reply, then XACKs, and takes the reply back if that
-XACK found the entry already acknowledged. The push and the acknowledgement
-are one atomic step (the reply is written first, as the contract asks), and
-a request computed twice (a slow worker whose entry was taken over) is
-answered once: whoever acknowledges first answers.
+Replies and acknowledgements are written once per round, atomically, by
+:class:`inferfleet.worker.serving.replies.ReplyWriter`: whoever acknowledges
+an entry first answers it, so a request computed twice is answered once.
 """
 
 from __future__ import annotations
@@ -28,52 +25,21 @@ from inferfleet.worker.serving.alerts import Alert, publish as publish_alerts
 from inferfleet.worker.serving.batching import Request, collect, concat_inputs, form_batches, predict_isolated, split_outputs
 from inferfleet.worker.serving.cache import split_duplicates
 from inferfleet.worker.config import WorkerSettings
-from inferfleet.worker.serving.deadletter import DEAD_MAXLEN, dead_fields
+from inferfleet.worker.serving.deadletter import dead_fields
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.serving.intake import Answer, Intake
 from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.logs import batch_context
 from inferfleet.worker.metrics import worker_metrics
 from inferfleet.worker.serving.quality import ResultPolicy
+from inferfleet.worker.serving.replies import ReplyWriter
 from inferfleet.worker.serving.recovery import Delivery, claim_from, dead_consumers, own_pending, start_attempt
 from inferfleet.worker.serving.rowlimit import RowLimit
 from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
 
-__all__ = ["Consumer", "REPLY_SCRIPT", "ensure_group"]
+__all__ = ["Consumer", "ensure_group"]
 
 log = logging.getLogger(__name__)
-
-#: KEYS = [stream, reply_key...]; ARGV = [group, ttl_ms, (entry_id, payload)...].
-#: An empty payload means "acknowledge only". The reply is pushed first and
-#: taken back if the XACK finds the entry already answered (so exactly one
-#: reply stands); a push that fails (the key holds another type) leaves the
-#: entry pending and unacknowledged (a non-list key: answered elsewhere; any
-#: other error, such as Redis out of memory, aborts the round, which is retried).
-#: Returns {pushed, {failed 0-based indexes}}.
-REPLY_SCRIPT = """
-local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
-local pushed, failed = 0, {}
-for i = 2, #KEYS do
-  local id, payload = ARGV[2 * i - 1], ARGV[2 * i]
-  if payload == '' then
-    redis.call('XACK', stream, group, id)
-  else
-    local res = redis.pcall('RPUSH', KEYS[i], payload)
-    if type(res) == 'table' and res.err then
-      if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then
-        return redis.error_reply(res.err)  -- out of memory and the like: retry the round later
-      end
-      table.insert(failed, i - 2)
-    elseif redis.call('XACK', stream, group, id) == 1 then
-      redis.call('PEXPIRE', KEYS[i], ttl)
-      pushed = pushed + 1
-    else
-      redis.call('RPOP', KEYS[i])
-    end
-  end
-end
-return {pushed, failed}
-"""
 
 #: Errors the loop waits out: Redis unreachable, or full (maxmemory with noeviction).
 _RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
@@ -113,7 +79,6 @@ class Consumer:
         self.keys = settings.queue_keys  # its shard's keys when the queue is sharded
         self.intake = Intake(self.keys, settings.limits, runtime.model_meta,
                              runtime.input_spec, runtime.accepts_params)
-        self._sha = ""
         self._ready = False
         self._suspects: list[Delivery] = []  # replayed or taken over: computed one at a time
         self._prefetched: list[Request | Answer] = []  # read ahead, answered next round
@@ -128,6 +93,7 @@ class Consumer:
         self._window = self.counters.snapshot()  # the totals at the last periodic log line
         self._batch_seq = 0  # numbers batches in the logs (record field ``batch``)
         self.results = ResultPolicy(settings, self.keys, client)
+        self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
         self.watcher: ModelWatcher | None = None  # set by serve() to follow hot swaps
         self.model_source = settings.model  # the file or handler the runtime was loaded from
         self._round: dict[bytes, tuple[Any, float, int]] = {}  # digest -> (result, infer_ms, rows) this round
@@ -194,7 +160,7 @@ class Consumer:
         ensure_group(self.redis, self.keys.requests)
         # Redis 7.0 lists a consumer only once it has been handed an entry; make it visible now
         self.redis.xgroup_createconsumer(self.keys.requests, GROUP, self.settings.consumer)
-        self._sha = self.redis.script_load(REPLY_SCRIPT)
+        self.replies.load()
         self._ready = True
         log.info("consumer %s serving %s (max %d rows, wait %.1f ms)", self.settings.consumer,
                  self.keys.requests, self.settings.max_batch_rows, self.settings.max_wait_ms)
@@ -250,7 +216,7 @@ class Consumer:
         alerts = self.results.take_alerts()
         if alerts:  # before the replies: a client that sees its reply can see its alert
             self._alert(alerts)
-        self._write(answers)
+        self.replies.write(answers)
         self.results.flush()  # after the replies: a cache write must never delay or block one
         self.counters.answered(len(items), sum(1 for a in answers if not a.ok))
 
@@ -280,12 +246,12 @@ class Consumer:
         """
         entry_id, fields, delivered = delivery
         if not fields:
-            self._write([Answer(entry_id, None, None)])  # deleted while pending: acknowledge only
+            self.replies.write([Answer(entry_id, None, None)])  # deleted while pending: acknowledge only
             return 1
         if not start_attempt(self.redis, self.keys, self.settings.consumer, entry_id):
             return 0  # no longer ours: answered elsewhere
         if delivered + 1 > self.settings.max_deliveries:
-            self._write([self._dead_letter(entry_id, fields, delivered + 1)])
+            self.replies.write([self._dead_letter(entry_id, fields, delivered + 1)])
         else:
             self._answer([self.intake.admit(entry_id, fields, time.time() * 1000.0)])
         return 1
@@ -394,68 +360,6 @@ class Consumer:
         return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
                       rid=req.rid, code="model_error")
 
-    # -- writing -----------------------------------------------------------
-
-    def _write(self, answers: list[Answer]) -> None:
-        """Reply and XACK every answer in one atomic script call (dead letters first)."""
-        if not answers:
-            return
-        dead = [a.dead for a in answers if a.dead is not None]
-        if dead:  # dead letter first: a crash before the reply duplicates it, never loses it
-            pipe = self.redis.pipeline(transaction=False)
-            for fields in dead:
-                pipe.xadd(self.keys.dead, fields, maxlen=DEAD_MAXLEN, approximate=True)
-            pipe.execute()
-        pushed, failed = self._run_reply_script(answers)
-        self._count_replies(answers, failed)
-        expected = sum(1 for a in answers if a.payload) - len(failed)
-        if pushed < expected:
-            self.counters.replies_skipped(expected - pushed)
-            log.info("%d replies skipped: those requests were already answered by another consumer",
-                     expected - pushed)
-        if failed:
-            self._reply_elsewhere([answers[i] for i in failed])
-
-    def _run_reply_script(self, answers: list[Answer]) -> tuple[int, list[int]]:
-        keys = [self.keys.requests]
-        args: list[Any] = [GROUP, self.settings.reply_ttl_s * 1000]
-        for answer in answers:
-            keys.append(answer.reply_key or self.keys.requests)
-            args.append(answer.entry_id)
-            args.append(answer.payload or b"")
-        try:
-            pushed, failed = self.redis.evalsha(self._sha, len(keys), *keys, *args)
-        except redis.exceptions.NoScriptError:  # Redis restarted or SCRIPT FLUSH
-            self._sha = self.redis.script_load(REPLY_SCRIPT)
-            pushed, failed = self.redis.evalsha(self._sha, len(keys), *keys, *args)
-        return int(pushed), [int(i) for i in failed]
-
-    def _reply_elsewhere(self, answers: list[Answer]) -> None:
-        """Replies whose key holds another type: answer bad_request to the default key,
-        and if even that fails, acknowledge without a reply (logged) rather than loop."""
-        retry = []
-        for a in answers:
-            log.error("entry %s: reply key %s holds a non-list value", a.entry_id.decode(), a.reply_key)
-            default = self.keys.reply(a.rid) if a.rid else None
-            if a.rid and default and default != a.reply_key:
-                message = f"reply key {a.reply_key} holds a value that is not a list"
-                retry.append(Answer(a.entry_id, default, encode_reply_error(
-                    a.rid, "bad_request", message, self.runtime.model_meta), rid=a.rid, code="bad_request"))
-            else:
-                retry.append(Answer(a.entry_id, None, None))
-        _, failed = self._run_reply_script(retry)
-        self._count_replies(retry, failed)
-        if failed:
-            self._run_reply_script([Answer(retry[i].entry_id, None, None) for i in failed])
-
-    def _count_replies(self, answers: list[Answer], failed: list[int]) -> None:
-        """Replies written, by code, for the metrics; each error reply logged (debug) with its id."""
-        self.counters.replied(answers, failed)
-        if log.isEnabledFor(logging.DEBUG):
-            for a in answers:
-                if a.payload and not a.ok:
-                    log.debug("request %s answered %s", a.rid, a.code, extra={"request_ids": [a.rid]})
-
     # -- model hot swap ----------------------------------------------------
 
     def _maybe_switch(self) -> None:
@@ -482,6 +386,7 @@ class Consumer:
         old, self.runtime, self.model_source = self.runtime, new, source
         self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params)
         self.results.model_changed()
+        self.replies.model_meta = new.model_meta
         self.counters.model_version(new.version)
         log.info("consumer %s switched model %s from version %s to %s", self.settings.consumer,
                  self.settings.name, old.version, new.version)
