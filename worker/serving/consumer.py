@@ -23,7 +23,6 @@ import redis
 from inferfleet.producer.protocol import GROUP, encode_reply_error, encode_reply_ok
 from inferfleet.worker.serving.alerts import Alert, publish as publish_alerts
 from inferfleet.worker.serving.batching import Request, collect, concat_inputs, form_batches, predict_isolated, split_outputs
-from inferfleet.worker.serving.cache import split_duplicates
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.serving.deadletter import dead_fields
 from inferfleet.worker.counters import Counters
@@ -31,7 +30,7 @@ from inferfleet.worker.serving.intake import Answer, Intake
 from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.logs import batch_context
 from inferfleet.worker.metrics import worker_metrics
-from inferfleet.worker.serving.quality import ResultPolicy
+from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 from inferfleet.worker.serving.replies import ReplyWriter
 from inferfleet.worker.serving.recovery import Delivery, claim_from, dead_consumers, own_pending, start_attempt
 from inferfleet.worker.serving.rowlimit import RowLimit
@@ -93,10 +92,10 @@ class Consumer:
         self._window = self.counters.snapshot()  # the totals at the last periodic log line
         self._batch_seq = 0  # numbers batches in the logs (record field ``batch``)
         self.results = ResultPolicy(settings, self.keys, client)
+        self.cache_round = CacheRound(self.results, self.counters)
         self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
         self.watcher: ModelWatcher | None = None  # set by serve() to follow hot swaps
         self.model_source = settings.model  # the file or handler the runtime was loaded from
-        self._round: dict[bytes, tuple[Any, float, int]] = {}  # digest -> (result, infer_ms, rows) this round
 
     # -- the loop ----------------------------------------------------------
 
@@ -202,17 +201,12 @@ class Consumer:
     def _answer(self, items: list[Request | Answer]) -> None:
         """Compute and reply to one round of items."""
         answers = [item for item in items if isinstance(item, Answer)]
-        requests = [item for item in items if isinstance(item, Request)]
-        duplicates: list[tuple[Request, Request]] = []
-        if requests and self.results.keyed:
-            requests, duplicates = self._from_cache(requests, answers)
-        batches = form_batches(requests, self.row_limit.rows)
-        for batch in batches:
+        requests, hits = self.cache_round.start([item for item in items if isinstance(item, Request)],
+                                                self.runtime.version)
+        answers.extend(self._encode(req, outputs, 0.0, 0) for req, outputs in hits)  # batch_rows 0: not computed
+        for batch in form_batches(requests, self.row_limit.rows):
             answers.extend(self._infer(batch))
-        for dup, first in duplicates:
-            result, infer_ms, rows = self._round[first.extra["digest"]]
-            answers.append(self._encode(dup, result, infer_ms, rows))
-        self._round.clear()
+        answers.extend(self._encode(*duplicate) for duplicate in self.cache_round.finish())
         alerts = self.results.take_alerts()
         if alerts:  # before the replies: a client that sees its reply can see its alert
             self._alert(alerts)
@@ -275,28 +269,6 @@ class Consumer:
 
     # -- computing ---------------------------------------------------------
 
-    def _from_cache(self, requests: list[Request], answers: list[Answer]) -> tuple[list[Request], list]:
-        """Answer cache hits (into ``answers``); return the requests to compute, and the
-        duplicates among them as (duplicate, first) pairs, answered from the first."""
-        digests = self.results.key(requests, self.runtime.version)
-        cache = self.results.cache
-        if cache is None:
-            return requests, []
-        misses = []
-        tiers = {"local": 0, "fleet": 0}
-        for req, hit in zip(requests, cache.lookup(digests)):
-            if hit is None:
-                misses.append(req)
-            else:  # batch_rows 0: answered from the cache, not computed
-                tiers[hit[1]] += 1
-                answers.append(self._encode(req, hit[0], 0.0, 0))
-        unique, dupes = split_duplicates([r.extra["digest"] for r in misses])
-        cache.stats.batch_hits += len(dupes)
-        cache.stats.misses -= len(dupes)
-        fleet = tiers["fleet"] if cache.client is not None else None
-        self.counters.cache_looked_up(len(requests), tiers["local"], fleet, len(dupes), len(unique))
-        return [misses[i] for i in unique], [(misses[i], misses[j]) for i, j in dupes]
-
     def _infer(self, batch: list[Request]) -> list[Answer]:
         """Compute one batch; what it logs carries the batch number and its request ids."""
         self._batch_seq += 1
@@ -332,9 +304,7 @@ class Consumer:
         self.counters.batch_computed(batch, rows_total, infer_ms / 1000.0)
         log.debug("consumer %s: batch of %d rows, %d requests, %.2f ms",
                   self.settings.consumer, rows_total, len(batch), infer_ms)
-        if self.results.keyed:
-            for req, res in zip(batch, results):
-                self._round[req.extra["digest"]] = (res, infer_ms, rows_total)
+        self.cache_round.remember(batch, results, infer_ms, rows_total)
         return [self._encode(req, res, infer_ms, rows_total) for req, res in zip(batch, results)]
 
     def _out_of_memory(self, rows: int) -> None:
