@@ -125,7 +125,7 @@ def test_computed_twice_answered_once(affine, redis_url, redis_client, models_di
     other = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="c2",
                           idle_block_ms=50, claim_idle_s=0.1)
     time.sleep(0.15)
-    other._reclaim()
+    other.recovery.reclaim()
     drain(other)
     # c1 now finishes its stale batch
     affine._answer(entries)
@@ -138,7 +138,7 @@ def test_restarted_consumer_replays_its_own_pending(redis_url, redis_client, mod
     producer = Producer(redis_url, "q")
     rids = producer.submit_many([np.ones((1, 16), np.float32)] * 5)
     first = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="slot-0", idle_block_ms=50)
-    first._replay_own = False
+    first.recovery.replay_own = False
     assert len(first._read(5, None)) == 5  # read, then "crash" before answering
     assert pending(redis_client, keys) == 5
     second = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="slot-0", idle_block_ms=50)
@@ -154,10 +154,10 @@ def test_acknowledged_entries_are_trimmed_but_pending_kept(affine, redis_url, re
     drain(affine)
     held = producer.submit(np.ones((1, 16), np.float32))
     other = make_consumer(redis_url, affine.settings.model, consumer="holder", idle_block_ms=50)
-    other._replay_own = False
+    other.recovery.replay_own = False
     assert len(other._read(1, None)) == 1  # pending on "holder"
     producer.submit_many([np.ones((1, 16), np.float32)] * 3)  # undelivered
-    affine._trim()
+    affine.recovery._trim()
     assert redis_client.xlen(keys.requests) == 4  # the held entry and the three undelivered
     drain(affine)
     (entry_id, fields), = redis_client.xrange(keys.requests, "-", "+", count=1)

@@ -32,7 +32,7 @@ from inferfleet.worker.logs import batch_context
 from inferfleet.worker.metrics import worker_metrics
 from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 from inferfleet.worker.serving.replies import ReplyWriter
-from inferfleet.worker.serving.recovery import Delivery, claim_from, dead_consumers, own_pending, start_attempt
+from inferfleet.worker.serving.recovery import Delivery, Recovery
 from inferfleet.worker.serving.rowlimit import RowLimit
 from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
 
@@ -62,12 +62,6 @@ def ensure_group(client: redis.Redis, stream: str) -> None:
             raise
 
 
-def _id_key(entry_id: bytes | str) -> tuple[int, int]:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
-
-
 class Consumer:
     """One consumer of group ``workers`` on one queue, with one model runtime."""
 
@@ -79,19 +73,17 @@ class Consumer:
         self.intake = Intake(self.keys, settings.limits, runtime.model_meta,
                              runtime.input_spec, runtime.accepts_params)
         self._ready = False
-        self._suspects: list[Delivery] = []  # replayed or taken over: computed one at a time
         self._prefetched: list[Request | Answer] = []  # read ahead, answered next round
         self._pool: ThreadPoolExecutor | None = None
         self.prefetch = settings.prefetch == "on" or (settings.prefetch == "auto" and runtime.device.type == "cuda")
         self.row_limit = RowLimit(settings.max_batch_rows)  # lowered after an out-of-memory error
-        self._replay_own = True  # first thing after start or reconnect
-        self._next_housekeeping = 0.0
         self._next_stats_log = time.monotonic() + 10.0
         self.counters = Counters(worker_metrics(settings.name, settings.metrics_port))  # NAME, for every shard
         self.counters.model_version(runtime.version)
         self._window = self.counters.snapshot()  # the totals at the last periodic log line
         self._batch_seq = 0  # numbers batches in the logs (record field ``batch``)
         self.results = ResultPolicy(settings, self.keys, client)
+        self.recovery = Recovery(client, self.keys, settings, self.counters)
         self.cache_round = CacheRound(self.results, self.counters)
         self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
         self.watcher: ModelWatcher | None = None  # set by serve() to follow hot swaps
@@ -110,7 +102,7 @@ class Consumer:
                 backoff = 0.1
             except _RETRYABLE as exc:
                 log.warning("%s (%s); retrying in %.1f s", _describe_outage(exc), exc, backoff)
-                self._replay_own = True
+                self.recovery.replay_own = True
                 self._prefetched = []  # still pending on us: the replay brings them back
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -168,11 +160,13 @@ class Consumer:
         """One round: collect entries, answer them, acknowledge. Returns entries handled."""
         if self.watcher is not None:
             self._maybe_switch()
-        if self._replay_own:
-            self._load_own_pending()
-        if self._suspects:
+        if self.recovery.replay_own:
+            self._prefetched = []  # pending on us too: they come back among the suspects
+            self.recovery.replay_own_pending()
+        suspect = self.recovery.next_suspect()
+        if suspect is not None:
             started = time.perf_counter()
-            handled = self._run_suspect(self._suspects.pop(0))
+            handled = self._run_suspect(suspect)
             self.counters.busy(time.perf_counter() - started)
             return handled
         items = collect(self._read, self.row_limit.rows, self.settings.max_wait_s,
@@ -242,7 +236,7 @@ class Consumer:
         if not fields:
             self.replies.write([Answer(entry_id, None, None)])  # deleted while pending: acknowledge only
             return 1
-        if not start_attempt(self.redis, self.keys, self.settings.consumer, entry_id):
+        if not self.recovery.start_attempt(entry_id):
             return 0  # no longer ours: answered elsewhere
         if delivered + 1 > self.settings.max_deliveries:
             self.replies.write([self._dead_letter(entry_id, fields, delivered + 1)])
@@ -257,15 +251,6 @@ class Consumer:
         answer = self.intake.refuse_entry(entry_id, fields, "dead_letter", reason)
         answer.dead = dead_fields(entry_id, fields, reason, delivered, self.settings.consumer)
         return answer
-
-    def _load_own_pending(self) -> None:
-        """Replay what this consumer name holds but never answered (a restart or a lost reply)."""
-        self._prefetched = []  # pending on us too: they come back among the suspects
-        self._suspects = own_pending(self.redis, self.keys, self.settings.consumer)
-        if self._suspects:
-            log.info("replaying %d pending entries of consumer %s, one at a time",
-                     len(self._suspects), self.settings.consumer)
-        self._replay_own = False
 
     # -- computing ---------------------------------------------------------
 
@@ -379,14 +364,10 @@ class Consumer:
 
     def _maybe_housekeep(self) -> None:
         now = time.monotonic()
-        if now >= self._next_housekeeping:
-            self._next_housekeeping = now + self.settings.housekeeping_s
+        if self.recovery.housekeeping_due(now):
             if self.watcher is not None:
                 self.watcher.poll(self.runtime.version)
-            self._trim()
-            self._check_orphans()
-            if not self._suspects:
-                self._reclaim()
+            self.recovery.housekeep(read_ahead=len(self._prefetched))
         if now >= self._next_stats_log:
             self._next_stats_log = now + 10.0
             totals = self.counters.snapshot()
@@ -394,46 +375,3 @@ class Consumer:
             if s.requests:
                 log.info("consumer %s: %d requests, %d batches, %.1f rows/batch, %d errors in the last 10 s",
                          self.settings.consumer, s.requests, s.batches, s.rows / max(s.batches, 1), s.errors)
-
-    def _trim(self) -> None:
-        """Drop entries every group is done with: everything below the oldest one still needed.
-
-        In each group, entries after its last-delivered id may be undelivered
-        and entries from its oldest pending id on are still owed a reply.
-        Neither bound can move backwards, so a concurrent read is safe.
-        """
-        bound: tuple[int, int] | None = None
-        for group in self.redis.xinfo_groups(self.keys.requests):
-            if group["name"] in (GROUP, GROUP.encode()):  # the metrics' queue depth, at no extra round trip
-                self.counters.queue_depth(None if group.get("lag") is None else int(group["lag"]),
-                                         int(group["pending"]))
-            need = _id_key(group["last-delivered-id"])
-            if int(group["pending"]):
-                pending = self.redis.xpending(self.keys.requests, group["name"])
-                if pending["pending"]:
-                    need = min(need, _id_key(pending["min"]))
-            bound = need if bound is None else min(bound, need)
-        if bound is not None and bound > (0, 0):
-            self.redis.xtrim(self.keys.requests, minid=f"{bound[0]}-{bound[1]}", approximate=False)
-
-    def _reclaim(self) -> None:
-        """Take over the pending entries of consumers whose heartbeat has lapsed."""
-        for dead in dead_consumers(self.redis, self.keys, self.settings.consumer):
-            taken = claim_from(self.redis, self.keys, dead, self.settings.consumer,
-                               int(self.settings.claim_idle_s * 1000), self.settings.max_batch_rows * 4)
-            if taken:
-                log.warning("consumer %s took over %d entries of %s (no heartbeat)",
-                            self.settings.consumer, len(taken), dead)
-                self._suspects.extend(taken)
-                return
-
-    def _check_orphans(self) -> None:
-        """Entries pending on us that we do not hold were lost in transit (a reply lost
-        on a dropped connection): replay them. Between rounds we hold only the suspects
-        and the read-ahead entries."""
-        for consumer in self.redis.xinfo_consumers(self.keys.requests, GROUP):
-            name = consumer["name"]
-            if (name.decode() if isinstance(name, bytes) else name) == self.settings.consumer:
-                if int(consumer["pending"]) > len(self._suspects) + len(self._prefetched):
-                    self._replay_own = True
-                return
