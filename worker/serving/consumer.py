@@ -21,20 +21,21 @@ from typing import Any, Sequence
 import redis
 
 from inferfleet.producer.protocol import GROUP, encode_reply_error, encode_reply_ok
-from inferfleet.worker.serving.alerts import Alert, publish as publish_alerts
-from inferfleet.worker.serving.batching import Request, collect, concat_inputs, form_batches, predict_isolated, split_outputs
 from inferfleet.worker.config import WorkerSettings
-from inferfleet.worker.serving.deadletter import dead_fields
 from inferfleet.worker.counters import Counters
-from inferfleet.worker.serving.intake import Answer, Intake
-from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.logs import batch_context
 from inferfleet.worker.metrics import worker_metrics
-from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
-from inferfleet.worker.serving.replies import ReplyWriter
-from inferfleet.worker.serving.recovery import Delivery, Recovery
-from inferfleet.worker.serving.rowlimit import RowLimit
 from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
+from inferfleet.worker.serving.alerts import Alert, publish as publish_alerts
+from inferfleet.worker.serving.batching import (Request, collect, concat_inputs, form_batches, predict_isolated,
+                                                split_outputs)
+from inferfleet.worker.serving.deadletter import dead_fields
+from inferfleet.worker.serving.intake import Answer, Intake
+from inferfleet.worker.serving.lifecycle import ModelWatcher
+from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
+from inferfleet.worker.serving.recovery import Delivery, Recovery
+from inferfleet.worker.serving.replies import ReplyWriter
+from inferfleet.worker.serving.rowlimit import RowLimit
 
 __all__ = ["Consumer", "ensure_group"]
 
@@ -63,9 +64,23 @@ def ensure_group(client: redis.Redis, stream: str) -> None:
 
 
 class Consumer:
-    """One consumer of group ``workers`` on one queue, with one model runtime."""
+    """One consumer of group ``workers`` on one queue, with one model runtime.
 
-    def __init__(self, settings: WorkerSettings, runtime: ModelRuntime, client: redis.Redis) -> None:
+    It owns the loop and what the loop alone touches (the read-ahead entries,
+    the intake of the current model, the batch numbers); the rest is in its
+    parts: :class:`Recovery` (suspects, replay, housekeeping),
+    :class:`CacheRound` and :class:`ResultPolicy` (cache and checks),
+    :class:`RowLimit`, :class:`ReplyWriter` and :class:`Counters`.
+
+    Collaborators it does not build: ``counters`` (default: this worker's
+    Prometheus series, or none when metrics are off; the heartbeat reads
+    them), ``watcher`` (default none: no hot swaps) and ``model_source``
+    (default ``settings.model``: what the runtime was loaded from).
+    """
+
+    def __init__(self, settings: WorkerSettings, runtime: ModelRuntime, client: redis.Redis, *,
+                 counters: Counters | None = None, watcher: ModelWatcher | None = None,
+                 model_source: str | None = None) -> None:
         self.settings = settings
         self.runtime = runtime
         self.redis = client
@@ -78,7 +93,9 @@ class Consumer:
         self.prefetch = settings.prefetch == "on" or (settings.prefetch == "auto" and runtime.device.type == "cuda")
         self.row_limit = RowLimit(settings.max_batch_rows)  # lowered after an out-of-memory error
         self._next_stats_log = time.monotonic() + 10.0
-        self.counters = Counters(worker_metrics(settings.name, settings.metrics_port))  # NAME, for every shard
+        if counters is None:  # its metrics are labelled NAME, for every shard
+            counters = Counters(worker_metrics(settings.name, settings.metrics_port))
+        self.counters = counters
         self.counters.model_version(runtime.version)
         self._window = self.counters.snapshot()  # the totals at the last periodic log line
         self._batch_seq = 0  # numbers batches in the logs (record field ``batch``)
@@ -86,8 +103,8 @@ class Consumer:
         self.recovery = Recovery(client, self.keys, settings, self.counters)
         self.cache_round = CacheRound(self.results, self.counters)
         self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
-        self.watcher: ModelWatcher | None = None  # set by serve() to follow hot swaps
-        self.model_source = settings.model  # the file or handler the runtime was loaded from
+        self.watcher = watcher  # follows hot swaps
+        self.model_source = settings.model if model_source is None else model_source  # the runtime's file or handler
 
     # -- the loop ----------------------------------------------------------
 
