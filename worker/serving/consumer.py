@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import redis
 
-from inferfleet.producer.protocol import GROUP, encode_reply_error, encode_reply_ok
+from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error, encode_reply_ok
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.logs import batch_context
@@ -37,7 +37,7 @@ from inferfleet.worker.serving.recovery import Delivery, Recovery
 from inferfleet.worker.serving.replies import ReplyWriter
 from inferfleet.worker.serving.rowlimit import RowLimit
 
-__all__ = ["Consumer", "ensure_group"]
+__all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,51 @@ def ensure_group(client: redis.Redis, stream: str) -> None:
     except redis.exceptions.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+def leave_group(client: redis.Redis, keys: QueueKeys, consumer: str) -> bool:
+    """Delete ``consumer`` from the group, but only if it holds no pending entries.
+
+    (XGROUP DELCONSUMER drops a consumer's pending entries with it; those
+    must stay so another worker can reclaim them.)
+    """
+    try:
+        mine = client.xpending_range(keys.requests, GROUP, min="-", max="+", count=1, consumername=consumer)
+        if mine:
+            log.warning("consumer %s leaves %d+ pending entries for others to reclaim", consumer, len(mine))
+            return False
+        client.xgroup_delconsumer(keys.requests, GROUP, consumer)
+        return True
+    except redis.exceptions.RedisError as exc:
+        log.warning("consumer %s could not leave the group cleanly: %s", consumer, exc)
+        return False
+
+
+def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
+    """The answer to ``req``: its outputs, or ``model_error`` for an exception or outputs the
+    contract cannot carry. ``meta`` (name, version) names the model that computed it."""
+    timing = {"queued_ms": max(0.0, req.picked_ms - req.enqueued_ms),
+              "infer_ms": infer_ms, "batch_rows": batch_rows}
+    if not isinstance(result, Exception):
+        try:
+            return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True,
+                          rid=req.rid)
+        except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
+            result = exc
+    log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, result)
+    message = f"{type(result).__name__}: {result}"
+    return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
+                  rid=req.rid, code="model_error")
+
+
+def dead_letter(intake: Intake, entry_id: bytes, fields: Any, delivered: int, settings: WorkerSettings) -> Answer:
+    """The answer to an entry delivered ``delivered`` times, over ``max_deliveries``: dead-lettered."""
+    reason = (f"delivery {delivered} is over the limit of {settings.max_deliveries}: "
+              f"every worker that computed it died or lost it")
+    log.error("request entry %s dead-lettered: %s", entry_id.decode(errors="replace"), reason)
+    answer = intake.refuse_entry(entry_id, fields, "dead_letter", reason)
+    answer.dead = dead_fields(entry_id, fields, reason, delivered, settings.consumer)
+    return answer
 
 
 class Consumer:
@@ -145,23 +190,8 @@ class Consumer:
             log.warning("consumer %s could not answer its read-ahead entries: %s", self.settings.consumer, exc)
 
     def leave(self) -> bool:
-        """Delete this consumer from the group, but only if it holds no pending entries.
-
-        (XGROUP DELCONSUMER drops a consumer's pending entries with it; those
-        must stay so another worker can reclaim them.)
-        """
-        try:
-            mine = self.redis.xpending_range(self.keys.requests, GROUP, min="-", max="+", count=1,
-                                             consumername=self.settings.consumer)
-            if mine:
-                log.warning("consumer %s leaves %d+ pending entries for others to reclaim",
-                            self.settings.consumer, len(mine))
-                return False
-            self.redis.xgroup_delconsumer(self.keys.requests, GROUP, self.settings.consumer)
-            return True
-        except redis.exceptions.RedisError as exc:
-            log.warning("consumer %s could not leave the group cleanly: %s", self.settings.consumer, exc)
-            return False
+        """Leave the group if this consumer holds no pending entries (:func:`leave_group`)."""
+        return leave_group(self.redis, self.keys, self.settings.consumer)
 
     def prepare(self) -> None:
         """Join the group (creating it if needed) and load the reply script."""
@@ -214,10 +244,11 @@ class Consumer:
         answers = [item for item in items if isinstance(item, Answer)]
         requests, hits = self.cache_round.start([item for item in items if isinstance(item, Request)],
                                                 self.runtime.version)
-        answers.extend(self._encode(req, outputs, 0.0, 0) for req, outputs in hits)  # batch_rows 0: not computed
+        meta = self.runtime.model_meta
+        answers.extend(encode_answer(meta, req, outputs, 0.0, 0) for req, outputs in hits)  # 0 rows: not computed
         for batch in form_batches(requests, self.row_limit.rows):
             answers.extend(self._infer(batch))
-        answers.extend(self._encode(*duplicate) for duplicate in self.cache_round.finish())
+        answers.extend(encode_answer(meta, *duplicate) for duplicate in self.cache_round.finish())
         alerts = self.results.take_alerts()
         if alerts:  # before the replies: a client that sees its reply can see its alert
             self._alert(alerts)
@@ -256,18 +287,10 @@ class Consumer:
         if not self.recovery.start_attempt(entry_id):
             return 0  # no longer ours: answered elsewhere
         if delivered + 1 > self.settings.max_deliveries:
-            self.replies.write([self._dead_letter(entry_id, fields, delivered + 1)])
+            self.replies.write([dead_letter(self.intake, entry_id, fields, delivered + 1, self.settings)])
         else:
             self._answer([self.intake.admit(entry_id, fields, time.time() * 1000.0)])
         return 1
-
-    def _dead_letter(self, entry_id: bytes, fields: Any, delivered: int) -> Answer:
-        reason = (f"delivery {delivered} is over the limit of {self.settings.max_deliveries}: "
-                  f"every worker that computed it died or lost it")
-        log.error("request entry %s dead-lettered: %s", entry_id.decode(errors="replace"), reason)
-        answer = self.intake.refuse_entry(entry_id, fields, "dead_letter", reason)
-        answer.dead = dead_fields(entry_id, fields, reason, delivered, self.settings.consumer)
-        return answer
 
     # -- computing ---------------------------------------------------------
 
@@ -307,7 +330,8 @@ class Consumer:
         log.debug("consumer %s: batch of %d rows, %d requests, %.2f ms",
                   self.settings.consumer, rows_total, len(batch), infer_ms)
         self.cache_round.remember(batch, results, infer_ms, rows_total)
-        return [self._encode(req, res, infer_ms, rows_total) for req, res in zip(batch, results)]
+        meta = self.runtime.model_meta
+        return [encode_answer(meta, req, res, infer_ms, rows_total) for req, res in zip(batch, results)]
 
     def _out_of_memory(self, rows: int) -> None:
         """Halve the row limit below the batch that did not fit; bisection retries the halves."""
@@ -316,21 +340,6 @@ class Consumer:
         if self.row_limit.out_of_memory(rows):
             log.warning("consumer %s: out of memory on %d rows; row limit %d -> %d",
                         self.settings.consumer, rows, before, self.row_limit.rows)
-
-    def _encode(self, req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
-        meta = self.runtime.model_meta
-        timing = {"queued_ms": max(0.0, req.picked_ms - req.enqueued_ms),
-                  "infer_ms": infer_ms, "batch_rows": batch_rows}
-        if not isinstance(result, Exception):
-            try:
-                return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True,
-                              rid=req.rid)
-            except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
-                result = exc
-        log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, result)
-        message = f"{type(result).__name__}: {result}"
-        return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
-                      rid=req.rid, code="model_error")
 
     # -- model hot swap ----------------------------------------------------
 
@@ -368,14 +377,8 @@ class Consumer:
 
     def heartbeat_fields(self) -> dict[str, Any]:
         """What the heartbeat publishes besides the counters: version, swap error, cache use."""
-        fields: dict[str, Any] = {"version": self.runtime.version, "model": self.model_source,
-                                  "swap_error": self.watcher.error if self.watcher else ""}
-        cache = self.results.cache
-        if cache is not None:
-            s = cache.stats
-            fields.update(cache_hits=s.local_hits + s.fleet_hits + s.batch_hits, cache_misses=s.misses,
-                          cache_hit_rate=round(s.hit_rate, 4), cache_entries=len(cache.local))
-        return fields
+        return {"version": self.runtime.version, "model": self.model_source,
+                "swap_error": self.watcher.error if self.watcher else "", **self.results.cache_fields()}
 
     # -- housekeeping ------------------------------------------------------
 

@@ -94,6 +94,14 @@ class ResultPolicy:
             entries, self._to_store = self._to_store, []
             self.cache.store(entries)
 
+    def cache_fields(self) -> dict[str, Any]:
+        """The result cache's use since start, for the heartbeat (nothing without a cache)."""
+        if self.cache is None:
+            return {}
+        s = self.cache.stats
+        return {"cache_hits": s.local_hits + s.fleet_hits + s.batch_hits, "cache_misses": s.misses,
+                "cache_hit_rate": round(s.hit_rate, 4), "cache_entries": len(self.cache.local)}
+
     def take_alerts(self) -> list[Alert]:
         """This round's alerts, forgotten here (the consumer publishes them)."""
         alerts, self.alerts = self.alerts, []
