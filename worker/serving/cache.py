@@ -99,6 +99,7 @@ class CacheStats:
 
     @property
     def hit_rate(self) -> float:
+        """Hits of any tier over lookups, 0 before the first."""
         hits = self.local_hits + self.fleet_hits + self.batch_hits
         total = hits + self.misses
         return hits / total if total else 0.0
