@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent

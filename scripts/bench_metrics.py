@@ -3,10 +3,11 @@
 
 A private redis-server gets a backlog of one-row requests for the affine
 model, drained by one in-process Consumer. Every ``--segment`` rounds the
-consumer's WorkerMetrics is swapped between a recording one and a disabled
-one, and the thread CPU time of each segment is added to its mode. Switching
-several times a second cancels the drift of a shared machine's load, which
-swamps a few percent when whole runs are compared.
+consumer's WorkerMetrics (``consumer.counters.metrics``) is swapped between
+a recording one and a disabled one, and the thread CPU time of each segment
+is added to its mode. Switching several times a second cancels the drift of
+a shared machine's load, which swamps a few percent when whole runs are
+compared.
 
     python scripts/bench_metrics.py --requests 100000 --passes 5
 """
@@ -38,7 +39,7 @@ def drain(consumer: Consumer, modes: dict[str, WorkerMetrics], cpu: dict[str, fl
     """Run rounds until the stream is empty, switching the metrics every ``segment`` rounds."""
     mode = "off"
     while True:
-        consumer.metrics = modes[mode]
+        consumer.counters.metrics = modes[mode]
         started, handled = time.thread_time(), 0
         for _ in range(segment):
             handled += consumer.run_once()

@@ -22,14 +22,17 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import redis
 
 from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.keys import HEARTBEAT_INDEX, heartbeat_index, heartbeat_key
 
-__all__ = ["Heartbeat", "HeartbeatInfo", "Meter", "read_heartbeats", "heartbeat_key", "HEARTBEAT_INDEX"]
+if TYPE_CHECKING:  # only annotations: the heartbeat readers (supervisor, status) need no metrics
+    from inferfleet.worker.counters import Counters, Tally
+
+__all__ = ["Heartbeat", "HeartbeatInfo", "read_heartbeats", "heartbeat_key", "HEARTBEAT_INDEX"]
 
 log = logging.getLogger(__name__)
 
@@ -44,30 +47,6 @@ def rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-class Meter:
-    """Counts work and busy time; thread-safe enough for one writer and one reader."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self.requests = 0
-        self.batches = 0
-        self.rows = 0
-        self.busy_s = 0.0
-        self._last = (clock(), 0, 0.0)
-
-    def record(self, requests: int, batches: int, rows: int, busy_s: float) -> None:
-        self.requests += requests
-        self.batches += batches
-        self.rows += rows
-        self.busy_s += busy_s
-
-    def sample(self) -> tuple[float, float]:
-        """(requests per second, busy fraction) since the previous sample."""
-        now, requests, busy = self.clock(), self.requests, self.busy_s
-        then, then_requests, then_busy = self._last
-        self._last = (now, requests, busy)
-        span = max(now - then, 1e-6)
-        return (requests - then_requests) / span, min(1.0, (busy - then_busy) / span)
 
 
 def _int(text: str | None) -> int:
@@ -126,17 +105,21 @@ class HeartbeatInfo:
 class Heartbeat:
     """Publishes one worker's heartbeat from a daemon thread until stopped."""
 
-    def __init__(self, client: redis.Redis, keys: QueueKeys, consumer: str, meter: Meter,
-                 fields: dict[str, Any], interval_s: float = 1.0) -> None:
+    def __init__(self, client: redis.Redis, keys: QueueKeys, consumer: str, counters: Counters,
+                 fields: dict[str, Any], interval_s: float = 1.0,
+                 extra: Callable[[], dict[str, Any]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.keys = keys
         self.consumer = consumer
-        self.meter = meter
+        self.counters = counters
         self.interval_s = interval_s
         self.ttl_ms = int(max(3 * interval_s, 2.0) * 1000)
         self.state = "starting"
         #: Called on every beat for fields that change (model version, swap error, cache use).
-        self.extra: Callable[[], dict[str, Any]] | None = None
+        self.extra = extra
+        self.clock = clock
+        self._last = (clock(), counters.snapshot())  # the rates of the next beat are since then
         self._fields = {"consumer": consumer, "pid": os.getpid(), "host": socket.gethostname(),
                         "started_ms": int(time.time() * 1000), **fields}
         self._stop = threading.Event()
@@ -153,19 +136,27 @@ class Heartbeat:
 
     def beat(self) -> None:
         """Publish once now (also called by the thread)."""
-        rate, busy = self.meter.sample()
+        totals, rate, busy = self.sample()
         now_ms = int(time.time() * 1000)
         key = heartbeat_key(self.keys, self.consumer)
         changing = self.extra() if self.extra is not None else {}
         mapping = {**self._fields, **changing, "state": self.state, "rss_mb": round(rss_mb(), 1),
-                   "requests": self.meter.requests,
-                   "batches": self.meter.batches, "rows": self.meter.rows, "rate_rps": round(rate, 2),
+                   "requests": totals.requests,
+                   "batches": totals.batches, "rows": totals.rows, "rate_rps": round(rate, 2),
                    "busy": round(busy, 4), "last_seen_ms": now_ms}
         pipe = self.client.pipeline(transaction=True)
         pipe.hset(key, mapping=mapping)
         pipe.pexpire(key, self.ttl_ms)
         pipe.zadd(heartbeat_index(self.keys), {self.consumer: now_ms})
         pipe.execute()
+
+    def sample(self) -> tuple[Tally, float, float]:
+        """(the totals, requests per second, busy fraction) since the previous sample."""
+        now, totals = self.clock(), self.counters.snapshot()
+        then, before = self._last
+        self._last = (now, totals)
+        span = max(now - then, 1e-6)
+        return totals, (totals.requests - before.requests) / span, min(1.0, (totals.busy_s - before.busy_s) / span)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -266,3 +266,34 @@ def test_supervise_spreads_its_workers_over_the_shards(redis_cluster: LocalClust
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_the_reply_script_runs_on_the_slots_master_and_survives_a_script_flush(redis_cluster: LocalCluster) -> None:
+    """register_script on a RedisCluster: EVALSHA goes to the master of the keys' one slot (a queue's hash
+    tag), and NOSCRIPT after a SCRIPT FLUSH on every master loads it again."""
+    from inferfleet.producer.protocol import QueueKeys
+    from inferfleet.worker.counters import Counters
+    from inferfleet.worker.serving.consumer import ensure_group
+    from inferfleet.worker.serving.intake import Answer
+    from inferfleet.worker.serving.replies import ReplyWriter
+
+    keys = QueueKeys("reply-script")
+    client = cluster_client(redis_cluster.url)
+    rids = ["r0", "r1"]
+    try:
+        ensure_group(client, keys.requests)
+        writer = ReplyWriter(client, keys, 60, ("affine", "1"), Counters())
+        writer.load()
+        for rid in rids:
+            entry_id = client.xadd(keys.requests, {"id": rid})
+            client.xreadgroup(GROUP, "c1", {keys.requests: ">"}, count=1)
+            writer.write([Answer(entry_id, keys.reply(rid), b"reply of " + rid.encode(), True, rid=rid)])
+            assert client.lrange(keys.reply(rid), 0, -1) == [b"reply of " + rid.encode()]
+            assert client.xpending(keys.requests, GROUP)["pending"] == 0
+            for port in redis_cluster.ports:
+                with redis_cluster.node(port) as node:
+                    node.script_flush()
+    finally:
+        for key in [keys.requests, *(keys.reply(rid) for rid in rids)]:
+            client.delete(key)
+        client.close()

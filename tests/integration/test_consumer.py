@@ -125,7 +125,7 @@ def test_computed_twice_answered_once(affine, redis_url, redis_client, models_di
     other = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="c2",
                           idle_block_ms=50, claim_idle_s=0.1)
     time.sleep(0.15)
-    other._reclaim()
+    other.recovery.reclaim()
     drain(other)
     # c1 now finishes its stale batch
     affine._answer(entries)
@@ -138,7 +138,7 @@ def test_restarted_consumer_replays_its_own_pending(redis_url, redis_client, mod
     producer = Producer(redis_url, "q")
     rids = producer.submit_many([np.ones((1, 16), np.float32)] * 5)
     first = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="slot-0", idle_block_ms=50)
-    first._replay_own = False
+    first.recovery.replay_own = False
     assert len(first._read(5, None)) == 5  # read, then "crash" before answering
     assert pending(redis_client, keys) == 5
     second = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="slot-0", idle_block_ms=50)
@@ -154,10 +154,10 @@ def test_acknowledged_entries_are_trimmed_but_pending_kept(affine, redis_url, re
     drain(affine)
     held = producer.submit(np.ones((1, 16), np.float32))
     other = make_consumer(redis_url, affine.settings.model, consumer="holder", idle_block_ms=50)
-    other._replay_own = False
+    other.recovery.replay_own = False
     assert len(other._read(1, None)) == 1  # pending on "holder"
     producer.submit_many([np.ones((1, 16), np.float32)] * 3)  # undelivered
-    affine._trim()
+    affine.recovery._trim()
     assert redis_client.xlen(keys.requests) == 4  # the held entry and the three undelivered
     drain(affine)
     (entry_id, fields), = redis_client.xrange(keys.requests, "-", "+", count=1)
@@ -190,7 +190,7 @@ def test_out_of_memory_splits_the_batch_and_lowers_the_row_limit(redis_url, redi
     assert all(r.ok for r in replies)  # every request answered despite the OOM
     for x, r in zip(inputs, replies):
         np.testing.assert_array_equal(r.outputs, x * 2)
-    assert consumer.row_limit == 8  # halved twice: 32 -> 16 -> 8
+    assert consumer.row_limit.rows == 8  # halved twice: 32 -> 16 -> 8
     more = producer.submit_many(inputs)
     drain(consumer)
     assert max(r.timing["batch_rows"] for r in producer.results(more, timeout_s=5)) <= 8
@@ -278,3 +278,17 @@ def test_reply_key_of_the_wrong_type_is_answered_on_the_default_key(affine, redi
     assert reply.error_code == "bad_request" and "not a list" in reply.error_message
     assert redis_client.get(inbox) == b"not a list"  # untouched
     assert pending(redis_client, keys) == 0
+
+
+def test_replies_survive_a_script_flush(affine, redis_url, redis_client):
+    """The reply script is loaded again when Redis forgot it (SCRIPT FLUSH, or a restart without AOF)."""
+    producer = Producer(redis_url, "q")
+    x = np.ones((1, 16), np.float32)
+    first = producer.submit_many([x] * 3)
+    drain(affine)
+    redis_client.script_flush()
+    assert redis_client.script_exists(affine.replies._script.sha) == [False]
+    second = producer.submit_many([x] * 3)
+    drain(affine)
+    assert all(r.ok for r in producer.results(first + second, timeout_s=5))
+    assert pending(redis_client, affine.keys) == 0

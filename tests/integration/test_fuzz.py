@@ -57,7 +57,7 @@ SETTLE_TIMEOUT_S = 20.0
 
 RID_CHARS = string.ascii_letters + string.digits + "._:-"
 RID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
-#: Worker message of the catch-all in worker/intake.py: a decoder raised something unexpected.
+#: Worker message of the catch-all in worker/serving/intake.py: a decoder raised something unexpected.
 CATCH_ALL = "the request could not be decoded"
 
 _counter = itertools.count()  # every readable request id embeds a fresh number: never reused

@@ -189,7 +189,8 @@ def test_json_logs_carry_the_consumer_and_request_ids(spawn_worker, redis_url, m
     lines = proc.stderr.read().decode().splitlines()
     records = [json.loads(line) for line in lines]  # every line of stderr is one JSON object
     assert records and all({"time", "level", "logger", "message"} <= r.keys() for r in records)
-    assert all(r.get("consumer") == "test-j-0" for r in records if r["logger"].startswith("worker."))
+    ours = [r for r in records if r["logger"].startswith("inferfleet.worker.")]
+    assert ours and all(r.get("consumer") == "test-j-0" for r in ours)
     batches = [r for r in records if "trace-0" in r.get("request_ids", [])]
     assert batches and isinstance(batches[0]["batch"], int), records[-5:]
     assert any(r.get("request_ids") == ["trace-bad"] and "bad_request" in r["message"] for r in records)

@@ -63,14 +63,14 @@ def test_memory_hygiene_cadence(redis_url, redis_client, models_dir, monkeypatch
     Producer(redis_url, "q").submit_many([np.ones((1, 16), np.float32)] * 35)
     while consumer.run_once():
         pass
-    assert consumer.total.batches == 35 and len(calls) == 3
+    assert consumer.counters.batches == 35 and len(calls) == 3
 
 
 def test_heartbeat_reports_resident_memory(redis_url, redis_client):
     from inferfleet.producer.protocol import QueueKeys
-    from inferfleet.worker.heartbeat import Meter
+    from inferfleet.worker.counters import Counters
 
-    beat = Heartbeat(redis_client, QueueKeys("q"), "c1", Meter(), {"device": "cpu", "version": "1"}).start()
+    beat = Heartbeat(redis_client, QueueKeys("q"), "c1", Counters(), {"device": "cpu", "version": "1"}).start()
     try:
         (info,) = read_heartbeats(redis_client, QueueKeys("q"))
         assert 10 < info.rss_mb < 100_000

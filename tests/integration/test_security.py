@@ -47,7 +47,7 @@ START_TIMEOUT_S = 30.0
 #: Every command the worker and the supervisor send, on the queue's keys only.
 WORKER_RULES = (
     "reset", "on", ">worker-pw", "~inferfleet:{q}:*", "-@all",
-    # the consumer loop (worker/consumer.py) and recovery (worker/recovery.py)
+    # the consumer loop (worker/serving/consumer.py) and recovery (worker/serving/recovery.py)
     "+xgroup|create", "+xgroup|createconsumer", "+xreadgroup", "+xpending", "+xinfo|groups",
     "+xinfo|consumers", "+xtrim", "+xclaim", "+xrange", "+xgroup|delconsumer",
     # the reply script (EVALSHA; SCRIPT LOAD at start and after a Redis restart) and what it
@@ -55,7 +55,7 @@ WORKER_RULES = (
     "+evalsha", "+script|load", "+xack", "+rpush", "+pexpire", "+rpop",
     # dead letters (XADD ... MAXLEN ~ to the dead stream)
     "+xadd",
-    # heartbeats (worker/heartbeat.py) and the supervisor (worker/supervisor.py)
+    # heartbeats (worker/heartbeat.py) and the supervisor (worker/fleet/supervisor.py)
     "+hset", "+zadd", "+zrange", "+hgetall", "+zrem", "+del", "+multi", "+exec", "+xlen",
     # redis-py's health check on a worker connection idle for 30 s (a long batch)
     "+ping",

@@ -1,13 +1,19 @@
-"""The result cache's pure parts: canonical digests, LFU eviction, duplicate split."""
+"""The result cache's pure parts: canonical digests, LFU eviction, duplicate split; one round's use of it."""
 
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from inferfleet.producer.protocol import QueueKeys, decode_body, encode_body
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.counters import Counters
+from inferfleet.worker.metrics import WorkerMetrics
+from inferfleet.worker.serving.batching import Request
 from inferfleet.worker.serving.cache import ResultCache, copy_outputs, input_digest, split_duplicates
+from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 
 
 def test_digest_is_canonical_across_encodings():
@@ -91,3 +97,39 @@ def test_a_full_redis_drops_fleet_entries_without_failing(redis_client):
         redis_client.config_set("maxmemory", "0")
     assert cache.lookup([b"d1"])[0][1] == "local"  # still cached locally
     assert redis_client.exists(cache.fleet_key(b"d1")) == 0
+
+
+def _request(i: int, value: float) -> Request:
+    return Request(f"{i}-0".encode(), f"r{i}", "k", np.full((1, 4), value, np.float32), {}, 1, None)
+
+
+def test_a_cache_round_answers_hits_and_computes_each_duplicate_once():
+    registry = CollectorRegistry()
+    results = ResultPolicy(WorkerSettings(name="q", model="m.pt", cache_size=8), QueueKeys("q"), None)
+    round_ = CacheRound(results, Counters(WorkerMetrics("q", registry)))
+    todo, hits = round_.start([_request(0, 1.0), _request(1, 2.0), _request(2, 1.0)], "v1")
+    assert [r.rid for r in todo] == ["r0", "r1"] and hits == []  # r2 repeats r0
+    computed = [results.review(r, np.full((1, 2), 10.0 * (i + 1)), "v1", False) for i, r in enumerate(todo)]
+    round_.remember(todo, computed, 1.5, 2)
+    ((dup, result, infer_ms, rows),) = round_.finish()
+    assert dup.rid == "r2" and result is computed[0] and (infer_ms, rows) == (1.5, 2)
+    results.flush()  # into the local tier
+    todo, hits = round_.start([_request(3, 2.0), _request(4, 3.0)], "v1")
+    assert [r.rid for r in todo] == ["r4"] and [(r.rid, out[0, 0]) for r, out in hits] == [("r3", 20.0)]
+    assert round_.finish() == []  # no duplicates this round, none left from the last
+    todo, hits = round_.start([_request(5, 2.0)], "v2")  # another model version: no hit
+    assert [r.rid for r in todo] == ["r5"] and hits == []
+    sample = registry.get_sample_value
+    assert sample("inferfleet_cache_hits_total", {"queue": "q", "tier": "batch"}) == 1
+    assert sample("inferfleet_cache_hits_total", {"queue": "q", "tier": "local"}) == 1
+    assert sample("inferfleet_cache_misses_total", {"queue": "q", "tier": "local"}) == 5
+    assert sample("inferfleet_cache_hits_total", {"queue": "q", "tier": "fleet"}) is None  # no fleet tier
+
+
+def test_a_round_without_the_cache_computes_everything():
+    results = ResultPolicy(WorkerSettings(name="q", model="m.pt"), QueueKeys("q"), None)
+    round_ = CacheRound(results, Counters())
+    requests = [_request(0, 1.0), _request(1, 1.0)]
+    todo, hits = round_.start(requests, "v1")
+    assert todo is requests and hits == [] and "digest" not in requests[0].extra
+    assert round_.finish() == []

@@ -1,5 +1,5 @@
-"""One consumer process: the loop, intake, batching, replies, recovery, dead letters,
-alerts, the result cache, result checks and hot swap.
+"""One consumer process: the loop, intake, batching, the row limit, replies, recovery,
+dead letters, alerts, the result cache, result checks and hot swap.
 
 Import the modules themselves (``inferfleet.worker.serving.consumer``): this
 package re-exports nothing, so importing a light module (intake, batching)

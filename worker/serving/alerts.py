@@ -37,11 +37,13 @@ class Alert:
     entry_id: str = ""
 
     def fields(self) -> dict[str, str]:
+        """The stream entry's fields (all strings; the time is now if unset)."""
         return {"kind": self.kind, "detail": self.detail, "consumer": self.consumer,
                 "version": self.version, "id": self.rid, "time_ms": str(self.time_ms or int(time.time() * 1000))}
 
     @classmethod
     def from_entry(cls, entry_id: bytes, raw: dict[bytes, bytes]) -> Alert:
+        """Parse one entry of the alerts stream; a corrupt time reads as 0."""
         d = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
         try:
             time_ms = int(d.get("time_ms", "0"))

@@ -100,6 +100,7 @@ class CacheStats:
 
     @property
     def hit_rate(self) -> float:
+        """Hits of any tier over lookups, 0 before the first."""
         hits = self.local_hits + self.fleet_hits + self.batch_hits
         total = hits + self.misses
         return hits / total if total else 0.0
@@ -116,6 +117,7 @@ class ResultCache:
         self.stats = CacheStats()
 
     def fleet_key(self, digest: bytes) -> str:
+        """The fleet tier's key for ``digest`` (:func:`inferfleet.worker.keys.cache_key`)."""
         return cache_key(self.keys, digest)
 
     def clear(self) -> None:

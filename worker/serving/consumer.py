@@ -4,12 +4,9 @@ The loop is thin: what to batch, how to split and what to answer is decided
 by the pure modules (:mod:`inferfleet.worker.serving.batching`, :mod:`inferfleet.worker.serving.intake`); this
 module only moves bytes between them and Redis.
 
-Replies are written by one Lua script per round (:data:`REPLY_SCRIPT`): for
-each entry it pushes the reply, then XACKs, and takes the reply back if that
-XACK found the entry already acknowledged. The push and the acknowledgement
-are one atomic step (the reply is written first, as the contract asks), and
-a request computed twice (a slow worker whose entry was taken over) is
-answered once: whoever acknowledges first answers.
+Replies and acknowledgements are written once per round, atomically, by
+:class:`inferfleet.worker.serving.replies.ReplyWriter`: whoever acknowledges
+an entry first answers it, so a request computed twice is answered once.
 """
 
 from __future__ import annotations
@@ -19,61 +16,30 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import redis
 
-from inferfleet.producer.protocol import GROUP, encode_reply_error, encode_reply_ok
-from inferfleet.worker.serving.alerts import Alert, publish as publish_alerts
-from inferfleet.worker.serving.batching import Request, collect, concat_inputs, form_batches, predict_isolated, split_outputs
-from inferfleet.worker.serving.cache import split_duplicates
+from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error, encode_reply_ok
 from inferfleet.worker.config import WorkerSettings
-from inferfleet.worker.serving.deadletter import DEAD_MAXLEN, dead_fields
-from inferfleet.worker.heartbeat import Meter
+from inferfleet.worker.counters import Counters
+from inferfleet.worker.logs import batch_context
+from inferfleet.worker.metrics import worker_metrics
+from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
+from inferfleet.worker.serving.alerts import Alert, publish as publish_alerts
+from inferfleet.worker.serving.batching import (Request, collect, concat_inputs, form_batches, predict_isolated,
+                                                split_outputs)
+from inferfleet.worker.serving.deadletter import dead_fields
 from inferfleet.worker.serving.intake import Answer, Intake
 from inferfleet.worker.serving.lifecycle import ModelWatcher
-from inferfleet.worker.logs import batch_context
-from inferfleet.worker.metrics import reply_codes, worker_metrics
-from inferfleet.worker.serving.quality import ResultPolicy
-from inferfleet.worker.serving.recovery import Delivery, claim_from, dead_consumers, own_pending, start_attempt
-from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
+from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
+from inferfleet.worker.serving.recovery import Delivery, Recovery
+from inferfleet.worker.serving.replies import ReplyWriter
+from inferfleet.worker.serving.rowlimit import RowLimit
 
-__all__ = ["Consumer", "REPLY_SCRIPT", "ensure_group"]
+__all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
 
 log = logging.getLogger(__name__)
-
-#: KEYS = [stream, reply_key...]; ARGV = [group, ttl_ms, (entry_id, payload)...].
-#: An empty payload means "acknowledge only". The reply is pushed first and
-#: taken back if the XACK finds the entry already answered (so exactly one
-#: reply stands); a push that fails (the key holds another type) leaves the
-#: entry pending and unacknowledged (a non-list key: answered elsewhere; any
-#: other error, such as Redis out of memory, aborts the round, which is retried).
-#: Returns {pushed, {failed 0-based indexes}}.
-REPLY_SCRIPT = """
-local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
-local pushed, failed = 0, {}
-for i = 2, #KEYS do
-  local id, payload = ARGV[2 * i - 1], ARGV[2 * i]
-  if payload == '' then
-    redis.call('XACK', stream, group, id)
-  else
-    local res = redis.pcall('RPUSH', KEYS[i], payload)
-    if type(res) == 'table' and res.err then
-      if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then
-        return redis.error_reply(res.err)  -- out of memory and the like: retry the round later
-      end
-      table.insert(failed, i - 2)
-    elseif redis.call('XACK', stream, group, id) == 1 then
-      redis.call('PEXPIRE', KEYS[i], ttl)
-      pushed = pushed + 1
-    else
-      redis.call('RPOP', KEYS[i])
-    end
-  end
-end
-return {pushed, failed}
-"""
 
 #: Errors the loop waits out: Redis unreachable, or full (maxmemory with noeviction).
 _RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
@@ -97,59 +63,93 @@ def ensure_group(client: redis.Redis, stream: str) -> None:
             raise
 
 
-def _id_key(entry_id: bytes | str) -> tuple[int, int]:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
+def leave_group(client: redis.Redis, keys: QueueKeys, consumer: str) -> bool:
+    """Delete ``consumer`` from the group, but only if it holds no pending entries.
+
+    (XGROUP DELCONSUMER drops a consumer's pending entries with it; those
+    must stay so another worker can reclaim them.)
+    """
+    try:
+        mine = client.xpending_range(keys.requests, GROUP, min="-", max="+", count=1, consumername=consumer)
+        if mine:
+            log.warning("consumer %s leaves %d+ pending entries for others to reclaim", consumer, len(mine))
+            return False
+        client.xgroup_delconsumer(keys.requests, GROUP, consumer)
+        return True
+    except redis.exceptions.RedisError as exc:
+        log.warning("consumer %s could not leave the group cleanly: %s", consumer, exc)
+        return False
 
 
-@dataclass
-class Stats:
-    """Counters since the last periodic log line."""
+def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
+    """The answer to ``req``: its outputs, or ``model_error`` for an exception or outputs the
+    contract cannot carry. ``meta`` (name, version) names the model that computed it."""
+    timing = {"queued_ms": max(0.0, req.picked_ms - req.enqueued_ms),
+              "infer_ms": infer_ms, "batch_rows": batch_rows}
+    if not isinstance(result, Exception):
+        try:
+            return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True,
+                          rid=req.rid)
+        except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
+            result = exc
+    log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, result)
+    message = f"{type(result).__name__}: {result}"
+    return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
+                  rid=req.rid, code="model_error")
 
-    requests: int = 0
-    batches: int = 0
-    rows: int = 0
-    errors: int = 0
-    skipped: int = 0
 
-    def reset(self) -> Stats:
-        snapshot = Stats(**vars(self))
-        self.__init__()  # type: ignore[misc]
-        return snapshot
+def dead_letter(intake: Intake, entry_id: bytes, fields: Any, delivered: int, settings: WorkerSettings) -> Answer:
+    """The answer to an entry delivered ``delivered`` times, over ``max_deliveries``: dead-lettered."""
+    reason = (f"delivery {delivered} is over the limit of {settings.max_deliveries}: "
+              f"every worker that computed it died or lost it")
+    log.error("request entry %s dead-lettered: %s", entry_id.decode(errors="replace"), reason)
+    answer = intake.refuse_entry(entry_id, fields, "dead_letter", reason)
+    answer.dead = dead_fields(entry_id, fields, reason, delivered, settings.consumer)
+    return answer
 
 
 class Consumer:
-    """One consumer of group ``workers`` on one queue, with one model runtime."""
+    """One consumer of group ``workers`` on one queue, with one model runtime.
 
-    def __init__(self, settings: WorkerSettings, runtime: ModelRuntime, client: redis.Redis) -> None:
+    It owns the loop and what the loop alone touches (the read-ahead entries,
+    the intake of the current model, the batch numbers); the rest is in its
+    parts: :class:`Recovery` (suspects, replay, housekeeping),
+    :class:`CacheRound` and :class:`ResultPolicy` (cache and checks),
+    :class:`RowLimit`, :class:`ReplyWriter` and :class:`Counters`.
+
+    Collaborators it does not build: ``counters`` (default: this worker's
+    Prometheus series, or none when metrics are off; the heartbeat reads
+    them), ``watcher`` (default none: no hot swaps) and ``model_source``
+    (default ``settings.model``: what the runtime was loaded from).
+    """
+
+    def __init__(self, settings: WorkerSettings, runtime: ModelRuntime, client: redis.Redis, *,
+                 counters: Counters | None = None, watcher: ModelWatcher | None = None,
+                 model_source: str | None = None) -> None:
         self.settings = settings
         self.runtime = runtime
         self.redis = client
         self.keys = settings.queue_keys  # its shard's keys when the queue is sharded
         self.intake = Intake(self.keys, settings.limits, runtime.model_meta,
                              runtime.input_spec, runtime.accepts_params)
-        self._sha = ""
         self._ready = False
-        self._suspects: list[Delivery] = []  # replayed or taken over: computed one at a time
         self._prefetched: list[Request | Answer] = []  # read ahead, answered next round
         self._pool: ThreadPoolExecutor | None = None
         self.prefetch = settings.prefetch == "on" or (settings.prefetch == "auto" and runtime.device.type == "cuda")
-        self.row_limit = settings.max_batch_rows  # lowered after an out-of-memory error
-        self._good_batches = 0
-        self._replay_own = True  # first thing after start or reconnect
-        self._next_housekeeping = 0.0
+        self.row_limit = RowLimit(settings.max_batch_rows)  # lowered after an out-of-memory error
         self._next_stats_log = time.monotonic() + 10.0
-        self.stats = Stats()
-        self.total = Stats()
-        self.meter = Meter()
-        self.metrics = worker_metrics(settings.name, settings.metrics_port)  # NAME, for every shard
-        self.metrics.model_version(runtime.version)
+        if counters is None:  # its metrics are labelled NAME, for every shard
+            counters = Counters(worker_metrics(settings.name, settings.metrics_port))
+        self.counters = counters
+        self.counters.model_version(runtime.version)
+        self._window = self.counters.snapshot()  # the totals at the last periodic log line
         self._batch_seq = 0  # numbers batches in the logs (record field ``batch``)
         self.results = ResultPolicy(settings, self.keys, client)
-        self.watcher: ModelWatcher | None = None  # set by serve() to follow hot swaps
-        self.model_source = settings.model  # the file or handler the runtime was loaded from
-        self._round: dict[bytes, tuple[Any, float, int]] = {}  # digest -> (result, infer_ms, rows) this round
+        self.recovery = Recovery(client, self.keys, settings, self.counters)
+        self.cache_round = CacheRound(self.results, self.counters)
+        self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
+        self.watcher = watcher  # follows hot swaps
+        self.model_source = settings.model if model_source is None else model_source  # the runtime's file or handler
 
     # -- the loop ----------------------------------------------------------
 
@@ -164,7 +164,7 @@ class Consumer:
                 backoff = 0.1
             except _RETRYABLE as exc:
                 log.warning("%s (%s); retrying in %.1f s", _describe_outage(exc), exc, backoff)
-                self._replay_own = True
+                self.recovery.replay_own = True
                 self._prefetched = []  # still pending on us: the replay brings them back
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -178,7 +178,7 @@ class Consumer:
             self._pool.shutdown(wait=True)
         self.leave()
         log.info("consumer %s stopped after %d requests in %d batches",
-                 self.settings.consumer, self.total.requests, self.total.batches)
+                 self.settings.consumer, self.counters.requests, self.counters.batches)
 
     def _finish_prefetched(self) -> None:
         """Answer what was read ahead before stopping (best effort: else it is taken over)."""
@@ -190,30 +190,15 @@ class Consumer:
             log.warning("consumer %s could not answer its read-ahead entries: %s", self.settings.consumer, exc)
 
     def leave(self) -> bool:
-        """Delete this consumer from the group, but only if it holds no pending entries.
-
-        (XGROUP DELCONSUMER drops a consumer's pending entries with it; those
-        must stay so another worker can reclaim them.)
-        """
-        try:
-            mine = self.redis.xpending_range(self.keys.requests, GROUP, min="-", max="+", count=1,
-                                             consumername=self.settings.consumer)
-            if mine:
-                log.warning("consumer %s leaves %d+ pending entries for others to reclaim",
-                            self.settings.consumer, len(mine))
-                return False
-            self.redis.xgroup_delconsumer(self.keys.requests, GROUP, self.settings.consumer)
-            return True
-        except redis.exceptions.RedisError as exc:
-            log.warning("consumer %s could not leave the group cleanly: %s", self.settings.consumer, exc)
-            return False
+        """Leave the group if this consumer holds no pending entries (:func:`leave_group`)."""
+        return leave_group(self.redis, self.keys, self.settings.consumer)
 
     def prepare(self) -> None:
         """Join the group (creating it if needed) and load the reply script."""
         ensure_group(self.redis, self.keys.requests)
         # Redis 7.0 lists a consumer only once it has been handed an entry; make it visible now
         self.redis.xgroup_createconsumer(self.keys.requests, GROUP, self.settings.consumer)
-        self._sha = self.redis.script_load(REPLY_SCRIPT)
+        self.replies.load()
         self._ready = True
         log.info("consumer %s serving %s (max %d rows, wait %.1f ms)", self.settings.consumer,
                  self.keys.requests, self.settings.max_batch_rows, self.settings.max_wait_ms)
@@ -222,19 +207,24 @@ class Consumer:
         """One round: collect entries, answer them, acknowledge. Returns entries handled."""
         if self.watcher is not None:
             self._maybe_switch()
-        if self._replay_own:
-            self._load_own_pending()
-        if self._suspects:
-            return self._run_suspect(self._suspects.pop(0))
-        items = collect(self._read, self.row_limit, self.settings.max_wait_s,
+        if self.recovery.replay_own:
+            self._prefetched = []  # pending on us too: they come back among the suspects
+            self.recovery.replay_own_pending()
+        suspect = self.recovery.next_suspect()
+        if suspect is not None:
+            started = time.perf_counter()
+            handled = self._run_suspect(suspect)
+            self.counters.busy(time.perf_counter() - started)
+            return handled
+        items = collect(self._read, self.row_limit.rows, self.settings.max_wait_s,
                         rows_of=lambda item: item.rows if isinstance(item, Request) else 0)
         if items:
             started = time.perf_counter()
             ahead = self._read_ahead() if self.prefetch else None
-            batches, rows = self._answer(items)
+            self._answer(items)
             if ahead is not None:
                 self._prefetched = ahead.result()
-            self.meter.record(len(items), batches, rows, time.perf_counter() - started)
+            self.counters.busy(time.perf_counter() - started)
         self._maybe_housekeep()
         return len(items)
 
@@ -247,31 +237,24 @@ class Consumer:
         """
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"read-ahead-{self.settings.consumer}")
-        return self._pool.submit(self._read, self.row_limit, 0.0)
+        return self._pool.submit(self._read, self.row_limit.rows, 0.0)
 
-    def _answer(self, items: list[Request | Answer]) -> tuple[int, int]:
-        """Compute and reply to one round of items; returns (batches, rows)."""
+    def _answer(self, items: list[Request | Answer]) -> None:
+        """Compute and reply to one round of items."""
         answers = [item for item in items if isinstance(item, Answer)]
-        requests = [item for item in items if isinstance(item, Request)]
-        duplicates: list[tuple[Request, Request]] = []
-        if requests and self.results.keyed:
-            requests, duplicates = self._from_cache(requests, answers)
-        batches = form_batches(requests, self.row_limit)
-        for batch in batches:
+        requests, hits = self.cache_round.start([item for item in items if isinstance(item, Request)],
+                                                self.runtime.version)
+        meta = self.runtime.model_meta
+        answers.extend(encode_answer(meta, req, outputs, 0.0, 0) for req, outputs in hits)  # 0 rows: not computed
+        for batch in form_batches(requests, self.row_limit.rows):
             answers.extend(self._infer(batch))
-        for dup, first in duplicates:
-            result, infer_ms, rows = self._round[first.extra["digest"]]
-            answers.append(self._encode(dup, result, infer_ms, rows))
-        self._round.clear()
+        answers.extend(encode_answer(meta, *duplicate) for duplicate in self.cache_round.finish())
         alerts = self.results.take_alerts()
         if alerts:  # before the replies: a client that sees its reply can see its alert
             self._alert(alerts)
-        self._write(answers)
+        self.replies.write(answers)
         self.results.flush()  # after the replies: a cache write must never delay or block one
-        self.stats.requests += len(items)
-        self.total.requests += len(items)
-        self.stats.errors += sum(1 for a in answers if not a.ok)
-        return len(batches), sum(r.rows for r in requests)
+        self.counters.answered(len(items), sum(1 for a in answers if not a.ok))
 
     # -- reading -----------------------------------------------------------
 
@@ -299,59 +282,17 @@ class Consumer:
         """
         entry_id, fields, delivered = delivery
         if not fields:
-            self._write([Answer(entry_id, None, None)])  # deleted while pending: acknowledge only
+            self.replies.write([Answer(entry_id, None, None)])  # deleted while pending: acknowledge only
             return 1
-        if not start_attempt(self.redis, self.keys, self.settings.consumer, entry_id):
+        if not self.recovery.start_attempt(entry_id):
             return 0  # no longer ours: answered elsewhere
         if delivered + 1 > self.settings.max_deliveries:
-            self._write([self._dead_letter(entry_id, fields, delivered + 1)])
+            self.replies.write([dead_letter(self.intake, entry_id, fields, delivered + 1, self.settings)])
         else:
             self._answer([self.intake.admit(entry_id, fields, time.time() * 1000.0)])
         return 1
 
-    def _dead_letter(self, entry_id: bytes, fields: Any, delivered: int) -> Answer:
-        reason = (f"delivery {delivered} is over the limit of {self.settings.max_deliveries}: "
-                  f"every worker that computed it died or lost it")
-        log.error("request entry %s dead-lettered: %s", entry_id.decode(errors="replace"), reason)
-        answer = self.intake.refuse_entry(entry_id, fields, "dead_letter", reason)
-        answer.dead = dead_fields(entry_id, fields, reason, delivered, self.settings.consumer)
-        return answer
-
-    def _load_own_pending(self) -> None:
-        """Replay what this consumer name holds but never answered (a restart or a lost reply)."""
-        self._prefetched = []  # pending on us too: they come back among the suspects
-        self._suspects = own_pending(self.redis, self.keys, self.settings.consumer)
-        if self._suspects:
-            log.info("replaying %d pending entries of consumer %s, one at a time",
-                     len(self._suspects), self.settings.consumer)
-        self._replay_own = False
-
     # -- computing ---------------------------------------------------------
-
-    def _from_cache(self, requests: list[Request], answers: list[Answer]) -> tuple[list[Request], list]:
-        """Answer cache hits (into ``answers``); return the requests to compute, and the
-        duplicates among them as (duplicate, first) pairs, answered from the first."""
-        digests = self.results.key(requests, self.runtime.version)
-        cache = self.results.cache
-        if cache is None:
-            return requests, []
-        misses = []
-        tiers = {"local": 0, "fleet": 0}
-        for req, hit in zip(requests, cache.lookup(digests)):
-            if hit is None:
-                misses.append(req)
-            else:  # batch_rows 0: answered from the cache, not computed
-                tiers[hit[1]] += 1
-                answers.append(self._encode(req, hit[0], 0.0, 0))
-        unique, dupes = split_duplicates([r.extra["digest"] for r in misses])
-        cache.stats.batch_hits += len(dupes)
-        cache.stats.misses -= len(dupes)
-        if self.metrics.enabled:
-            self.metrics.cache_lookup("local", tiers["local"], len(requests) - tiers["local"])
-            if cache.client is not None:
-                self.metrics.cache_lookup("fleet", tiers["fleet"], len(requests) - sum(tiers.values()))
-            self.metrics.cache_lookup("batch", len(dupes), len(unique))
-        return [misses[i] for i in unique], [(misses[i], misses[j]) for i, j in dupes]
 
     def _infer(self, batch: list[Request]) -> list[Answer]:
         """Compute one batch; what it logs carries the batch number and its request ids."""
@@ -379,121 +320,26 @@ class Consumer:
         computed = predict_isolated(batch, predict)
         version = self.runtime.version
         results = [self.results.review(req, res, version, suspicious) for req, res in zip(batch, computed)]
-        self._recover_row_limit()
+        if self.row_limit.batch_computed():
+            log.info("consumer %s: row limit raised to %d", self.settings.consumer, self.row_limit.rows)
         every = self.settings.empty_cache_every
-        if every and self.total.batches % every == every - 1:
+        if every and self.counters.batches % every == every - 1:
             self.runtime.release_memory()  # the article's memory hygiene: return cached blocks
         infer_ms = (time.perf_counter() - started) * 1000.0
-        self.stats.batches += 1
-        self.stats.rows += rows_total
-        self.total.batches += 1
+        self.counters.batch_computed(batch, rows_total, infer_ms / 1000.0)
         log.debug("consumer %s: batch of %d rows, %d requests, %.2f ms",
                   self.settings.consumer, rows_total, len(batch), infer_ms)
-        if self.metrics.enabled:
-            self.metrics.batch_done(rows_total, infer_ms / 1000.0,
-                                    [(r.picked_ms - r.enqueued_ms) / 1000.0 for r in batch])
-        if self.results.keyed:
-            for req, res in zip(batch, results):
-                self._round[req.extra["digest"]] = (res, infer_ms, rows_total)
-        return [self._encode(req, res, infer_ms, rows_total) for req, res in zip(batch, results)]
+        self.cache_round.remember(batch, results, infer_ms, rows_total)
+        meta = self.runtime.model_meta
+        return [encode_answer(meta, req, res, infer_ms, rows_total) for req, res in zip(batch, results)]
 
     def _out_of_memory(self, rows: int) -> None:
         """Halve the row limit below the batch that did not fit; bisection retries the halves."""
         self.runtime.release_memory()
-        new_limit = max(1, rows // 2)
-        if new_limit < self.row_limit:
+        before = self.row_limit.rows
+        if self.row_limit.out_of_memory(rows):
             log.warning("consumer %s: out of memory on %d rows; row limit %d -> %d",
-                        self.settings.consumer, rows, self.row_limit, new_limit)
-            self.row_limit = new_limit
-        self._good_batches = 0
-
-    def _recover_row_limit(self) -> None:
-        """After a run of good batches, double the row limit back toward the configured one."""
-        if self.row_limit >= self.settings.max_batch_rows:
-            return
-        self._good_batches += 1
-        if self._good_batches >= 100:
-            self.row_limit = min(self.settings.max_batch_rows, self.row_limit * 2)
-            self._good_batches = 0
-            log.info("consumer %s: row limit raised to %d", self.settings.consumer, self.row_limit)
-
-    def _encode(self, req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
-        meta = self.runtime.model_meta
-        timing = {"queued_ms": max(0.0, req.picked_ms - req.enqueued_ms),
-                  "infer_ms": infer_ms, "batch_rows": batch_rows}
-        if not isinstance(result, Exception):
-            try:
-                return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True,
-                              rid=req.rid)
-            except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
-                result = exc
-        log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, result)
-        message = f"{type(result).__name__}: {result}"
-        return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
-                      rid=req.rid, code="model_error")
-
-    # -- writing -----------------------------------------------------------
-
-    def _write(self, answers: list[Answer]) -> None:
-        """Reply and XACK every answer in one atomic script call (dead letters first)."""
-        if not answers:
-            return
-        dead = [a.dead for a in answers if a.dead is not None]
-        if dead:  # dead letter first: a crash before the reply duplicates it, never loses it
-            pipe = self.redis.pipeline(transaction=False)
-            for fields in dead:
-                pipe.xadd(self.keys.dead, fields, maxlen=DEAD_MAXLEN, approximate=True)
-            pipe.execute()
-        pushed, failed = self._run_reply_script(answers)
-        self._count_replies(answers, failed)
-        expected = sum(1 for a in answers if a.payload) - len(failed)
-        if pushed < expected:
-            self.stats.skipped += expected - pushed
-            log.info("%d replies skipped: those requests were already answered by another consumer",
-                     expected - pushed)
-        if failed:
-            self._reply_elsewhere([answers[i] for i in failed])
-
-    def _run_reply_script(self, answers: list[Answer]) -> tuple[int, list[int]]:
-        keys = [self.keys.requests]
-        args: list[Any] = [GROUP, self.settings.reply_ttl_s * 1000]
-        for answer in answers:
-            keys.append(answer.reply_key or self.keys.requests)
-            args.append(answer.entry_id)
-            args.append(answer.payload or b"")
-        try:
-            pushed, failed = self.redis.evalsha(self._sha, len(keys), *keys, *args)
-        except redis.exceptions.NoScriptError:  # Redis restarted or SCRIPT FLUSH
-            self._sha = self.redis.script_load(REPLY_SCRIPT)
-            pushed, failed = self.redis.evalsha(self._sha, len(keys), *keys, *args)
-        return int(pushed), [int(i) for i in failed]
-
-    def _reply_elsewhere(self, answers: list[Answer]) -> None:
-        """Replies whose key holds another type: answer bad_request to the default key,
-        and if even that fails, acknowledge without a reply (logged) rather than loop."""
-        retry = []
-        for a in answers:
-            log.error("entry %s: reply key %s holds a non-list value", a.entry_id.decode(), a.reply_key)
-            default = self.keys.reply(a.rid) if a.rid else None
-            if a.rid and default and default != a.reply_key:
-                message = f"reply key {a.reply_key} holds a value that is not a list"
-                retry.append(Answer(a.entry_id, default, encode_reply_error(
-                    a.rid, "bad_request", message, self.runtime.model_meta), rid=a.rid, code="bad_request"))
-            else:
-                retry.append(Answer(a.entry_id, None, None))
-        _, failed = self._run_reply_script(retry)
-        self._count_replies(retry, failed)
-        if failed:
-            self._run_reply_script([Answer(retry[i].entry_id, None, None) for i in failed])
-
-    def _count_replies(self, answers: list[Answer], failed: list[int]) -> None:
-        """Replies written, by code, for the metrics; each error reply logged (debug) with its id."""
-        if self.metrics.enabled:
-            self.metrics.answered(reply_codes(answers, failed))
-        if log.isEnabledFor(logging.DEBUG):
-            for a in answers:
-                if a.payload and not a.ok:
-                    log.debug("request %s answered %s", a.rid, a.code, extra={"request_ids": [a.rid]})
+                        self.settings.consumer, rows, before, self.row_limit.rows)
 
     # -- model hot swap ----------------------------------------------------
 
@@ -503,7 +349,7 @@ class Consumer:
         outcome, published, loaded = self.watcher.take()
         if outcome == "none":
             return
-        self.metrics.swap(outcome)
+        self.counters.swap(outcome)
         if outcome == "failed":
             self._alert([Alert("swap_failed", self.watcher.error, self.settings.consumer, self.runtime.version)])
         elif outcome == "ok" and isinstance(loaded, ModelRuntime):
@@ -511,7 +357,7 @@ class Consumer:
 
     def _alert(self, alerts: list[Alert]) -> None:
         for alert in alerts:
-            self.metrics.alert(alert.kind)
+            self.counters.alert(alert.kind)
         publish_alerts(self.redis, self.keys, alerts)
 
     def switch_runtime(self, new: ModelRuntime, source: str) -> None:
@@ -521,7 +367,8 @@ class Consumer:
         old, self.runtime, self.model_source = self.runtime, new, source
         self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params)
         self.results.model_changed()
-        self.metrics.model_version(new.version)
+        self.replies.model_meta = new.model_meta
+        self.counters.model_version(new.version)
         log.info("consumer %s switched model %s from version %s to %s", self.settings.consumer,
                  self.settings.name, old.version, new.version)
         old.release_memory()
@@ -529,74 +376,22 @@ class Consumer:
         gc.collect()  # the old copy's tensors go now, not at some later collection
 
     def heartbeat_fields(self) -> dict[str, Any]:
-        """What the heartbeat publishes besides the meter: version, swap error, cache use."""
-        fields: dict[str, Any] = {"version": self.runtime.version, "model": self.model_source,
-                                  "swap_error": self.watcher.error if self.watcher else ""}
-        cache = self.results.cache
-        if cache is not None:
-            s = cache.stats
-            fields.update(cache_hits=s.local_hits + s.fleet_hits + s.batch_hits, cache_misses=s.misses,
-                          cache_hit_rate=round(s.hit_rate, 4), cache_entries=len(cache.local))
-        return fields
+        """What the heartbeat publishes besides the counters: version, swap error, cache use."""
+        return {"version": self.runtime.version, "model": self.model_source,
+                "swap_error": self.watcher.error if self.watcher else "", **self.results.cache_fields()}
 
     # -- housekeeping ------------------------------------------------------
 
     def _maybe_housekeep(self) -> None:
         now = time.monotonic()
-        if now >= self._next_housekeeping:
-            self._next_housekeeping = now + self.settings.housekeeping_s
+        if self.recovery.housekeeping_due(now):
             if self.watcher is not None:
                 self.watcher.poll(self.runtime.version)
-            self._trim()
-            self._check_orphans()
-            if not self._suspects:
-                self._reclaim()
+            self.recovery.housekeep(read_ahead=len(self._prefetched))
         if now >= self._next_stats_log:
             self._next_stats_log = now + 10.0
-            s = self.stats.reset()
+            totals = self.counters.snapshot()
+            s, self._window = totals - self._window, totals
             if s.requests:
                 log.info("consumer %s: %d requests, %d batches, %.1f rows/batch, %d errors in the last 10 s",
                          self.settings.consumer, s.requests, s.batches, s.rows / max(s.batches, 1), s.errors)
-
-    def _trim(self) -> None:
-        """Drop entries every group is done with: everything below the oldest one still needed.
-
-        In each group, entries after its last-delivered id may be undelivered
-        and entries from its oldest pending id on are still owed a reply.
-        Neither bound can move backwards, so a concurrent read is safe.
-        """
-        bound: tuple[int, int] | None = None
-        for group in self.redis.xinfo_groups(self.keys.requests):
-            if group["name"] in (GROUP, GROUP.encode()):  # the metrics' queue depth, at no extra round trip
-                self.metrics.queue_depth(None if group.get("lag") is None else int(group["lag"]),
-                                         int(group["pending"]))
-            need = _id_key(group["last-delivered-id"])
-            if int(group["pending"]):
-                pending = self.redis.xpending(self.keys.requests, group["name"])
-                if pending["pending"]:
-                    need = min(need, _id_key(pending["min"]))
-            bound = need if bound is None else min(bound, need)
-        if bound is not None and bound > (0, 0):
-            self.redis.xtrim(self.keys.requests, minid=f"{bound[0]}-{bound[1]}", approximate=False)
-
-    def _reclaim(self) -> None:
-        """Take over the pending entries of consumers whose heartbeat has lapsed."""
-        for dead in dead_consumers(self.redis, self.keys, self.settings.consumer):
-            taken = claim_from(self.redis, self.keys, dead, self.settings.consumer,
-                               int(self.settings.claim_idle_s * 1000), self.settings.max_batch_rows * 4)
-            if taken:
-                log.warning("consumer %s took over %d entries of %s (no heartbeat)",
-                            self.settings.consumer, len(taken), dead)
-                self._suspects.extend(taken)
-                return
-
-    def _check_orphans(self) -> None:
-        """Entries pending on us that we do not hold were lost in transit (a reply lost
-        on a dropped connection): replay them. Between rounds we hold only the suspects
-        and the read-ahead entries."""
-        for consumer in self.redis.xinfo_consumers(self.keys.requests, GROUP):
-            name = consumer["name"]
-            if (name.decode() if isinstance(name, bytes) else name) == self.settings.consumer:
-                if int(consumer["pending"]) > len(self._suspects) + len(self._prefetched):
-                    self._replay_own = True
-                return

@@ -48,6 +48,8 @@ class DeadLetter:
 
     @classmethod
     def from_entry(cls, dead_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
+        """Parse one entry of the dead-letter stream."""
+
         def text(name: bytes) -> str:
             return fields.get(name, b"").decode(errors="replace")
 

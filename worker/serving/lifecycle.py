@@ -44,7 +44,8 @@ PUBLISH_SCRIPT = """
 local key, mode = KEYS[1], ARGV[1]
 local cur_model, cur_version = redis.call('HGET', key, 'model'), redis.call('HGET', key, 'version')
 if mode == 'rollback' then
-  local prev_model, prev_version = redis.call('HGET', key, 'previous_model'), redis.call('HGET', key, 'previous_version')
+  local prev_model = redis.call('HGET', key, 'previous_model')
+  local prev_version = redis.call('HGET', key, 'previous_version')
   if not prev_model or prev_model == '' then
     return redis.error_reply('NOPREVIOUS no earlier version to roll back to')
   end
@@ -76,6 +77,7 @@ class Published:
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> Published | None:
+        """Parse the model hash; None if it names no model and version."""
         d = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
         if not d.get("model") or not d.get("version"):
             return None

@@ -7,6 +7,11 @@ idle ``claim_idle_s``: seconds after a crash, never from a worker that is
 merely busy. Such entries are *suspects*: the caller computes them one at a
 time, counting a delivery each time it starts one, so an input that keeps
 killing its workers is dead-lettered while its batch-mates are answered.
+
+:class:`Recovery` is one consumer's side of it: its suspects, the replay of
+its own pending entries (after a start, a reconnect or a lost reply), and
+the housekeeping that trims the stream, finds orphans and takes over a dead
+consumer's entries.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from typing import Any
 
 import redis
 
-from inferfleet.producer.protocol import GROUP, QueueKeys
+from inferfleet.producer.protocol import GROUP, QueueKeys, workers_group
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.counters import Counters
 from inferfleet.worker.heartbeat import read_heartbeats
 
-__all__ = ["Delivery", "dead_consumers", "claim_from", "own_pending", "start_attempt"]
+__all__ = ["Delivery", "Recovery", "dead_consumers", "claim_from", "own_pending", "start_attempt"]
 
 log = logging.getLogger(__name__)
 
@@ -84,3 +91,105 @@ def start_attempt(client: redis.Redis, keys: QueueKeys, me: str, entry_id: bytes
     False if the entry is no longer pending on us: another worker answered it.
     """
     return bool(client.xclaim(keys.requests, GROUP, me, 0, [entry_id]))
+
+
+def _id_key(entry_id: bytes | str) -> tuple[int, int]:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class Recovery:
+    """What one consumer owes besides new entries, and the housekeeping that finds it.
+
+    ``suspects`` are computed one at a time, before any new entry;
+    ``replay_own`` asks for this consumer name's pending entries to become
+    suspects (true at start; the consumer sets it again after a lost
+    connection). Housekeeping runs every ``housekeeping_s``.
+    """
+
+    def __init__(self, client: redis.Redis, keys: QueueKeys, settings: WorkerSettings, metrics: Counters) -> None:
+        self.redis = client
+        self.keys = keys
+        self.settings = settings
+        self.metrics = metrics  # the consumer's counters: the queue depth reaches Prometheus through them
+        self.suspects: list[Delivery] = []  # replayed or taken over: computed one at a time
+        self.replay_own = True  # first thing after start or reconnect
+        self._next_housekeeping = 0.0
+
+    def replay_own_pending(self) -> None:
+        """Replay what this consumer name holds but never answered (a restart or a lost reply)."""
+        self.suspects = own_pending(self.redis, self.keys, self.settings.consumer)
+        if self.suspects:
+            log.info("replaying %d pending entries of consumer %s, one at a time",
+                     len(self.suspects), self.settings.consumer)
+        self.replay_own = False
+
+    def next_suspect(self) -> Delivery | None:
+        """The oldest suspect still to compute, if any."""
+        return self.suspects.pop(0) if self.suspects else None
+
+    def start_attempt(self, entry_id: bytes) -> bool:
+        """Count a delivery of ``entry_id`` before computing it; False if it is no longer ours."""
+        return start_attempt(self.redis, self.keys, self.settings.consumer, entry_id)
+
+    def housekeeping_due(self, now: float) -> bool:
+        """True once every ``housekeeping_s`` of ``now`` (a monotonic clock); the next one is scheduled."""
+        if now < self._next_housekeeping:
+            return False
+        self._next_housekeeping = now + self.settings.housekeeping_s
+        return True
+
+    def housekeep(self, read_ahead: int) -> None:
+        """Trim the stream, replay orphans, and take over a dead consumer's entries if no suspect waits.
+
+        ``read_ahead``: entries the consumer holds read ahead (pending on it, not orphans).
+        """
+        self._trim()
+        self._check_orphans(read_ahead)
+        if not self.suspects:
+            self.reclaim()
+
+    def _trim(self) -> None:
+        """Drop entries every group is done with: everything below the oldest one still needed.
+
+        In each group, entries after its last-delivered id may be undelivered
+        and entries from its oldest pending id on are still owed a reply.
+        Neither bound can move backwards, so a concurrent read is safe.
+        """
+        bound: tuple[int, int] | None = None
+        groups = self.redis.xinfo_groups(self.keys.requests)
+        ours = workers_group(groups)
+        if ours is not None:  # the metrics' queue depth, at no extra round trip
+            self.metrics.queue_depth(ours.lag, ours.pending)
+        for group in groups:
+            need = _id_key(group["last-delivered-id"])
+            if int(group["pending"]):
+                pending = self.redis.xpending(self.keys.requests, group["name"])
+                if pending["pending"]:
+                    need = min(need, _id_key(pending["min"]))
+            bound = need if bound is None else min(bound, need)
+        if bound is not None and bound > (0, 0):
+            self.redis.xtrim(self.keys.requests, minid=f"{bound[0]}-{bound[1]}", approximate=False)
+
+    def reclaim(self) -> None:
+        """Take over the pending entries of consumers whose heartbeat has lapsed."""
+        for dead in dead_consumers(self.redis, self.keys, self.settings.consumer):
+            taken = claim_from(self.redis, self.keys, dead, self.settings.consumer,
+                               int(self.settings.claim_idle_s * 1000), self.settings.max_batch_rows * 4)
+            if taken:
+                log.warning("consumer %s took over %d entries of %s (no heartbeat)",
+                            self.settings.consumer, len(taken), dead)
+                self.suspects.extend(taken)
+                return
+
+    def _check_orphans(self, read_ahead: int) -> None:
+        """Entries pending on us that we do not hold were lost in transit (a reply lost
+        on a dropped connection): replay them. Between rounds we hold only the suspects
+        and the read-ahead entries."""
+        for consumer in self.redis.xinfo_consumers(self.keys.requests, GROUP):
+            name = consumer["name"]
+            if (name.decode() if isinstance(name, bytes) else name) == self.settings.consumer:
+                if int(consumer["pending"]) > len(self.suspects) + read_ahead:
+                    self.replay_own = True
+                return

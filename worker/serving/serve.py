@@ -44,15 +44,13 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
 def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
     client = worker_client(settings.redis_url, settings.cluster)
     runtime, seen_seq, source = _load_current(settings, client)
-    consumer = Consumer(settings, runtime, client)
-    consumer.model_source = source
-    consumer.watcher = ModelWatcher(client, consumer.keys, settings, load_runtime, seen_seq)
+    watcher = ModelWatcher(client, settings.queue_keys, settings, load_runtime, seen_seq)
+    consumer = Consumer(settings, runtime, client, watcher=watcher, model_source=source)
     if stop.is_set():
         return consumer
-    heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer, consumer.meter,
-                          {"device": str(runtime.device)},
-                          interval_s=settings.heartbeat_s)
-    heartbeat.extra = consumer.heartbeat_fields
+    heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer,
+                          consumer.counters, {"device": str(runtime.device)},
+                          interval_s=settings.heartbeat_s, extra=consumer.heartbeat_fields)
     heartbeat.state = "serving"
     heartbeat.start()
     try:

@@ -125,4 +125,5 @@ class ConsistencyLog:
         return None
 
     def clear(self) -> None:
+        """Forget every result seen (a new model version)."""
         self._seen.clear()
