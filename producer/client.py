@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import count, islice
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis

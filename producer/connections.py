@@ -9,8 +9,9 @@ request twice, and a retried pop could lose a reply. The caller sees a
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Mapping, Sequence, Union
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -92,7 +93,7 @@ _PREFIX_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
 
 #: A numpy array, a list of them (positional model arguments) or a dict of
 #: them (keyword arguments).
-Inputs = Union[np.ndarray, list, dict]
+Inputs = np.ndarray | list | dict
 
 
 @dataclass(frozen=True)
@@ -603,7 +604,7 @@ def decode_reply(data: bytes) -> Reply:
     model, timing = obj.get("model") or {}, obj.get("timing") or {}
     if not isinstance(model, dict) or not isinstance(timing, dict):
         raise ProtocolError("reply 'model' and 'timing' must be maps")
-    common = dict(id=obj["id"], model_name=model.get("name"), model_version=model.get("version"), timing=timing)
+    common = {"id": obj["id"], "model_name": model.get("name"), "model_version": model.get("version"), "timing": timing}
     if obj["ok"]:
         if "outputs" not in obj:
             raise ProtocolError("an ok reply must carry 'outputs'")

@@ -42,7 +42,7 @@ POLICIES = {
 
 def supervise(url: str, policy_args: list[str]) -> subprocess.Popen:
     env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT), BATCH_S="0.02")
-    cmd = [sys.executable, "-m", "inferfleet.worker.cli", "supervise", "--name", "burst",
+    cmd = [sys.executable, "-m", "inferfleet", "supervise", "--name", "burst",
            "--model", "scripts.example_handlers:SimulatedAccelerator", "--max-batch-rows", "8",
            "--devices", "cpu", "--log-level", "warning", "--interval-s", "0.5", *policy_args]
     return subprocess.Popen(cmd, env=env, cwd=ROOT)

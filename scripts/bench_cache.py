@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inferfleet.producer import Producer  # noqa: E402
+from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
 from scripts.build_models import example_inputs  # noqa: E402
 from scripts.fleet_procs import start_workers  # noqa: E402
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
 
 CONFIGS = {
     "off": [],

@@ -29,7 +29,7 @@ HEADER = ("| model | run | fleet QPS | naive QPS | QPS fleet/naive | fleet p99 m
 def bench_model(model: str, out: Path, args: argparse.Namespace) -> dict:
     """One ``inferfleet bench`` run of the fleet and the naive server; its JSON report."""
     load = ["--rates", args.rates] if args.rates else ["--concurrency", str(args.concurrency)]
-    cmd = [sys.executable, "-m", "inferfleet.worker.cli", "bench", "--spawn", str(args.workers),
+    cmd = [sys.executable, "-m", "inferfleet", "bench", "--spawn", str(args.workers),
            "--model", str(ROOT / "models" / f"{model}.pt"), "--baseline", "naive", "-n", str(args.requests),
            *load, *(f"--worker-arg={a}" for a in args.worker_arg), "--json", "--out", str(out / model)]
     done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)

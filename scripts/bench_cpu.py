@@ -36,8 +36,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import redis
 
@@ -64,7 +65,7 @@ def start_worker(target: str, url: str, model: str, rows: int, extra: list[str])
     if target == "plain":
         cmd = [sys.executable, str(ROOT / "scripts" / "plain_worker.py"), "--count", str(rows)]
     else:
-        cmd = [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--max-batch-rows", str(rows),
+        cmd = [sys.executable, "-m", "inferfleet", "worker", "--max-batch-rows", str(rows),
                "--log-level", "warning", *extra]
     cmd += ["--name", NAME, "--model", model, "--redis-url", url, "--consumer", f"{target}-0"]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)

@@ -19,18 +19,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.fleet_procs import start_workers  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
+from scripts.fleet_procs import start_workers  # noqa: E402
 
 FIGURES = ("qps", "p50_ms", "p95_ms", "p99_ms", "mean_batch_rows")
 
 
 def bench_once(url: str, name: str, model: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, "-m", "inferfleet.worker.cli", "bench", "--name", name, "--model", model, "--json",
+    cmd = [sys.executable, "-m", "inferfleet", "bench", "--name", name, "--model", model, "--json",
            "-n", str(args.requests), "--window", str(args.window), "--rows", str(args.rows),
            "--warmup", str(args.warmup)]
     out = subprocess.run(cmd, env=dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT)),

@@ -27,11 +27,11 @@ from prometheus_client import REGISTRY  # noqa: E402
 
 from inferfleet.producer import Producer  # noqa: E402
 from inferfleet.worker.config import WorkerSettings  # noqa: E402
-from inferfleet.worker.serving.consumer import Consumer  # noqa: E402
+from inferfleet.worker.connections import worker_client  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
 from inferfleet.worker.metrics import WorkerMetrics  # noqa: E402
 from inferfleet.worker.runtime.loading import load_runtime  # noqa: E402
-from inferfleet.worker.connections import worker_client  # noqa: E402
+from inferfleet.worker.serving.consumer import Consumer  # noqa: E402
 
 
 def drain(consumer: Consumer, modes: dict[str, WorkerMetrics], cpu: dict[str, float], done: dict[str, int],

@@ -24,11 +24,11 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scripts.bench_bare import rows_per_s  # noqa: E402
-from scripts.build_models import DEFAULT_MODELS, build, example_inputs  # noqa: E402
-from scripts.export_onnx import export_onnx  # noqa: E402
-from inferfleet.worker.config import WorkerSettings  # noqa: E402
-from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime  # noqa: E402
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
+from scripts.bench_bare import rows_per_s
+from scripts.build_models import DEFAULT_MODELS, build, example_inputs
+from scripts.export_onnx import export_onnx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: (label, file suffix, precision); the first is the baseline of the ratios.

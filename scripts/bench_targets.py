@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(*args: str) -> dict:
-    cmd = [sys.executable, "-m", "inferfleet.worker.cli", "bench", "--spawn", "1", "--json", *args]
+    cmd = [sys.executable, "-m", "inferfleet", "bench", "--spawn", "1", "--json", *args]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
@@ -96,7 +96,7 @@ def main() -> None:
     for name, runs in (("ctr", ctr), ("cnn", cnn), ("first", first)):
         for run in runs:
             print(f"{name}: {json.dumps({k: round(v, 3) for k, v in run.items()})}", file=sys.stderr)
-    print("| target | measured (median of %d) | runs |" % args.runs)
+    print(f"| target | measured (median of {args.runs}) | runs |")
     print("| --- | --- | --- |")
     print(f"| ctr: fleet QPS / naive QPS (256 in flight) | {median(ctr, 'ratio'):.2f}x "
           f"({median(ctr, 'fleet_qps'):,.0f} / {median(ctr, 'naive_qps'):,.0f}) | "

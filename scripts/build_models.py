@@ -30,7 +30,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from inferfleet.producer.protocol import encode_body  # noqa: E402
+from inferfleet.producer.protocol import encode_body
 
 EXTRA = "inferfleet_example"
 CTR_SPARSE, CTR_DENSE, CTR_VOCAB, CTR_DIM = 26, 13, 1000, 16

@@ -11,8 +11,8 @@ pushes requests, breaks something, and counts what came back:
 
 Every scenario reports requests, answered, lost (no reply), duplicated (more
 than one reply in a reply list), wrong (outputs other than the version that
-replied computes: 2x for sim-1, 3x for sim-2) and recovery time. The tests in tests/integration/test_reliability.py run the same
-functions smaller and assert on them.
+replied computes: 2x for sim-1, 3x for sim-2) and recovery time. The tests in
+tests/integration/test_reliability.py run the same functions smaller and assert on them.
 
     python scripts/chaos.py kill --requests 5000
     python scripts/chaos.py redis --requests 3000
@@ -31,9 +31,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import redis
@@ -43,10 +43,10 @@ sys.path.insert(0, str(ROOT))
 
 from inferfleet.producer import Producer, errors  # noqa: E402
 from inferfleet.producer.protocol import QueueKeys, decode_reply  # noqa: E402
-from scripts.example_handlers import POISON  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
 from inferfleet.worker.heartbeat import read_heartbeats  # noqa: E402
 from inferfleet.worker.serving.lifecycle import publish, rollback  # noqa: E402
+from scripts.example_handlers import POISON  # noqa: E402
 
 NAME = "chaos"
 KEYS = QueueKeys(NAME)
@@ -58,7 +58,7 @@ FACTOR = {"sim-1": 2.0, "sim-2": 3.0}
 def fleet(url: str, workers: int, handler: str = "SimulatedAccelerator", *extra: str) -> Iterator[subprocess.Popen]:
     """``inferfleet supervise`` with a fixed fleet, until the block ends (then drained)."""
     env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT), BATCH_S="0.005")
-    cmd = [sys.executable, "-m", "inferfleet.worker.cli", "supervise", "--name", NAME,
+    cmd = [sys.executable, "-m", "inferfleet", "supervise", "--name", NAME,
            "--model", f"scripts.example_handlers:{handler}", "--max-batch-rows", "16", "--devices", "cpu",
            "--policy", "fixed", "--min-workers", str(workers), "--max-workers", str(workers),
            "--interval-s", "0.2", "--log-level", "warning", *extra]

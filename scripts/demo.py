@@ -24,18 +24,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inferfleet.producer import Producer  # noqa: E402
-from scripts.build_models import example_inputs  # noqa: E402
-from scripts.fleet_procs import start_workers  # noqa: E402
 from inferfleet.worker.bench.load import bench_inputs, run_bench  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
+from scripts.build_models import example_inputs  # noqa: E402
+from scripts.fleet_procs import start_workers  # noqa: E402
 
 console = Console()
 
 
 def check_sample(producer: Producer, model: Path) -> float:
     """Largest absolute difference between fleet replies and a direct forward."""
-    import torch
     import warnings
+
+    import torch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scripts.build_models import DEFAULT_MODELS, EXTRA, example_body, export_args, make_model  # noqa: E402
-from inferfleet.worker.runtime.onnx_backend import quantize_onnx  # noqa: E402
+from inferfleet.worker.runtime.onnx_backend import quantize_onnx
+from scripts.build_models import DEFAULT_MODELS, EXTRA, example_body, export_args, make_model
 
 
 def export_onnx(kind: str, path: str) -> str:

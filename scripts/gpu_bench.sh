@@ -33,7 +33,7 @@ for model in cnn resnet50; do
   for precision in fp32 fp16; do
     bare=$(timeout 90 python3 scripts/bench_bare.py --model "models/$model.pt" --device cuda --threads 4 \
              --batches 1,16,64,128 --seconds 3 | tail -1)
-    fleet=$(timeout 150 python3 -m inferfleet.worker.cli bench --spawn 1 --model "models/$model.pt" -n "$n" \
+    fleet=$(timeout 150 python3 -m inferfleet bench --spawn 1 --model "models/$model.pt" -n "$n" \
               --concurrency 256 --worker-arg=--device=cuda --worker-arg=--precision=$precision \
               --worker-arg=--max-batch-rows=128 --worker-arg=--prefetch=on --json | tail -1)
     mem=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)

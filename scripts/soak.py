@@ -69,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     with EmbeddedRedis() as server:
         env = dict(os.environ, REDIS_URL=server.url, PYTHONPATH=str(ROOT))
-        worker = subprocess.Popen([sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", "soak", "--model",
+        worker = subprocess.Popen([sys.executable, "-m", "inferfleet", "worker", "--name", "soak", "--model",
                                    args.model, "--consumer", "soak-0", "--log-level", "warning"], env=env, cwd=ROOT)
         client = redis.Redis.from_url(server.url)
         while not read_heartbeats(client, QueueKeys("soak")):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import redis
@@ -112,7 +112,7 @@ def spawn_worker(redis_url: str, redis_client: redis.Redis):
 
     def spawn(name: str, model: str, *args: str, consumer: str | None = None) -> subprocess.Popen:
         consumer = consumer or f"test-{name}-{len(procs)}"
-        cmd = [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", name, "--model", model,
+        cmd = [sys.executable, "-m", "inferfleet", "worker", "--name", name, "--model", model,
                "--consumer", consumer, *args]
         proc = subprocess.Popen(cmd, env=worker_env(redis_url), cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -24,10 +24,11 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from unittest import mock
 from urllib.parse import urlsplit
 

@@ -13,9 +13,16 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from inferfleet.producer.client import DEFAULT_REDIS_URL
-from inferfleet.producer.protocol import (DEFAULT_PREFIX, DEFAULT_REPLY_TTL_S, Limits, QueueKeys, shard_name,
-                                          validate_name, validate_prefix)
 from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import (
+    DEFAULT_PREFIX,
+    DEFAULT_REPLY_TTL_S,
+    Limits,
+    QueueKeys,
+    shard_name,
+    validate_name,
+    validate_prefix,
+)
 from inferfleet.worker.errors import ConfigError
 
 __all__ = ["WorkerSettings", "ENV_VARS", "DEVICE_CHOICES", "PRECISIONS", "default_consumer_name", "env_var"]

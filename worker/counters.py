@@ -19,8 +19,9 @@ of a round may show part of it, which the next snapshot makes up.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Collection, Protocol, Sequence
+from typing import Any, Protocol
 
 from inferfleet.worker.metrics import WorkerMetrics, reply_codes
 

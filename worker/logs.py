@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime, timezone
 from types import TracebackType
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 

@@ -30,8 +30,9 @@ import tempfile
 import threading
 import weakref
 from bisect import bisect_right
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from operator import attrgetter
-from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric

@@ -16,7 +16,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def bench(redis_url: str, *args: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", "bench", "--redis-url", redis_url, *args],
+    return subprocess.run([sys.executable, "-m", "inferfleet", "bench", "--redis-url", redis_url, *args],
                           env=worker_env(redis_url), cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
 
 
@@ -74,7 +74,7 @@ def test_a_worker_that_cannot_start_is_reported_and_nothing_is_left(redis_url, t
     (["--name", "q", "--concurrency", "0"], "--concurrency must be at least 1"),
 ])
 def test_bad_options_exit_2_with_a_message_and_no_traceback(args, message):
-    out = subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", "bench", *args], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "inferfleet", "bench", *args], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr

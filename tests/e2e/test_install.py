@@ -85,7 +85,8 @@ def test_the_sdk_enqueues_with_no_worker_side_installed(tmp_path: Path, redis_ur
 
 
 def test_the_cli_without_the_worker_side_names_the_extra_to_install(tmp_path: Path) -> None:
-    code = BLOCK_WORKER_SIDE + "import runpy; sys.argv = ['inferfleet', '--help']; runpy.run_module('inferfleet', run_name='__main__')"
+    code = BLOCK_WORKER_SIDE + ("import runpy; sys.argv = ['inferfleet', '--help']; "
+                                "runpy.run_module('inferfleet', run_name='__main__')")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out
     assert "pip install 'inferfleet[worker]'" in out.stderr and "Traceback" not in out.stderr, out.stderr

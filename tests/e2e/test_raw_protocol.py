@@ -11,8 +11,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -108,7 +109,7 @@ def start_worker(redis_url: str, redis_client: redis.Redis, models_dir: Path,
         log_path = tmp_path / f"{consumer}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", NAME,
+                [sys.executable, "-m", "inferfleet", "worker", "--name", NAME,
                  "--model", str(models_dir / "affine.pt"), "--consumer", consumer],
                 env=worker_env(redis_url), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
             )

@@ -68,7 +68,7 @@ def test_enqueue_and_result_commands(spawn_worker, redis_url, models_dir, tmp_pa
     x = np.arange(32, dtype=np.float32).reshape(2, 16)
     np.save(tmp_path / "x.npy", x)
     env = worker_env(redis_url)
-    cli = [sys.executable, "-m", "inferfleet.worker.cli"]
+    cli = [sys.executable, "-m", "inferfleet"]
     rid = subprocess.run([*cli, "enqueue", "--name", "affine", "--input", str(tmp_path / "x.npy")],
                          env=env, capture_output=True, text=True, check=True).stdout.strip()
     out = subprocess.run([*cli, "result", "--name", "affine", rid, "--output", str(tmp_path / "y.npy")],
@@ -85,7 +85,7 @@ def test_enqueue_and_result_commands(spawn_worker, redis_url, models_dir, tmp_pa
 
 def test_cli_rejects_bad_options_clearly(redis_url, tmp_path):
     env = worker_env(redis_url)
-    cli = [sys.executable, "-m", "inferfleet.worker.cli"]
+    cli = [sys.executable, "-m", "inferfleet"]
     bad_name = subprocess.run([*cli, "worker", "--name", "no spaces", "--model", "x.pt"],
                               env=env, capture_output=True, text=True)
     assert bad_name.returncode == 2 and "invalid queue name" in bad_name.stderr
@@ -109,13 +109,13 @@ def test_status_shows_the_queue_and_its_workers(spawn_worker, redis_url, redis_c
     Producer(redis_url, "affine").map([np.ones((1, 16), np.float32)] * 50, timeout_s=20)
     redis_client.xadd("inferfleet:{affine}:dead", {"id": "x", "reason": "test"})
     env = {**worker_env(redis_url), "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", "status"], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "inferfleet", "status"], env=env, capture_output=True, text=True,
                          check=True).stdout
     assert "queue affine" in out
     assert "status-w0" in out and "cpu" in out and "serving" in out
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if "dead letters" in line)
     assert lines[header + 2].split("│")[4].strip() == "1"  # one dead letter
-    bad = subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", "status", "--name", "bad name"], env=env,
+    bad = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "bad name"], env=env,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid queue name" in bad.stderr

@@ -15,8 +15,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -31,7 +32,7 @@ from tests.integration.conftest import LocalCluster
 
 NAME = "ctr"  # with 3 shards: ctr.0, ctr.1 and ctr.2 hash to slots of three different masters
 SHARDS = 3
-CLI = [sys.executable, "-m", "inferfleet.worker.cli"]
+CLI = [sys.executable, "-m", "inferfleet"]
 
 
 def rows(n: int, seed: int = 0) -> list[np.ndarray]:

@@ -12,10 +12,10 @@ import torch
 
 from inferfleet.producer import Producer
 from inferfleet.producer.protocol import GROUP, QueueKeys, decode_reply, encode_body, pack
-from tests.handlers import POISON
 from inferfleet.worker.config import WorkerSettings
-from inferfleet.worker.serving.consumer import Consumer
 from inferfleet.worker.runtime.loading import load_runtime
+from inferfleet.worker.serving.consumer import Consumer
+from tests.handlers import POISON
 
 
 def make_consumer(redis_url: str, model: str, name: str = "q", **overrides) -> Consumer:
@@ -200,14 +200,14 @@ def test_dead_letter_commands(redis_url, redis_client, models_dir):
     import subprocess
     import sys
 
-    from tests.conftest import worker_env
     from inferfleet.worker.serving.deadletter import dead_fields
+    from tests.conftest import worker_env
 
     keys = QueueKeys("q")
     body = encode_body(np.ones((1, 16), np.float32))
     fields = {b"id": b"victim-1", b"body": body}
     redis_client.xadd(keys.dead, dead_fields(b"1-0", fields, "delivered 4 times", 4, "c9"))
-    cli = [sys.executable, "-m", "inferfleet.worker.cli", "dead"]
+    cli = [sys.executable, "-m", "inferfleet", "dead"]
     env = {**worker_env(redis_url), "COLUMNS": "200"}  # rich wraps tables to the terminal width
     listed = subprocess.run([*cli, "list", "--name", "q"], env=env, capture_output=True, text=True, check=True)
     assert "victim-1" in listed.stdout and "delivered 4 times" in listed.stdout

@@ -12,19 +12,19 @@ import pytest
 
 from inferfleet.producer import Producer
 from inferfleet.producer.protocol import QueueKeys
-from tests.conftest import ROOT, worker_env
-from inferfleet.worker.serving.alerts import read_alerts
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.heartbeat import read_heartbeats
+from inferfleet.worker.serving.alerts import read_alerts
 from inferfleet.worker.serving.lifecycle import ModelWatcher, NoPreviousVersion, publish, read_published, rollback
+from tests.conftest import ROOT, worker_env
 
 SCALE, TRIPLE = "tests.handlers:Scale", "tests.handlers:Triple"
 FACTOR = {"scale-1": 2.0, "triple-1": 3.0}
 
 
 def swap_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", "swap", "--name", "q", *args],
+    return subprocess.run([sys.executable, "-m", "inferfleet", "swap", "--name", "q", *args],
                           env=worker_env(redis_url), cwd=ROOT, capture_output=True, text=True, timeout=90)
 
 
@@ -157,7 +157,7 @@ def test_a_failed_swap_keeps_the_old_model_and_says_why(redis_url, redis_client,
     assert "v9" in alert.detail
     (info,) = read_heartbeats(redis_client, QueueKeys("q"))
     assert info.version == "scale-1" and "v9" in info.swap_error
-    shown = subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", "status", "--name", "q"], capture_output=True,
+    shown = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "q"], capture_output=True,
                            env={**worker_env(redis_url), "COLUMNS": "300"}, cwd=ROOT, text=True, check=True).stdout
     assert "swap failed: version v9" in shown
 

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferfleet.producer import Producer
 from inferfleet.producer.protocol import QueueKeys
-from tests.conftest import ROOT, stop_process, worker_env
 from inferfleet.worker.heartbeat import read_heartbeats
+from tests.conftest import ROOT, stop_process, worker_env
 
 
 def free_port() -> int:
@@ -100,7 +100,7 @@ def test_a_taken_metrics_port_is_a_one_line_error(redis_url, models_dir):
         busy.bind(("0.0.0.0", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", "m", "--model",
+        proc = subprocess.run([sys.executable, "-m", "inferfleet", "worker", "--name", "m", "--model",
                                str(models_dir / "affine.pt"), "--metrics-port", str(port)],
                               env=worker_env(redis_url), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
@@ -116,7 +116,7 @@ def supervise(redis_url, tmp_path):
     def start(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
         log_path = tmp_path / f"supervise-{len(procs)}.log"
         with open(log_path, "wb") as log_file:
-            proc = subprocess.Popen([sys.executable, "-m", "inferfleet.worker.cli", "supervise", *args],
+            proc = subprocess.Popen([sys.executable, "-m", "inferfleet", "supervise", *args],
                                     env={**worker_env(redis_url), **(env or {})}, cwd=ROOT,
                                     stdout=subprocess.DEVNULL, stderr=log_file)
         procs.append((proc, log_path))

@@ -8,10 +8,10 @@ import sys
 import numpy as np
 
 from inferfleet.producer import Producer
-from scripts.build_models import example_inputs
-from tests.conftest import worker_env
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.runtime.loading import file_version, load_runtime
+from scripts.build_models import example_inputs
+from tests.conftest import worker_env
 
 
 def local(path, **settings):
@@ -48,7 +48,7 @@ def test_worker_serves_int8_with_float32_outputs(spawn_worker, redis_url, models
 
 
 def test_worker_refuses_int8_on_torchscript_and_says_what_to_serve(redis_url, models_dir):
-    cmd = [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", "m", "--model", str(models_dir / "ctr.pt"),
+    cmd = [sys.executable, "-m", "inferfleet", "worker", "--name", "m", "--model", str(models_dir / "ctr.pt"),
            "--precision", "int8"]
     done = subprocess.run(cmd, env=worker_env(redis_url), capture_output=True, text=True, timeout=60)
     assert done.returncode == 1

@@ -10,9 +10,9 @@ import numpy as np
 
 from inferfleet.producer import Producer
 from inferfleet.producer.protocol import QueueKeys
-from tests.conftest import ROOT, worker_env
-from inferfleet.worker.serving.alerts import read_alerts
 from inferfleet.worker.heartbeat import read_heartbeats
+from inferfleet.worker.serving.alerts import read_alerts
+from tests.conftest import ROOT, worker_env
 
 
 def row(*values: float) -> np.ndarray:
@@ -39,7 +39,7 @@ def test_identical_inputs_are_answered_from_the_cache(redis_url, redis_client, s
         assert time.monotonic() < deadline, "the heartbeat never showed the cache hit"
         time.sleep(0.1)
     assert rate == round(1 / 3, 4)  # three lookups: the repeat hit, the first and the new input missed
-    shown = subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", "status", "--name", "cached"], capture_output=True,
+    shown = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "cached"], capture_output=True,
                            env={**worker_env(redis_url), "COLUMNS": "250"}, cwd=ROOT, text=True, check=True).stdout
     assert "cache hits" in shown and "33%" in shown
     (no_cache,) = read_heartbeats(redis_client, QueueKeys("plain"))
@@ -108,7 +108,7 @@ def test_alerts_command(redis_url, redis_client, spawn_worker):
         ask(producer, row(0, 0, 0, 0))
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", "alerts", *args], env=worker_env(redis_url),
+        return subprocess.run([sys.executable, "-m", "inferfleet", "alerts", *args], env=worker_env(redis_url),
                               cwd=ROOT, capture_output=True, text=True, timeout=30)
 
     shown = cli("--name", "q")

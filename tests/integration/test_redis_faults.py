@@ -12,9 +12,9 @@ import redis
 
 from inferfleet.producer import Producer, errors
 from inferfleet.worker.config import WorkerSettings
-from inferfleet.worker.serving.consumer import Consumer
 from inferfleet.worker.embedded import EmbeddedRedis
 from inferfleet.worker.runtime.loading import load_runtime
+from inferfleet.worker.serving.consumer import Consumer
 
 
 @pytest.fixture

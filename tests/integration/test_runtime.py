@@ -8,13 +8,13 @@ import redis
 import torch
 
 from inferfleet.producer import Producer
-from scripts.build_models import example_inputs
 from inferfleet.worker.config import WorkerSettings
-from inferfleet.worker.serving.consumer import Consumer
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.handler import to_device
 from inferfleet.worker.heartbeat import Heartbeat, read_heartbeats
 from inferfleet.worker.runtime.loading import load_runtime
+from inferfleet.worker.serving.consumer import Consumer
+from scripts.build_models import example_inputs
 
 
 def runtime(models_dir, kind: str, **settings):
@@ -43,7 +43,7 @@ def test_compile_an_exported_model(models_dir):
 
 
 def test_compile_refuses_torchscript_clearly(models_dir):
-    with pytest.raises(ModelLoadError, match="torch.compile cannot compile a TorchScript model"):
+    with pytest.raises(ModelLoadError, match=r"torch\.compile cannot compile a TorchScript model"):
         runtime(models_dir, "affine", compile=True)
 
 

@@ -22,9 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,8 +33,8 @@ import redis
 import torch
 
 from inferfleet.producer import AsyncProducer, Producer, errors
-from tests.conftest import ROOT, stop_process, worker_env
 from inferfleet.worker.embedded import find_redis_server, free_port
+from tests.conftest import ROOT, stop_process, worker_env
 
 QUEUE = "q"
 KEY_BASE = f"inferfleet:{{{QUEUE}}}:"
@@ -140,12 +141,12 @@ def producer_for(url: str, name: str = QUEUE, **options: Any) -> Iterator[Produc
 
 
 def worker_cmd(models_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", QUEUE, "--model",
+    return [sys.executable, "-m", "inferfleet", "worker", "--name", QUEUE, "--model",
             str(models_dir / "affine.pt"), "--consumer", "c1", *extra]
 
 
 def supervise_cmd(models_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "inferfleet.worker.cli", "supervise", "--name", QUEUE, "--model",
+    return [sys.executable, "-m", "inferfleet", "supervise", "--name", QUEUE, "--model",
             str(models_dir / "affine.pt"), "--policy", "fixed", "--min-workers", "1", "--devices", "cpu",
             "--interval-s", "0.2"]
 
@@ -200,7 +201,7 @@ def serving_worker(url: str, admin_url: str, models_dir: Path, log_path: Path,
 def run_cli(url: str, *args: str) -> subprocess.CompletedProcess:
     """``inferfleet ARGS`` with REDIS_URL=``url``, wide output, to completion."""
     env = {**worker_env(url), "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "inferfleet.worker.cli", *args], env=env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "inferfleet", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 

@@ -12,12 +12,12 @@ import pytest
 
 from inferfleet.producer import Producer
 from inferfleet.producer.protocol import GROUP, QueueKeys
-from tests.handlers import STALL
 from inferfleet.worker.cli import child_main
 from inferfleet.worker.config import WorkerSettings
-from inferfleet.worker.heartbeat import read_heartbeats
 from inferfleet.worker.fleet.scaling import PolicySettings
 from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings
+from inferfleet.worker.heartbeat import read_heartbeats
+from tests.handlers import STALL
 
 
 def wait_until(predicate, timeout_s: float, what: str) -> None:
@@ -50,7 +50,7 @@ def run_supervisor(redis_url, redis_client, monkeypatch):
         return supervisor
 
     yield run
-    for supervisor, stop, thread in started:
+    for _, stop, thread in started:
         stop.set()
         thread.join(60)
         assert not thread.is_alive(), "the supervisor did not stop"
@@ -153,7 +153,7 @@ def test_a_second_signal_kills_the_draining_workers(redis_url, redis_client, mon
     from tests.conftest import worker_env
 
     env = {**worker_env(redis_url), "STALL_S": "30"}  # a batch that would take 30 s to drain
-    proc = subprocess.Popen([sys.executable, "-m", "inferfleet.worker.cli", "supervise", "--name", "q", "--model",
+    proc = subprocess.Popen([sys.executable, "-m", "inferfleet", "supervise", "--name", "q", "--model",
                              "tests.handlers:Stall", "--devices", "cpu", "--policy", "fixed", "--min-workers", "1",
                              "--max-workers", "1", "--interval-s", "0.2", "--log-level", "warning"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

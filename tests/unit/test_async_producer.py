@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import fakeredis
 import fakeredis.aioredis
@@ -13,8 +14,7 @@ import numpy as np
 import pytest
 import redis
 
-from inferfleet.producer import AsyncProducer
-from inferfleet.producer import errors
+from inferfleet.producer import AsyncProducer, errors
 from inferfleet.producer.protocol import GROUP, decode_body, encode_reply_error, encode_reply_ok, parse_entry
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)

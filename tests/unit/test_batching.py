@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 
+from inferfleet.worker.errors import OutputError
+from inferfleet.worker.runtime.signature import describe_spec, spec_of
 from inferfleet.worker.serving.batching import (
     Request,
     collect,
@@ -17,8 +20,6 @@ from inferfleet.worker.serving.batching import (
     signature_of,
     split_outputs,
 )
-from inferfleet.worker.errors import OutputError
-from inferfleet.worker.runtime.signature import describe_spec, spec_of
 
 
 def f32(rows: int, *trailing: int, start: float = 0.0) -> np.ndarray:
@@ -51,7 +52,8 @@ def rid_batches(batches: list[list[Request]]) -> list[list[str]]:
 def test_equal_forms_dtypes_and_trailing_shapes_share_a_signature() -> None:
     assert signature_of(f32(1, 4), {}) == signature_of(f32(7, 4), {})
     assert signature_of([f32(2, 3), np.zeros(2, np.int64)], {}) == signature_of([f32(9, 3), np.zeros(9, np.int64)], {})
-    assert signature_of({"a": f32(1, 2), "b": f32(1)}, {"t": 1}) == signature_of({"b": f32(5), "a": f32(5, 2)}, {"t": 1})
+    assert (signature_of({"a": f32(1, 2), "b": f32(1)}, {"t": 1})
+            == signature_of({"b": f32(5), "a": f32(5, 2)}, {"t": 1}))
 
 
 @pytest.mark.parametrize(
@@ -397,7 +399,8 @@ def test_predict_isolated_without_failure_calls_predict_once() -> None:
 
 @pytest.mark.parametrize(
     "n,poison",
-    [(1, {0}), (8, {3}), (64, {0}), (64, {63}), (64, {5, 40}), (100, {1, 2, 3}), (37, {0, 18, 36}), (128, {7, 70, 71, 127})],
+    [(1, {0}), (8, {3}), (64, {0}), (64, {63}), (64, {5, 40}), (100, {1, 2, 3}), (37, {0, 18, 36}),
+     (128, {7, 70, 71, 127})],
 )
 def test_predict_isolated_fails_only_poison_items(n: int, poison: set[int]) -> None:
     model = PoisonModel(poison)

@@ -13,7 +13,7 @@ from inferfleet.worker.errors import ConfigError, WorkerError
 
 
 def settings(**overrides: Any) -> WorkerSettings:
-    values: dict[str, Any] = dict(name="ctr", model="models/ctr.pt", consumer="host-1")
+    values: dict[str, Any] = {"name": "ctr", "model": "models/ctr.pt", "consumer": "host-1"}
     values.update(overrides)
     return WorkerSettings(**values)
 

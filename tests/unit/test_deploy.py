@@ -11,13 +11,13 @@ too where it is installed; CI installs it (.ci/run), and there its absence is a 
 
 from __future__ import annotations
 
-import re
-
 import copy
 import os
+import re
 import shutil
 import subprocess
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -73,7 +73,7 @@ def files() -> dict[str, Any]:
 
 def pyproject_package_dirs() -> list[str]:
     """The folders pyproject.toml's package-dir maps the packages to."""
-    line = next(l for l in (ROOT / "pyproject.toml").read_text().splitlines() if l.startswith("package-dir"))
+    line = next(x for x in (ROOT / "pyproject.toml").read_text().splitlines() if x.startswith("package-dir"))
     return re.findall(r'= "([^"]+)"', line)  # one inline table: no TOML parser needed on Python 3.10
 
 

@@ -22,7 +22,7 @@ X = np.arange(8, dtype=np.float32).reshape(2, 4)
 
 
 def intake(**overrides: Any) -> Intake:
-    options: dict[str, Any] = dict(keys=KEYS, limits=Limits(), model=MODEL)
+    options: dict[str, Any] = {"keys": KEYS, "limits": Limits(), "model": MODEL}
     options.update(overrides)
     return Intake(**options)
 

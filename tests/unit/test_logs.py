@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Iterator
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 
@@ -100,7 +100,7 @@ def test_text_format_is_unchanged_by_the_context(monkeypatch):
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "hello %s", ("w",), None)
     logs.ContextFilter().filter(record)
     text = logging.Formatter(logs.TEXT_FORMAT).format(record)
-    assert text.endswith("INFO x [%d] hello w" % record.process)
+    assert text.endswith(f"INFO x [{record.process}] hello w")
 
 
 def test_an_unknown_format_is_refused():

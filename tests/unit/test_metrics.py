@@ -8,8 +8,8 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from inferfleet.worker.serving.intake import Answer
 from inferfleet.worker.metrics import FleetMetrics, WorkerMetrics, metrics_mode, observe_many, reply_codes
+from inferfleet.worker.serving.intake import Answer
 
 
 @pytest.fixture

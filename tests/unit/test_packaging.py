@@ -15,7 +15,8 @@ def _listed_packages() -> set[str]:
 
 
 def _requirement_names(section: str) -> set[str]:
-    return {re.split(r"[\[<>=~!; ]", req, maxsplit=1)[0].lower() for req in re.findall(r'^\s+"([^"]+)",', section, re.M)}
+    requirements = re.findall(r'^\s+"([^"]+)",', section, re.M)
+    return {re.split(r"[\[<>=~!; ]", req, maxsplit=1)[0].lower() for req in requirements}
 
 
 def _section(start: str) -> str:

@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from scripts.build_models import example_inputs
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.handler import Handler
+from inferfleet.worker.runtime.loading import apply_precision, file_version, load_runtime
 from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.onnx_backend import OnnxHandler
 from inferfleet.worker.runtime.quantize import DynamicInt8Linear, int8_linear, quantize_module, quantize_weight
-from inferfleet.worker.runtime.loading import apply_precision, file_version, load_runtime
+from scripts.build_models import example_inputs
 
 KINDS = ["affine", "ctr", "cnn"]
 
@@ -124,7 +124,7 @@ def test_int8_refuses_torchscript_naming_the_alternatives(models_dir):
 
 
 def test_int8_refuses_a_handler_without_linear_layers():
-    with pytest.raises(ModelLoadError, match="found no torch.nn.Linear .* NoLinearHandler"):
+    with pytest.raises(ModelLoadError, match=r"found no torch\.nn\.Linear .* NoLinearHandler"):
         runtime(f"{__name__}:NoLinearHandler", precision="int8")
 
 
@@ -184,7 +184,7 @@ def test_a_file_that_is_not_onnx_is_a_model_load_error(tmp_path):
 
 
 def test_onnx_refuses_autocast_precisions(onnx_models_dir):
-    with pytest.raises(ModelLoadError, match="--precision fp16 is torch autocast.*fp32 or int8"):
+    with pytest.raises(ModelLoadError, match=r"--precision fp16 is torch autocast.*fp32 or int8"):
         runtime(onnx_models_dir / "affine.onnx", precision="fp16")
 
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 import builtins
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import fakeredis
 import numpy as np
 import pytest
 import redis
 
-from inferfleet.producer import Producer
-from inferfleet.producer import errors
+from inferfleet.producer import Producer, errors
 from inferfleet.producer.protocol import (
     GROUP,
     decode_body,
@@ -123,7 +122,8 @@ def test_submit_refuses_reply_to_outside_the_inbox_and_writes_nothing(
 
 
 @pytest.mark.parametrize("deadline_s", [0, -1.0])
-def test_submit_refuses_non_positive_deadline(client: fakeredis.FakeRedis, producer: Producer, deadline_s: float) -> None:
+def test_submit_refuses_non_positive_deadline(client: fakeredis.FakeRedis, producer: Producer,
+                                              deadline_s: float) -> None:
     with pytest.raises(errors.ProtocolError, match="deadline"):
         producer.submit(X, deadline_s=deadline_s)
     assert client.exists(producer.keys.requests) == 0
@@ -309,7 +309,8 @@ def test_map_returns_replies_in_input_order(server: fakeredis.FakeServer, produc
     assert len({r.id for r in replies}) == 25
 
 
-def test_map_uses_the_producers_inbox(client: fakeredis.FakeRedis, server: fakeredis.FakeServer, producer: Producer) -> None:
+def test_map_uses_the_producers_inbox(client: fakeredis.FakeRedis, server: fakeredis.FakeServer,
+                                      producer: Producer) -> None:
     with FakeWorker(server, producer.keys.requests):
         producer.map([X], timeout_s=5)
     (_, fields), = entries(client, producer)

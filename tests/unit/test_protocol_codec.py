@@ -194,7 +194,8 @@ def test_torch_bfloat16_is_refused_with_protocol_error() -> None:
         encode_body(torch.ones(2, 2, dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64", "complex64", "float128" if hasattr(np, "float128") else "complex128"])
+@pytest.mark.parametrize(
+    "dtype", ["uint16", "uint32", "uint64", "complex64", "float128" if hasattr(np, "float128") else "complex128"])
 def test_dtypes_outside_the_contract_are_refused(dtype: str) -> None:
     with pytest.raises(ProtocolError, match="unsupported dtype") as info:
         encode_body(np.zeros((2, 2), dtype=dtype))
@@ -268,7 +269,8 @@ def inputs_structures(draw: st.DrawFn) -> Any:
     count = draw(st.integers(1, 4))
     if form == "list":
         return [draw(tensors(rows)) for _ in range(count)]
-    keys = draw(st.lists(st.text(alphabet="abcxyz_", min_size=1, max_size=5), min_size=count, max_size=count, unique=True))
+    names = st.text(alphabet="abcxyz_", min_size=1, max_size=5)
+    keys = draw(st.lists(names, min_size=count, max_size=count, unique=True))
     return {k: draw(tensors(rows)) for k in keys}
 
 
@@ -381,7 +383,7 @@ def test_empty_map_params_mean_no_params() -> None:
 def test_too_many_params_is_bad_request() -> None:
     limits = Limits(max_params=2)
     expect_error(body_of(tensor_map(), params={"a": 1, "b": 2, "c": 3}), limits=limits)
-    inputs, params = decode_body(body_of(tensor_map(), params={"a": 1, "b": 2}), limits)
+    _, params = decode_body(body_of(tensor_map(), params={"a": 1, "b": 2}), limits)
     assert params == {"a": 1, "b": 2}
 
 
@@ -497,9 +499,9 @@ def test_too_many_tensors_is_bad_request() -> None:
     limits = Limits(max_tensors=3)
     t = tensor_map()
     decode_body(body_of([t] * 3), limits)
-    decode_body(body_of({k: t for k in "abc"}), limits)
+    decode_body(body_of(dict.fromkeys("abc", t)), limits)
     expect_error(body_of([t] * 4), limits=limits)
-    expect_error(body_of({k: t for k in "abcd"}), limits=limits)
+    expect_error(body_of(dict.fromkeys("abcd", t)), limits=limits)
 
 
 def test_too_many_tensors_at_default_limits_is_bad_request() -> None:

@@ -39,3 +39,9 @@ def test_the_producer_never_imports_the_worker_or_msgpack_outside_protocol():
             assert "import msgpack" not in text, path
     for path in (ROOT / "worker").rglob("*.py"):
         assert "import msgpack" not in path.read_text(), path
+
+
+def test_ruff_is_clean_with_the_committed_config():
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

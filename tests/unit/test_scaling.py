@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from itertools import pairwise
+from typing import Any
 
 import pytest
-from hypothesis import given, settings as hypothesis_settings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from inferfleet.worker.errors import ConfigError
 from inferfleet.worker.fleet.scaling import (
@@ -67,7 +71,7 @@ def changes(ticks: Sequence[Tick]) -> list[tuple[float, int]]:
 def reversals(ticks: Sequence[Tick]) -> list[float]:
     """The times at which the count changed direction (up after down or down after up)."""
     moves = changes(ticks)
-    return [now for (_, before), (now, after) in zip(moves, moves[1:]) if (before > 0) != (after > 0)]
+    return [now for (_, before), (now, after) in pairwise(moves) if (before > 0) != (after > 0)]
 
 
 def assert_rules_held(ticks: Sequence[Tick], settings: PolicySettings = LAG) -> None:
@@ -165,7 +169,7 @@ def test_steady_load_settles_on_the_needed_count_and_stays() -> None:
 def test_noisy_steady_load_does_not_flap(mean: int, allowed: set[int], seed: int) -> None:
     ticks = simulate(noisy(mean, 900, seed))
     turns = reversals(ticks)
-    assert all(b - a >= LAG.down_cooldown_s for a, b in zip(turns, turns[1:]))
+    assert all(b - a >= LAG.down_cooldown_s for a, b in pairwise(turns))
     assert len(turns) <= 1  # +-40% noise around a steady mean: no oscillation at all
     assert {t.decided for t in ticks[5:]} <= allowed
     assert len(changes(ticks)) <= 3

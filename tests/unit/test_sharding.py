@@ -69,7 +69,7 @@ def test_producer_routes_a_request_and_its_reply_by_id() -> None:
     producer = _producer(4)
     assert producer.keys_for("123456789").requests == "inferfleet:{ctr.2}:requests"  # 3421780262 % 4
     assert producer.keys_for("123456789").reply("123456789") == "inferfleet:{ctr.2}:reply:123456789"
-    rid, keys, fields = producer._entry([[1.0]], None, None, "123456789", to_inbox=True)
+    _, keys, fields = producer._entry([[1.0]], None, None, "123456789", to_inbox=True)
     assert keys.name == "ctr.2"
     assert fields["reply_to"] == producer.inboxes[2] and producer.inboxes[2].startswith("inferfleet:{ctr.2}:inbox:")
     with pytest.raises(ProtocolError, match="the shard of request"):

@@ -216,7 +216,7 @@ class BenchFleet:
             client.close()
 
     def _worker_command(self, consumer: str) -> list[str]:
-        return [sys.executable, "-m", "inferfleet.worker.cli", "worker", "--name", self.setup.queue,
+        return [sys.executable, "-m", "inferfleet", "worker", "--name", self.setup.queue,
                 "--model", self.setup.model or "", "--prefix", self.setup.prefix, "--consumer", consumer,
                 "--log-level", "warning", *self.setup.worker_args]
 
@@ -226,7 +226,7 @@ class BenchFleet:
                 "--consumer", consumer]
 
     def _launch(self, what: str, queue: str, consumer: str, command: list[str]) -> None:
-        err = tempfile.TemporaryFile()
+        err = tempfile.TemporaryFile()  # noqa: SIM115 - open while the child runs; stop() closes it
         proc = subprocess.Popen(command, env=_child_env(self.url), stdout=subprocess.DEVNULL, stderr=err)
         self._children.append(_Child(what, queue, consumer, proc, err))
 

@@ -32,18 +32,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from inferfleet.producer.connections import translate_errors  # the SDK's one seam for redis-py errors
 from inferfleet.producer import Producer, errors
+from inferfleet.producer.connections import translate_errors  # the SDK's one seam for redis-py errors
 from inferfleet.producer.protocol import Reply, decode_reply, encode_body, request_fields
 from inferfleet.worker.bench.fleet import BASELINES, BenchError, BenchFleet, FleetSetup, FleetStartError
-from inferfleet.worker.bench.report import (BenchReport, RunSpec, Samples, compare, first_latencies,
-                                 latency_percentiles_ms, markdown_table, mean_batch_rows, render_markdown,
-                                 report_json, summarize, write_outputs, write_png)
+from inferfleet.worker.bench.report import (
+    BenchReport,
+    RunSpec,
+    Samples,
+    compare,
+    first_latencies,
+    latency_percentiles_ms,
+    markdown_table,
+    mean_batch_rows,
+    render_markdown,
+    report_json,
+    summarize,
+    write_outputs,
+    write_png,
+)
 from inferfleet.worker.npfiles import load_inputs
 
 __all__ = [

@@ -28,7 +28,8 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import redis
 import torch
@@ -46,10 +47,10 @@ from inferfleet.producer.protocol import (
     parse_entry,
     row_count,
 )
-from inferfleet.worker.serving.consumer import ensure_group
 from inferfleet.worker.connections import admin_client
 from inferfleet.worker.handler import Handler
 from inferfleet.worker.runtime.loading import load_model, to_numpy
+from inferfleet.worker.serving.consumer import ensure_group
 
 __all__ = ["NaiveServer", "main"]
 
@@ -135,7 +136,8 @@ class NaiveServer:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m inferfleet.worker.bench.naive", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m inferfleet.worker.bench.naive",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, help="queue name (bench uses NAME-naive)")
     parser.add_argument("--model", required=True, help="TorchScript or .pt2 file, or module:Handler")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL)

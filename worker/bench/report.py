@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-
-__all__ = ["BenchReport", "RunSpec", "Samples", "compare", "first_latencies", "latency_percentiles_ms", "markdown_table", "mean_batch_rows", "render_markdown", "report_json", "summarize", "write_outputs", "write_png"]
+__all__ = ["BenchReport", "RunSpec", "Samples", "compare", "first_latencies", "latency_percentiles_ms",
+           "markdown_table", "mean_batch_rows", "render_markdown", "report_json", "summarize", "write_outputs",
+           "write_png"]
 
 log = logging.getLogger(__name__)
 

@@ -89,7 +89,8 @@ def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: b
     """
     import redis
 
-    from inferfleet.worker.serving.lifecycle import NoPreviousVersion, publish, rollback as do_rollback
+    from inferfleet.worker.serving.lifecycle import NoPreviousVersion, publish
+    from inferfleet.worker.serving.lifecycle import rollback as do_rollback
 
     if rollback == (model is not None):
         raise click.UsageError("give either --model (to publish a version) or --rollback")

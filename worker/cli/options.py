@@ -13,8 +13,9 @@ single options are here too, for the commands that take only some of them.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, fields
-from typing import Any, Callable
+from typing import Any
 
 import click
 

@@ -9,12 +9,20 @@ import logging
 import os
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
-from inferfleet.worker.cli.options import (Decorator, cluster_option, name_option, prefix_option, redis_url_option,
-                                           setting_option, shards_option)
+from inferfleet.worker.cli.options import (
+    Decorator,
+    cluster_option,
+    name_option,
+    prefix_option,
+    redis_url_option,
+    setting_option,
+    shards_option,
+)
 from inferfleet.worker.cli.process import install_stop_handlers, log_format_option, log_level_option, setup_logging
 from inferfleet.worker.config import PRECISIONS, WorkerSettings
 from inferfleet.worker.errors import ConfigError, ModelLoadError

@@ -52,8 +52,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from inferfleet.worker.errors import ConfigError
 

@@ -29,9 +29,10 @@ import signal
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -39,9 +40,9 @@ from inferfleet.producer.protocol import QueueKeys, shard_keys, workers_group
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import admin_client
 from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.fleet.scaling import Decision, Observation, PolicySettings, PolicyState, desired_workers
 from inferfleet.worker.heartbeat import read_heartbeats
 from inferfleet.worker.keys import supervisor_key
-from inferfleet.worker.fleet.scaling import Decision, Observation, PolicySettings, PolicyState, desired_workers
 
 if TYPE_CHECKING:
     from inferfleet.worker.metrics import FleetMetrics

@@ -25,7 +25,8 @@ import logging
 import os
 import time
 import warnings
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,11 +36,11 @@ from inferfleet.producer.protocol import decode_body
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError, OutputError
 from inferfleet.worker.handler import Handler
-from inferfleet.worker.runtime.modules import ModuleHandler
-from inferfleet.worker.runtime.quantize import quantize_handler
-from inferfleet.worker.runtime.onnx_backend import OnnxHandler, load_onnx
-from inferfleet.worker.runtime.memory import tune_allocator
 from inferfleet.worker.npfiles import load_inputs
+from inferfleet.worker.runtime.memory import tune_allocator
+from inferfleet.worker.runtime.modules import ModuleHandler
+from inferfleet.worker.runtime.onnx_backend import OnnxHandler, load_onnx
+from inferfleet.worker.runtime.quantize import quantize_handler
 from inferfleet.worker.runtime.signature import spec_of
 
 __all__ = ["ModelRuntime", "apply_precision", "file_version", "is_handler_spec", "is_out_of_memory", "load_runtime",
@@ -208,7 +209,8 @@ def _decode_example(raw: bytes | str | None) -> Any:
         data = base64.b64decode(raw, validate=True)
         inputs, _ = decode_body(data)
     except (ValueError, ProtocolError) as exc:
-        raise ModelLoadError(f"the model's {EXAMPLE_EXTRA_FILE} extra file is not a base64 request body: {exc}") from exc
+        raise ModelLoadError(f"the model's {EXAMPLE_EXTRA_FILE} extra file is not a base64 request body: "
+                             f"{exc}") from exc
     return inputs
 
 

@@ -9,7 +9,8 @@ are equal. Pure numpy: importing this does not import torch.
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 import numpy as np
 

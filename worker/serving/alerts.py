@@ -8,8 +8,8 @@ reads them back. The stream is bounded with approximate MAXLEN trimming.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import redis
 

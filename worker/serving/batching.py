@@ -13,8 +13,9 @@ row-wise.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 

@@ -15,8 +15,9 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 import redis
 
@@ -26,9 +27,16 @@ from inferfleet.worker.counters import Counters
 from inferfleet.worker.logs import batch_context
 from inferfleet.worker.metrics import worker_metrics
 from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
-from inferfleet.worker.serving.alerts import Alert, publish as publish_alerts
-from inferfleet.worker.serving.batching import (Request, collect, concat_inputs, form_batches, predict_isolated,
-                                                split_outputs)
+from inferfleet.worker.serving.alerts import Alert
+from inferfleet.worker.serving.alerts import publish as publish_alerts
+from inferfleet.worker.serving.batching import (
+    Request,
+    collect,
+    concat_inputs,
+    form_batches,
+    predict_isolated,
+    split_outputs,
+)
 from inferfleet.worker.serving.deadletter import dead_fields
 from inferfleet.worker.serving.intake import Answer, Intake
 from inferfleet.worker.serving.lifecycle import ModelWatcher

@@ -9,8 +9,9 @@ request. ``inferfleet dead list|show|replay|purge`` works on this stream.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import redis
 

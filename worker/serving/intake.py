@@ -9,8 +9,8 @@ model.
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Hashable, Mapping
 
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import (

@@ -21,15 +21,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import redis
 
 from inferfleet.producer.protocol import QueueKeys
-from inferfleet.worker.keys import model_key
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
+from inferfleet.worker.keys import model_key
 
 __all__ = ["ModelWatcher", "NoPreviousVersion", "Published", "model_key", "publish", "read_published", "rollback"]
 

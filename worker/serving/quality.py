@@ -19,11 +19,11 @@ from typing import Any
 import redis
 
 from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.counters import Counters
 from inferfleet.worker.serving.alerts import Alert
 from inferfleet.worker.serving.batching import Request
 from inferfleet.worker.serving.cache import ResultCache, copy_outputs, input_digest, split_duplicates
-from inferfleet.worker.config import WorkerSettings
-from inferfleet.worker.counters import Counters
 from inferfleet.worker.serving.validation import ConsistencyLog, check_outputs, non_finite, top_score
 
 __all__ = ["CacheRound", "NonFiniteOutput", "ResultPolicy"]

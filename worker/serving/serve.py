@@ -10,13 +10,13 @@ import redis
 
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import worker_client
-from inferfleet.worker.serving.consumer import Consumer
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.heartbeat import Heartbeat
-from inferfleet.worker.serving.lifecycle import ModelWatcher, read_published
 from inferfleet.worker.logs import bind as bind_log_fields
 from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics
 from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
+from inferfleet.worker.serving.consumer import Consumer
+from inferfleet.worker.serving.lifecycle import ModelWatcher, read_published
 
 __all__ = ["serve"]
 

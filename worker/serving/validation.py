@@ -14,8 +14,9 @@ Nothing here touches Redis; :mod:`inferfleet.worker.serving.alerts` publishes th
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
