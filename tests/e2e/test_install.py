@@ -90,3 +90,20 @@ def test_the_cli_without_the_worker_side_names_the_extra_to_install(tmp_path: Pa
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out
     assert "pip install 'inferfleet[worker]'" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_regular_install_carries_every_module_under_inferfleet(tmp_path: Path) -> None:
+    """What the Docker image's ``pip install ".[worker]"`` installs: a wheel with every module of both folders."""
+    import zipfile
+
+    root = Path(__file__).resolve().parents[2]
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path), str(root)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = tmp_path.glob("inferfleet-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {"inferfleet/__init__.py", "inferfleet/__main__.py", "inferfleet/py.typed"}
+    for side in ("producer", "worker"):
+        expected |= {"inferfleet/" + p.relative_to(root).as_posix() for p in (root / side).rglob("*.py")}
+    assert expected <= names, sorted(expected - names)
+    assert not [n for n in names if n.split("/")[0] in ("worker", "producer", "tests", "scripts")]
