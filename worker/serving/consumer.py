@@ -23,6 +23,7 @@ import redis
 
 from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error, encode_reply_ok
 from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.connections import stream_entries
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.logs import batch_context
 from inferfleet.worker.metrics import worker_metrics
@@ -38,11 +39,11 @@ from inferfleet.worker.serving.batching import (
     split_outputs,
 )
 from inferfleet.worker.serving.deadletter import dead_fields
-from inferfleet.worker.serving.intake import Answer, Intake
+from inferfleet.worker.serving.intake import Answer, Intake, fields_of
 from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 from inferfleet.worker.serving.recovery import Delivery, Recovery
-from inferfleet.worker.serving.replies import ReplyWriter
+from inferfleet.worker.serving.replies import BatchEncoder, ReplyWriter
 from inferfleet.worker.serving.rowlimit import RowLimit
 
 __all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
@@ -156,6 +157,7 @@ class Consumer:
         self.recovery = Recovery(client, self.keys, settings, self.counters)
         self.cache_round = CacheRound(self.results, self.counters)
         self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
+        self.encoder = BatchEncoder(runtime.model_meta, encode_answer)
         self.watcher = watcher  # follows hot swaps
         self.model_source = settings.model if model_source is None else model_source  # the runtime's file or handler
 
@@ -277,10 +279,10 @@ class Consumer:
         response = self.redis.xreadgroup(
             GROUP, self.settings.consumer, {self.keys.requests: ">"}, count=count, block=block,
         )
-        if not response:
-            return []
         now_ms = time.time() * 1000.0
-        return [self.intake.admit(entry_id, fields, now_ms) for entry_id, fields in response[0][1]]
+        admit = self.intake.admit_fast
+        return [admit(entry_id, fields if isinstance(fields, dict) else fields_of(fields), now_ms)
+                for entry_id, fields in stream_entries(response)]
 
     def _run_suspect(self, delivery: Delivery) -> int:
         """Compute one entry whose previous holder died, alone, counting the attempt.
@@ -338,8 +340,7 @@ class Consumer:
         log.debug("consumer %s: batch of %d rows, %d requests, %.2f ms",
                   self.settings.consumer, rows_total, len(batch), infer_ms)
         self.cache_round.remember(batch, results, infer_ms, rows_total)
-        meta = self.runtime.model_meta
-        return [encode_answer(meta, req, res, infer_ms, rows_total) for req, res in zip(batch, results)]
+        return self.encoder.encode(batch, results, infer_ms, rows_total)
 
     def _out_of_memory(self, rows: int) -> None:
         """Halve the row limit below the batch that did not fit; bisection retries the halves."""
@@ -376,6 +377,7 @@ class Consumer:
         self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params)
         self.results.model_changed()
         self.replies.model_meta = new.model_meta
+        self.encoder = BatchEncoder(new.model_meta, encode_answer)
         self.counters.model_version(new.version)
         log.info("consumer %s switched model %s from version %s to %s", self.settings.consumer,
                  self.settings.name, old.version, new.version)

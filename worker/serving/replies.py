@@ -17,16 +17,19 @@ of a queue (or of a shard) share its hash tag, and intake refuses a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import redis
 
-from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import GROUP, QueueKeys, ReplyTemplate, encode_reply_error
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.serving.deadletter import DEAD_MAXLEN
 from inferfleet.worker.serving.intake import Answer
 
-__all__ = ["REPLY_SCRIPT", "ReplyWriter"]
+__all__ = ["REPLY_SCRIPT", "BatchEncoder", "ReplyWriter"]
 
 log = logging.getLogger(__name__)
 
@@ -139,3 +142,50 @@ class ReplyWriter:
             for a in answers:
                 if a.payload and not a.ok:
                     log.debug("request %s answered %s", a.rid, a.code, extra={"request_ids": [a.rid]})
+
+
+#: The general encoder a BatchEncoder falls back on: (meta, request, result, infer_ms, batch_rows) -> Answer.
+Encode = Callable[[tuple[str, str], Any, Any, float, int], Answer]
+
+
+class BatchEncoder:
+    """Encodes one batch's answers; an ok reply of one tensor comes from a :class:`ReplyTemplate`.
+
+    The template's bytes equal the general encoder's, at a fifth of its cost.
+    Anything else (errors, several tensors, a dtype the contract lacks)
+    goes to ``general``. One template is kept per output dtype and shape.
+    """
+
+    def __init__(self, model_meta: tuple[str, str], general: Encode) -> None:
+        self.model_meta = model_meta
+        self.general = general
+        self._templates: dict[tuple[np.dtype, tuple[int, ...]], ReplyTemplate | None] = {}
+
+    def encode(self, batch: Sequence[Any], results: Sequence[Any], infer_ms: float, batch_rows: int) -> list[Answer]:
+        """The answers to ``batch`` (Requests) given each one's result (outputs or an exception)."""
+        tail: bytes | None = None
+        answers = []
+        for req, result in zip(batch, results):
+            template = self._template(result) if type(result) is np.ndarray else None
+            if template is None:
+                answers.append(self.general(self.model_meta, req, result, infer_ms, batch_rows))
+                continue
+            tail = tail or ReplyTemplate.batch_tail(infer_ms, batch_rows)
+            payload = template.encode(req.rid, result.tobytes(), max(0.0, req.picked_ms - req.enqueued_ms), tail)
+            answers.append(Answer(req.entry_id, req.reply_key, payload, True, rid=req.rid))
+        return answers
+
+    def _template(self, result: np.ndarray) -> ReplyTemplate | None:
+        key = (result.dtype, result.shape)
+        if key not in self._templates:
+            self._templates[key] = self._make(result) if len(self._templates) < 64 else None
+        return self._templates[key]
+
+    def _make(self, result: np.ndarray) -> ReplyTemplate | None:
+        if result.dtype.str[0] not in "<|" or result.ndim == 0:  # the wire is little-endian
+            return None
+        try:
+            return ReplyTemplate(self.model_meta, result.dtype, result.shape)
+        except ProtocolError:  # a dtype the contract does not carry: the general encoder answers model_error
+            return None
+
