@@ -662,11 +662,14 @@ class ReplyTemplate:
 
     def encode(self, rid: str, data: bytes, queued_ms: float, tail: bytes) -> bytes:
         """One ok reply: ``data`` is the request's outputs (``nbytes`` bytes, C order)."""
-        return b"".join((self._map5, self._id_key, pack(rid), self._ok_outputs, data, self._model_queued,
+        packed_id = _STR_HEADERS[len(rid)] + rid.encode() if len(rid) < 256 and rid.isascii() else pack(rid)
+        return b"".join((self._map5, self._id_key, packed_id, self._ok_outputs, data, self._model_queued,
                          _DOUBLE.pack(queued_ms), tail))
 
 
 _DOUBLE = struct.Struct(">d")
+#: msgpack's header of an ASCII str of each length below 256 (fixstr, then str 8).
+_STR_HEADERS = tuple(bytes((0xA0 | n,)) if n < 32 else bytes((0xD9, n)) for n in range(256))
 
 
 _REPLY_LIMITS = Limits(max_body_bytes=1 << 30, max_tensors=4096, max_ndim=32)

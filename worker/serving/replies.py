@@ -39,10 +39,18 @@ log = logging.getLogger(__name__)
 #: reply stands); a push that fails (the key holds another type) leaves the
 #: entry pending and unacknowledged (a non-list key: answered elsewhere; any
 #: other error, such as Redis out of memory, aborts the round, which is retried).
+#: Each reply key gets its TTL once, after its replies (a shared inbox takes
+#: many in one call; the state the atomic call leaves is the same), also when
+#: the call stops early on an error.
 #: Returns {pushed, {failed 0-based indexes}}.
 REPLY_SCRIPT = """
 local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
-local pushed, failed = 0, {}
+local pushed, failed, answered = 0, {}, {}
+local function expire_answered()
+  for key in pairs(answered) do
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
 for i = 2, #KEYS do
   local id, payload = ARGV[2 * i - 1], ARGV[2 * i]
   if payload == '' then
@@ -51,17 +59,19 @@ for i = 2, #KEYS do
     local res = redis.pcall('RPUSH', KEYS[i], payload)
     if type(res) == 'table' and res.err then
       if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then
+        expire_answered()  -- what this call answered keeps its TTL
         return redis.error_reply(res.err)  -- out of memory and the like: retry the round later
       end
       table.insert(failed, i - 2)
     elseif redis.call('XACK', stream, group, id) == 1 then
-      redis.call('PEXPIRE', KEYS[i], ttl)
+      answered[KEYS[i]] = true
       pushed = pushed + 1
     else
       redis.call('RPOP', KEYS[i])
     end
   end
 end
+expire_answered()
 return {pushed, failed}
 """
 
