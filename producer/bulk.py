@@ -1,0 +1,239 @@
+"""The bookkeeping of the producer's bulk calls, with no I/O of its own.
+
+:class:`MapRun` is one ``map``/``imap`` call between round trips: which
+inputs the next round sends (at most ``window`` in flight), which inboxes it
+pops, and which popped replies are this call's. :class:`ReplyScan` is one
+``results`` call: which reply keys the next round polls, in input order, so
+that a round probes about as many keys as are likely answered. The
+producers (``client.py``) only run the :class:`~inferfleet.producer.transport.Round`
+these fill and block when a round found nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
+from typing import Any, Protocol
+
+from inferfleet.producer import errors
+from inferfleet.producer.protocol import BodyEncoder, Reply, lazy_reply, shard_for
+from inferfleet.producer.transport import Round, pack_lpops
+
+__all__ = ["InFlight", "MapRun", "ReplyScan", "Sender", "group_by_shard"]
+
+POP_COUNT = 1000  # replies taken from an inbox per LPOP
+MIN_PROBE = 64  # reply keys a results() round polls at least...
+MAX_PROBE = 4096  # ...and at most
+
+
+class Sender(Protocol):
+    """What the bookkeeping needs of a producer: its shards, ids and entry fields."""
+
+    shards: int
+    inboxes: tuple[str, ...]
+
+    def new_request_ids(self, count: int) -> list[str]: ...
+
+    def deadline_fields(self, deadline_s: float | None) -> list[tuple[str, str]]: ...
+
+    def queue_xadds(self, round_: Round, rids: list[str], bodies: list[bytes], fields: list[tuple[str, str]],
+                    to_inbox: bool) -> list[tuple[int, list[int]]]: ...
+
+
+def group_by_shard(rids: Sequence[str], shards: int) -> list[tuple[int, list[int]]]:
+    """(shard, positions in ``rids``) for every shard that ``rids`` go to, shard order."""
+    if shards == 1:
+        return [(0, list(range(len(rids))))]
+    groups: dict[int, list[int]] = {}
+    for position, rid in enumerate(rids):
+        groups.setdefault(shard_for(rid, shards), []).append(position)
+    return sorted(groups.items())
+
+
+class InFlight:
+    """The requests a map/imap call sent and has no reply for: id -> input index, per shard."""
+
+    def __init__(self, shards: int) -> None:
+        self._where: list[dict[str, int]] = [{} for _ in range(shards)]
+
+    def __len__(self) -> int:
+        return sum(map(len, self._where))
+
+    def add(self, rid: str, shard: int, index: int) -> None:
+        """One request of ``shard`` sent as input ``index``."""
+        self._where[shard][rid] = index
+
+    def add_many(self, shard: int, rids: Iterable[str], indexes: Iterable[int]) -> None:
+        """Requests of one shard sent, with their input indexes."""
+        self._where[shard].update(zip(rids, indexes))
+
+    def pop(self, rid: str, shard: int | None = None) -> int | None:
+        """The input index of ``rid`` (now answered), or None if this call did not send it."""
+        for where in self._where if shard is None else (self._where[shard],):
+            index = where.pop(rid, None)
+            if index is not None:
+                return index
+        return None
+
+    def take(self, shard: int, popped: Iterable[bytes], raise_errors: bool) -> list[tuple[int, Reply]]:
+        """(input index, reply) of each reply popped from ``shard``'s inbox that this call waits for."""
+        where = self._where[shard]
+        taken = []
+        for raw in popped:
+            reply = lazy_reply(raw)
+            index = where.pop(reply.id, None)
+            if index is not None:  # else a stale reply of an earlier, abandoned call
+                taken.append((index, reply.raise_for_error() if raise_errors and not reply.ok else reply))
+        return taken
+
+    def shards(self) -> list[int]:
+        """Shards with requests in flight: the inboxes worth popping."""
+        return [shard for shard, where in enumerate(self._where) if where]
+
+
+class MapRun:
+    """One map/imap call between round trips: what to send next, what is still owed."""
+
+    def __init__(self, sender: Sender, inputs: Iterable[Any], params: Mapping[str, Any] | None,
+                 window: int, deadline_s: float | None) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        self.sender = sender
+        self.items: Iterator[Any] = iter(inputs)
+        self.encoder = BodyEncoder(params)
+        self.window = window
+        self.deadline_s = deadline_s
+        self.in_flight = InFlight(sender.shards)
+        self.sent = 0
+        self.exhausted = False
+        self.last_progress = time.monotonic()
+
+    @property
+    def active(self) -> bool:
+        """True while inputs are left to send or replies to collect."""
+        return not self.exhausted or bool(self.in_flight)
+
+    def fill(self, round_: Round) -> list[str]:
+        """Queue XADDs on ``round_`` until ``window`` requests are in flight; return their ids.
+
+        Every input of the round is encoded before anything is queued, so one
+        that breaks the contract raises with none of its round sent.
+        """
+        room = 0 if self.exhausted else self.window - len(self.in_flight)
+        batch = list(islice(self.items, room)) if room > 0 else []
+        self.exhausted = self.exhausted or len(batch) < room
+        if not batch:
+            return []
+        bodies = [self.encoder.encode(one) for one in batch]
+        rids = self.sender.new_request_ids(len(batch))
+        fields = self.sender.deadline_fields(self.deadline_s)
+        for shard, positions in self.sender.queue_xadds(round_, rids, bodies, fields, True):
+            self.in_flight.add_many(shard, [rids[p] for p in positions], [self.sent + p for p in positions])
+        self.sent += len(batch)
+        return rids
+
+    def queue_pops(self, round_: Round) -> list[int]:
+        """Queue an LPOP of each waiting shard's inbox on ``round_``; return those shards."""
+        waiting = self.in_flight.shards()
+        for shard in waiting:
+            round_.lpop(self.sender.inboxes[shard], POP_COUNT)
+        return waiting
+
+    def take(self, popped: Iterable[tuple[int, list[bytes] | None]], raise_errors: bool) -> list[tuple[int, Reply]]:
+        """(input index, reply) of the replies popped, per shard, that this call waits for."""
+        taken = []
+        for shard, raws in popped:
+            if raws:
+                taken += self.in_flight.take(shard, raws, raise_errors)
+        if taken:
+            self.last_progress = time.monotonic()
+        return taken
+
+    def check_stall(self, timeout_s: float) -> None:
+        """Raise ReplyTimeout when no reply came for ``timeout_s`` with requests in flight."""
+        if self.in_flight and time.monotonic() - self.last_progress > timeout_s:
+            raise errors.ReplyTimeout(f"no reply for {timeout_s} s with {len(self.in_flight)} requests in flight")
+
+
+class ReplyScan:
+    """One results() call: the reply keys still to poll, in input order.
+
+    A round polls the first ``probe`` missing keys. Replies arrive about in
+    input order, a worker's batch at a time: while a round finds every key it
+    polls, the next polls twice as many at once; a round that misses some is
+    followed by a BLPOP on the first missing key and the first key not yet
+    polled, and the round after it polls as many keys as came since the last
+    BLPOP (about one worker batch). So few keys are polled in vain while the
+    worker is behind, and few rounds are needed once it is ahead.
+    """
+
+    def __init__(self, keys: Sequence[str], shards: Sequence[int]) -> None:
+        order = {key: i for i, key in enumerate(dict.fromkeys(keys))}  # a key asked twice is polled once
+        shard_of = dict(zip(keys, shards))
+        self._positions = [order[key] for key in keys]
+        self.keys = list(order)
+        self.shards = [shard_of[key] for key in self.keys]
+        self._packed = pack_lpops(self.keys)
+        self._where = {key.encode(): i for key, i in order.items()}
+        self.found: dict[int, Reply] = {}
+        self._missing = deque(range(len(self.keys)))
+        self._probe = MIN_PROBE
+        self._probed: list[int] = []
+        self._unpolled = 0  # where the keys not polled since the last round start in _missing
+        self._burst = 0  # replies found since the last BLPOP
+
+    @property
+    def missing(self) -> int:
+        """How many replies are still missing."""
+        return len(self._missing)
+
+    def queue(self, round_: Round) -> None:
+        """Queue an LPOP of each of the next ``probe`` missing reply keys on ``round_``."""
+        missing = self._missing
+        self._probed = probed = [missing.popleft() for _ in range(min(self._probe, len(missing)))]
+        round_.lpops([self.keys[i] for i in probed], [self._packed[i] for i in probed])
+
+    def take(self, replies: Sequence[bytes | None], raise_errors: bool) -> bool:
+        """Record the replies of the last round's LPOPs; True if it found every key it polled."""
+        left = []
+        for index, raw in zip(self._probed, replies):
+            if raw is None:
+                left.append(index)
+            else:
+                self._found(index, raw, raise_errors)
+        self._missing.extendleft(reversed(left))
+        self._unpolled = len(left)
+        self._burst += len(self._probed) - len(left)
+        if left:
+            return False
+        self._probe = min(MAX_PROBE, 2 * self._probe)
+        return True
+
+    def block_keys(self, cluster: bool) -> list[str]:
+        """Keys to block on after a round that missed some: the first missing one and the first not
+        polled yet (the latter only if in the first one's shard on a cluster: one BLPOP names one slot)."""
+        self._probe, self._burst = min(MAX_PROBE, max(MIN_PROBE, self._burst)), 0
+        first = self._missing[0]
+        keys = [self.keys[first]]
+        if self._unpolled < len(self._missing):
+            after = self._missing[self._unpolled]
+            if after != first and (not cluster or self.shards[after] == self.shards[first]):
+                keys.append(self.keys[after])
+        return keys
+
+    def take_blocked(self, key: bytes, raw: bytes, raise_errors: bool) -> None:
+        """Record the reply a BLPOP on :meth:`block_keys` returned."""
+        index = self._where[key]
+        self._missing.remove(index)
+        self._burst += 1
+        self._found(index, raw, raise_errors)
+
+    def _found(self, index: int, raw: bytes, raise_errors: bool) -> None:
+        reply = lazy_reply(raw)
+        self.found[index] = reply.raise_for_error() if raise_errors and not reply.ok else reply
+
+    def replies(self) -> list[Reply]:
+        """Every reply, in input order (the same reply for an id asked twice)."""
+        return [self.found[i] for i in self._positions]

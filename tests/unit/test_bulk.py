@@ -1,0 +1,231 @@
+"""The bulk calls' bookkeeping (MapRun, ReplyScan, InFlight) with no Redis at all, and the bulk calls on fakeredis."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import fakeredis
+import numpy as np
+import pytest
+import redis
+
+from inferfleet.producer import Producer, errors
+from inferfleet.producer.bulk import MAX_PROBE, MIN_PROBE, InFlight, MapRun, ReplyScan, group_by_shard
+from inferfleet.producer.protocol import decode_body, encode_reply_error, encode_reply_ok, parse_entry, shard_for
+from inferfleet.producer.transport import Round
+
+X = np.ones((1, 4), np.float32)
+
+
+def ok(rid: str) -> bytes:
+    return encode_reply_ok(rid, X, ("q", "1"), {"batch_rows": 1})
+
+
+def offline(shards: int = 1, **options: object) -> Producer:
+    return Producer(name="q", shards=shards, client=redis.Redis(host="127.0.0.1", port=1), **options)
+
+
+# --------------------------------------------------------------------------- MapRun and InFlight
+
+
+def test_fill_keeps_the_window_and_sends_each_shard_its_own_inbox() -> None:
+    producer = offline(shards=3)
+    calls = MapRun(producer, [X] * 10, {"p": 1}, window=4, deadline_s=5)
+    round_ = Round()
+    rids = calls.fill(round_)
+    assert len(rids) == 4 and len(calls.in_flight) == 4 and calls.sent == 4 and not calls.exhausted
+    commands = list(round_.commands())
+    assert sorted(c[4] for c in commands) == sorted(rids)
+    for command in commands:
+        shard = shard_for(command[4], 3)
+        assert command[1] == producer.shard_keys[shard].requests
+        assert command[9:] == ("reply_to", producer.inboxes[shard])
+        assert command[7] == "deadline" and int(command[8]) > time.time() * 1000
+        assert decode_body(command[6])[1] == {"p": 1}
+    assert calls.fill(Round()) == []  # the window is full
+    assert sorted(calls.queue_pops(round_)) == sorted({shard_for(r, 3) for r in rids})
+
+
+def test_take_puts_replies_at_their_input_index_and_ignores_stale_ones() -> None:
+    producer = offline()
+    calls = MapRun(producer, [X] * 3, None, window=10, deadline_s=None)
+    rids = calls.fill(Round())
+    assert calls.exhausted
+    taken = calls.take([(0, [ok(rids[2]), ok("stale-1"), ok(rids[0])])], raise_errors=False)
+    assert [(i, r.id) for i, r in taken] == [(2, rids[2]), (0, rids[0])]
+    assert calls.active and len(calls.in_flight) == 1
+    with pytest.raises(errors.Expired):
+        calls.take([(0, [encode_reply_error(rids[1], "expired", "late")])], raise_errors=True)
+    assert not calls.active
+
+
+def test_an_input_the_contract_refuses_sends_nothing_of_its_round() -> None:
+    calls = MapRun(offline(), [X, np.zeros((1, 2), np.complex64)], None, window=10, deadline_s=None)
+    round_ = Round()
+    with pytest.raises(errors.ProtocolError):
+        calls.fill(round_)
+    assert round_.replies == 0 and len(calls.in_flight) == 0
+
+
+def test_a_stall_raises_reply_timeout() -> None:
+    calls = MapRun(offline(), [X], None, window=1, deadline_s=None)
+    calls.fill(Round())
+    calls.check_stall(10)
+    calls.last_progress -= 11
+    with pytest.raises(errors.ReplyTimeout, match="1 requests in flight"):
+        calls.check_stall(10)
+
+
+def test_in_flight_adds_many_and_takes_per_shard() -> None:
+    in_flight = InFlight(2)
+    in_flight.add_many(1, ["a", "b"], [5, 6])
+    in_flight.add("c", 0, 7)
+    assert len(in_flight) == 3 and in_flight.shards() == [0, 1]
+    assert in_flight.take(0, [ok("a")], raise_errors=False) == []  # not shard 0's
+    assert [i for i, _ in in_flight.take(1, [ok("b"), ok("a")], raise_errors=False)] == [6, 5]
+    assert in_flight.pop("c", 0) == 7 and len(in_flight) == 0
+
+
+def test_group_by_shard_keeps_input_order_within_a_shard() -> None:
+    rids = [f"r{i}" for i in range(50)]
+    groups = group_by_shard(rids, 4)
+    assert [s for s, _ in groups] == sorted(s for s, _ in groups)
+    assert sorted(p for _, ps in groups for p in ps) == list(range(50))
+    for shard, positions in groups:
+        assert positions == sorted(positions) and {shard_for(rids[p], 4) for p in positions} == {shard}
+    assert group_by_shard(rids, 1) == [(0, list(range(50)))]
+
+
+# --------------------------------------------------------------------------- ReplyScan
+
+
+def scan_of(count: int, shards: int = 1) -> ReplyScan:
+    return ReplyScan([f"k{i}" for i in range(count)], [i % shards for i in range(count)])
+
+
+def polled(scan: ReplyScan) -> list[str]:
+    round_ = Round()
+    scan.queue(round_)
+    return [command[1] for command in round_.commands()]
+
+
+def test_the_probe_doubles_while_every_key_is_answered() -> None:
+    scan = scan_of(10_000)
+    sizes = []
+    while scan.missing:
+        keys = polled(scan)
+        sizes.append(len(keys))
+        assert scan.take([ok(k) for k in keys], raise_errors=False)
+    assert sizes[:4] == [MIN_PROBE, 2 * MIN_PROBE, 4 * MIN_PROBE, 8 * MIN_PROBE] and max(sizes) <= MAX_PROBE
+    assert [r.id for r in scan.replies()] == [f"k{i}" for i in range(10_000)]
+
+
+def test_after_a_miss_it_blocks_then_polls_about_one_worker_batch() -> None:
+    scan = scan_of(1000)
+    answered = 100  # a worker batch of 100 is written, the next is not yet
+
+    def answer(keys: list[str]) -> list[bytes | None]:
+        return [ok(k) if int(k[1:]) < answered else None for k in keys]
+
+    assert scan.take(answer(polled(scan)), raise_errors=False)  # k0..k63: all there
+    keys = polled(scan)
+    assert (keys[0], len(keys)) == (f"k{MIN_PROBE}", 2 * MIN_PROBE)  # twice as many
+    assert not scan.take(answer(keys), raise_errors=False)  # k64..k99 found, k100.. not
+    assert scan.missing == 900
+    assert scan.block_keys(cluster=False) == ["k100", f"k{3 * MIN_PROBE}"]  # first missing, first unpolled
+    answered = 201
+    scan.take_blocked(b"k100", ok("k100"), raise_errors=False)  # the next batch came
+    keys = polled(scan)
+    assert (keys[0], len(keys)) == ("k101", 100)  # as many as came since the last block
+    assert scan.take(answer(keys), raise_errors=False)
+    assert scan.missing == 799
+
+
+def test_block_keys_on_a_cluster_name_one_shard() -> None:
+    scan = scan_of(10, shards=2)
+    keys = polled(scan)
+    scan.take([None] * len(keys), raise_errors=False)
+    assert scan.block_keys(cluster=True) == ["k0"]  # every key was polled: no unpolled one to add
+    two = scan_of(200, shards=2)
+    keys = polled(two)
+    two.take([None] * len(keys), raise_errors=False)
+    assert two.block_keys(cluster=False) == ["k0", f"k{MIN_PROBE}"]
+    assert two.block_keys(cluster=True) == ["k0", f"k{MIN_PROBE}"]  # k64 is shard 0 too
+    three = ReplyScan([f"k{i}" for i in range(200)], [0] * MIN_PROBE + [1] * (200 - MIN_PROBE))
+    keys = polled(three)
+    three.take([None] * len(keys), raise_errors=False)
+    assert three.block_keys(cluster=True) == ["k0"]
+
+
+def test_an_id_asked_twice_gets_the_same_reply() -> None:
+    scan = ReplyScan(["a", "b", "a"], [0, 0, 0])
+    keys = polled(scan)
+    assert keys == ["a", "b"]
+    scan.take([ok("a"), ok("b")], raise_errors=False)
+    replies = scan.replies()
+    assert [r.id for r in replies] == ["a", "b", "a"] and replies[0] is replies[2]
+
+
+def test_raise_errors_raises_the_first_failed_reply() -> None:
+    scan = scan_of(2)
+    keys = polled(scan)
+    with pytest.raises(errors.ModelError):
+        scan.take([ok(keys[0]), encode_reply_error(keys[1], "model_error", "boom")], raise_errors=True)
+
+
+# --------------------------------------------------------------------------- the bulk calls on fakeredis
+
+
+@pytest.fixture
+def server() -> fakeredis.FakeServer:
+    return fakeredis.FakeServer()
+
+
+def test_submit_many_writes_the_contract_fields_in_every_chunk(server: fakeredis.FakeServer) -> None:
+    client = fakeredis.FakeRedis(server=server)
+    with Producer(client=client, name="q") as producer:
+        before = int(time.time() * 1000)
+        rids = producer.submit_many([X * i for i in range(7)], {"t": 2}, deadline_s=3, chunk=3)
+    entries = client.xrange("inferfleet:{q}:requests")
+    assert [f[b"id"].decode() for _, f in entries] == rids
+    for i, (_, fields) in enumerate(entries):
+        assert set(fields) == {b"id", b"body", b"deadline"}
+        assert before + 3000 <= int(fields[b"deadline"]) <= time.time() * 1000 + 3000
+        inputs, params = decode_body(fields[b"body"])
+        np.testing.assert_array_equal(inputs, X * i)
+        assert params == {"t": 2}
+
+
+def test_sharded_submit_many_and_results_find_each_shard(server: fakeredis.FakeServer) -> None:
+    client = fakeredis.FakeRedis(server=server)
+    with Producer(client=client, name="q", shards=3) as producer:
+        rids = producer.submit_many([X] * 30, chunk=7)
+        for shard, keys in enumerate(producer.shard_keys):
+            for _, fields in client.xrange(keys.requests):
+                env = parse_entry(fields)
+                assert shard_for(env.rid, 3) == shard and env.reply_to is None
+                client.rpush(keys.reply(env.rid), ok(env.rid))
+        replies = producer.results(list(reversed(rids)) + rids[:2], timeout_s=5)
+    assert [r.id for r in replies] == list(reversed(rids)) + rids[:2]
+
+
+def test_results_blocks_for_late_replies_instead_of_spinning(server: fakeredis.FakeServer) -> None:
+    client = fakeredis.FakeRedis(server=server)
+    with Producer(client=client, name="q") as producer:
+        rids = producer.submit_many([X] * 5)
+        client.rpush(producer.keys.reply(rids[0]), ok(rids[0]))
+        late = fakeredis.FakeRedis(server=server)
+        timer = threading.Timer(0.2, lambda: [late.rpush(producer.keys.reply(r), ok(r)) for r in rids[1:]])
+        timer.start()
+        try:
+            assert [r.id for r in producer.results(rids, timeout_s=5)] == rids
+        finally:
+            timer.join()
+            late.close()
+
+
+def test_results_refuses_a_bad_id_before_polling(server: fakeredis.FakeServer) -> None:
+    with Producer(client=fakeredis.FakeRedis(server=server), name="q") as producer:
+        with pytest.raises(errors.ProtocolError, match="invalid request id"):
+            producer.results(["fine", "not fine"], timeout_s=0.1)
