@@ -18,8 +18,8 @@ from itertools import islice
 from typing import Any, Protocol
 
 from inferfleet.producer import errors
-from inferfleet.producer.protocol import BodyEncoder, Reply, lazy_reply, shard_for
-from inferfleet.producer.transport import Round, pack_lpops
+from inferfleet.producer.protocol import BodyEncoder, Reply, lazy_replies, shard_for
+from inferfleet.producer.transport import Round
 
 __all__ = ["InFlight", "MapRun", "ReplyScan", "Sender", "group_by_shard"]
 
@@ -77,15 +77,14 @@ class InFlight:
                 return index
         return None
 
-    def take(self, shard: int, popped: Iterable[bytes], raise_errors: bool) -> list[tuple[int, Reply]]:
-        """(input index, reply) of each reply popped from ``shard``'s inbox that this call waits for."""
-        where = self._where[shard]
-        taken = []
-        for raw in popped:
-            reply = lazy_reply(raw)
-            index = where.pop(reply.id, None)
-            if index is not None:  # else a stale reply of an earlier, abandoned call
-                taken.append((index, reply.raise_for_error() if raise_errors and not reply.ok else reply))
+    def take(self, shard: int, popped: Sequence[bytes], raise_errors: bool) -> list[tuple[int, Reply]]:
+        """(input index, reply) of each reply popped from ``shard``'s inbox that this call waits for
+        (others are stale replies of an earlier, abandoned call)."""
+        pop = self._where[shard].pop
+        taken = [(index, reply) for reply in lazy_replies(popped) if (index := pop(reply.id, None)) is not None]
+        if raise_errors:
+            for _, reply in taken:
+                reply.raise_for_error()
         return taken
 
     def shards(self) -> list[int]:
@@ -170,14 +169,15 @@ class ReplyScan:
     """
 
     def __init__(self, keys: Sequence[str], shards: Sequence[int]) -> None:
-        order = {key: i for i, key in enumerate(dict.fromkeys(keys))}  # a key asked twice is polled once
-        shard_of = dict(zip(keys, shards))
-        self._positions = [order[key] for key in keys]
-        self.keys = list(order)
-        self.shards = [shard_of[key] for key in self.keys]
-        self._packed = pack_lpops(self.keys)
-        self._where = {key.encode(): i for key, i in order.items()}
-        self.found: dict[int, Reply] = {}
+        self.keys = list(dict.fromkeys(keys))  # a key asked twice is polled once
+        self._positions: list[int] | None = None
+        self.shards = list(shards)
+        if len(self.keys) < len(keys):
+            order = {key: i for i, key in enumerate(self.keys)}
+            shard_of = dict(zip(keys, shards))
+            self._positions = [order[key] for key in keys]
+            self.shards = [shard_of[key] for key in self.keys]
+        self.found: list[Reply | None] = [None] * len(self.keys)
         self._missing = deque(range(len(self.keys)))
         self._probe = MIN_PROBE
         self._probed: list[int] = []
@@ -191,25 +191,31 @@ class ReplyScan:
 
     def queue(self, round_: Round) -> None:
         """Queue an LPOP of each of the next ``probe`` missing reply keys on ``round_``."""
-        missing = self._missing
+        missing, keys = self._missing, self.keys
         self._probed = probed = [missing.popleft() for _ in range(min(self._probe, len(missing)))]
-        round_.lpops([self.keys[i] for i in probed], [self._packed[i] for i in probed])
+        round_.lpops([keys[i] for i in probed])
 
     def take(self, replies: Sequence[bytes | None], raise_errors: bool) -> bool:
         """Record the replies of the last round's LPOPs; True if it found every key it polled."""
-        left = []
-        for index, raw in zip(self._probed, replies):
-            if raw is None:
-                left.append(index)
-            else:
-                self._found(index, raw, raise_errors)
+        probed = self._probed
+        left = [index for index, raw in zip(probed, replies) if raw is None]
+        if len(left) < len(probed):
+            self._record([index for index, raw in zip(probed, replies) if raw is not None],
+                         [raw for raw in replies if raw is not None], raise_errors)
         self._missing.extendleft(reversed(left))
         self._unpolled = len(left)
-        self._burst += len(self._probed) - len(left)
+        self._burst += len(probed) - len(left)
         if left:
             return False
         self._probe = min(MAX_PROBE, 2 * self._probe)
         return True
+
+    def _record(self, indexes: list[int], raws: list[bytes], raise_errors: bool) -> None:
+        found = self.found
+        for index, reply in zip(indexes, lazy_replies(raws)):
+            found[index] = reply
+            if raise_errors and not reply.ok:
+                reply.raise_for_error()
 
     def block_keys(self, cluster: bool) -> list[str]:
         """Keys to block on after a round that missed some: the first missing one and the first not
@@ -225,15 +231,13 @@ class ReplyScan:
 
     def take_blocked(self, key: bytes, raw: bytes, raise_errors: bool) -> None:
         """Record the reply a BLPOP on :meth:`block_keys` returned."""
-        index = self._where[key]
+        text = key.decode()
+        index = next(i for i in self._missing if self.keys[i] == text)  # one of the first few missing
         self._missing.remove(index)
         self._burst += 1
-        self._found(index, raw, raise_errors)
-
-    def _found(self, index: int, raw: bytes, raise_errors: bool) -> None:
-        reply = lazy_reply(raw)
-        self.found[index] = reply.raise_for_error() if raise_errors and not reply.ok else reply
+        self._record([index], [raw], raise_errors)
 
     def replies(self) -> list[Reply]:
         """Every reply, in input order (the same reply for an id asked twice)."""
-        return [self.found[i] for i in self._positions]
+        found: list[Any] = self.found
+        return found if self._positions is None else [found[i] for i in self._positions]

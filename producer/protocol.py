@@ -668,22 +668,35 @@ def peek_reply(raw: bytes) -> tuple[str, bool] | None:
     Reads the msgpack bytes directly; None for any other layout (which
     :func:`decode_reply` then reads in full).
     """
-    if not 0x82 <= raw[0] <= 0x8F or raw[1:4] != b"\xa2id" or len(raw) < 9:
+    span = _id_span(raw)
+    if span is None:
+        return None
+    start, end = span
+    if raw.startswith(_OK_TRUE, end):
+        ok = True
+    elif raw.startswith(_OK_FALSE, end):
+        ok = False
+    else:
+        return None
+    try:
+        return raw[start:end].decode("utf-8"), ok
+    except UnicodeDecodeError:
+        return None
+
+
+_OK_TRUE, _OK_FALSE = b"\xa2ok\xc3", b"\xa2ok\xc2"
+
+
+def _id_span(raw: bytes) -> tuple[int, int] | None:
+    """Where the id string of a reply starting ``{"id": STR`` lies (fixstr or str8), else None."""
+    if len(raw) < 9 or not raw.startswith(b"\xa2id", 1) or not 0x82 <= raw[0] <= 0x8F:
         return None
     tag = raw[4]
     if 0xA0 <= tag <= 0xBF:
-        start, end = 5, 5 + tag - 0xA0
-    elif tag == 0xD9:
-        start, end = 6, 6 + raw[5]
-    else:
-        return None
-    flag = raw[end + 3: end + 4]
-    if raw[end: end + 3] != b"\xa2ok" or flag not in (b"\xc3", b"\xc2"):
-        return None
-    try:
-        return raw[start:end].decode("utf-8"), flag == b"\xc3"
-    except UnicodeDecodeError:
-        return None
+        return 5, tag - 0x9B  # 5 + length
+    if tag == 0xD9:
+        return 6, 6 + raw[5]
+    return None
 
 
 class LazyReply(Reply):
@@ -759,14 +772,29 @@ def lazy_reply(raw: bytes) -> Reply:
     An ok reply in the fleet's layout becomes a :class:`LazyReply`; a failed
     one, or any other layout, is decoded at once (so its error is there to raise).
     """
-    peeked = peek_reply(raw) if raw else None
-    if peeked is None or not peeked[1]:
-        return decode_reply(raw)
-    reply = _new_reply(LazyReply)
-    _set_id(reply, peeked[0])
-    _set_ok(reply, True)
-    _set_raw(reply, raw)
-    return reply
+    return lazy_replies((raw,))[0]
+
+
+def lazy_replies(raws: Sequence[bytes]) -> list[Reply]:
+    """:func:`lazy_reply` of each of ``raws`` (one loop: the per-reply cost of a bulk collect)."""
+    out: list[Reply] = []
+    append, id_span, new = out.append, _id_span, _new_reply
+    for raw in raws:
+        span = id_span(raw)
+        if span is not None and raw.startswith(_OK_TRUE, span[1]):
+            try:
+                rid = raw[span[0]:span[1]].decode("utf-8")
+            except UnicodeDecodeError:
+                append(decode_reply(raw))  # raises ProtocolError, as decode_reply does
+                continue
+            reply = new(LazyReply)
+            _set_id(reply, rid)
+            _set_ok(reply, True)
+            _set_raw(reply, raw)
+            append(reply)
+        else:
+            append(decode_reply(raw))
+    return out
 
 
 _RIDS_RE = re.compile(r"(?:[A-Za-z0-9._:-]{1,128}\n)*\Z")
@@ -774,7 +802,7 @@ _RIDS_RE = re.compile(r"(?:[A-Za-z0-9._:-]{1,128}\n)*\Z")
 
 def validate_request_ids(rids: Sequence[str | bytes]) -> list[str]:
     """:func:`validate_request_id` of each id, as one regular expression over them all where it can."""
-    if all(rid.__class__ is str for rid in rids):
+    if set(map(type, rids)) <= {str}:
         joined = "\n".join([*rids, ""])  # type: ignore[list-item]
         if joined.count("\n") == len(rids) and _RIDS_RE.match(joined):  # no id with a newline of its own
             return list(rids)  # type: ignore[arg-type]

@@ -74,10 +74,10 @@ class Round:
         self._ops.append(("lpop", key, count))
         self.replies += 1
 
-    def lpops(self, keys: Sequence[str], packed: Sequence[bytes] | None = None) -> None:
-        """``LPOP key`` for each key (``packed``: the same commands already packed by :func:`pack_lpops`)."""
+    def lpops(self, keys: Sequence[str]) -> None:
+        """``LPOP key`` for each key."""
         if keys:
-            self._ops.append(("lpops", keys, packed))
+            self._ops.append(("lpops", keys))
             self.replies += len(keys)
 
     def packed(self) -> list[bytes]:
@@ -89,7 +89,7 @@ class Round:
             elif op[0] == "lpop":
                 out.append(_pack_lpop(op[1], op[2]))
             else:
-                out.append(b"".join(op[2] if op[2] is not None else pack_lpops(op[1])))
+                out.append(_pack_lpops(op[1]))
         return out
 
     def commands(self) -> Iterator[tuple]:
@@ -119,12 +119,19 @@ def _pack_lpop(key: str, count: int | None) -> bytes:
     return b"*3\r\n$4\r\nLPOP\r\n%s%s" % (_bulk(key.encode()), _bulk(b"%d" % count))
 
 
-def pack_lpops(keys: Sequence[str]) -> list[bytes]:
-    """``LPOP key`` for each key, packed (a caller that polls the same keys again packs them once)."""
-    return [b"*2\r\n$4\r\nLPOP\r\n$%d\r\n%s\r\n" % (len(key), key.encode()) for key in keys]
+def _pack_lpops(keys: Sequence[str]) -> bytes:
+    """``LPOP key`` for each key: packed as text and encoded once where every key is ASCII."""
+    if not "".join(keys).isascii():
+        return b"".join([b"*2\r\n$4\r\nLPOP\r\n" + _bulk(key.encode()) for key in keys])
+    return "".join([f"*2\r\n$4\r\nLPOP\r\n${len(key)}\r\n{key}\r\n" for key in keys]).encode()
+
+
+_PLAIN_REPLIES = frozenset({bytes, type(None)})
 
 
 def _raise_first_error(replies: list[Any]) -> list[Any]:
+    if set(map(type, replies)) <= _PLAIN_REPLIES:  # the common round: entry ids, replies, nils
+        return replies
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply

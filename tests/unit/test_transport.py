@@ -14,7 +14,7 @@ import hiredis
 import pytest
 import redis
 
-from inferfleet.producer.transport import Round, arun, pack_lpops, run
+from inferfleet.producer.transport import Round, arun, run
 
 STREAM = "inferfleet:{q}:requests"
 
@@ -45,12 +45,11 @@ def test_a_round_packs_what_hiredis_packs_for_its_commands() -> None:
     assert b"".join(round_.packed()) == expected
 
 
-def test_lpops_packed_once_are_the_same_bytes() -> None:
-    keys = ["inferfleet:{q}:reply:x", "inferfleet:{q}:reply:%s"]
-    with_packed, without = Round(), Round()
-    with_packed.lpops(keys, pack_lpops(keys))
-    without.lpops(keys)
-    assert with_packed.packed() == without.packed()
+def test_lpops_of_keys_beyond_ascii_count_bytes_not_characters() -> None:
+    round_ = Round()
+    round_.lpops(["plain", "clé", "ключ"])
+    assert b"".join(round_.packed()) == b"".join(hiredis.pack_command((b"LPOP", key.encode()))
+                                                 for key in ("plain", "clé", "ключ"))
 
 
 @pytest.mark.parametrize("single_connection", [False, True])  # the direct path, the pipeline path
