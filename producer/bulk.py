@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any, Protocol
 
@@ -105,6 +105,8 @@ class MapRun:
         self.window = window
         self.deadline_s = deadline_s
         self.in_flight = InFlight(sender.shards)
+        self._inbox_shard = {inbox.encode(): shard for shard, inbox in enumerate(sender.inboxes)}
+        self._tail: tuple[list[int], bool] = ([], False)
         self.sent = 0
         self.exhausted = False
         self.last_progress = time.monotonic()
@@ -133,12 +135,26 @@ class MapRun:
         self.sent += len(batch)
         return rids
 
-    def queue_pops(self, round_: Round) -> list[int]:
-        """Queue an LPOP of each waiting shard's inbox on ``round_``; return those shards."""
+    def queue_pops(self, round_: Round, block_keys: Callable[[list[int]], list[str]], timeout_s: float) -> None:
+        """Queue a BLPOP (up to ``timeout_s``) on the inboxes ``block_keys`` picks among the waiting
+        shards', then an LPOP of each waiting shard's inbox: one round trip waits and collects."""
         waiting = self.in_flight.shards()
+        block = block_keys(waiting) if waiting else []
+        if block:
+            round_.blpop(block, timeout_s)
         for shard in waiting:
             round_.lpop(self.sender.inboxes[shard], POP_COUNT)
-        return waiting
+        self._tail = (waiting, bool(block))
+
+    def popped(self, replies: Sequence[Any]) -> list[tuple[int, list[bytes] | None]]:
+        """(shard, replies) that the round's trailing BLPOP and LPOPs took."""
+        waiting, blocked = self._tail
+        tail = replies[len(replies) - len(waiting) - blocked:]
+        found: list[tuple[int, list[bytes] | None]] = []
+        if blocked and tail[0]:  # [key, reply] or None when it timed out
+            found.append((self._inbox_shard[tail[0][0]], [tail[0][1]]))
+        found += zip(waiting, tail[blocked:])
+        return found
 
     def take(self, popped: Iterable[tuple[int, list[bytes] | None]], raise_errors: bool) -> list[tuple[int, Reply]]:
         """(input index, reply) of the replies popped, per shard, that this call waits for."""
@@ -159,56 +175,61 @@ class MapRun:
 class ReplyScan:
     """One results() call: the reply keys still to poll, in input order.
 
-    A round polls the first ``probe`` missing keys. Replies arrive about in
-    input order, a worker's batch at a time: while a round finds every key it
-    polls, the next polls twice as many at once; a round that misses some is
-    followed by a BLPOP on the first missing key and the first key not yet
-    polled, and the round after it polls as many keys as came since the last
-    BLPOP (about one worker batch). So few keys are polled in vain while the
-    worker is behind, and few rounds are needed once it is ahead.
+    A round is a BLPOP on the first missing key and LPOPs of the next
+    ``probe - 1``: Redis runs the LPOPs once the BLPOP returns, at once when
+    its reply is there, else when the write that brings it lands, so one
+    round trip waits and collects. Replies arrive about in input order, a
+    worker's batch at a time: while a round finds every key it polls, the
+    next polls twice as many; after one that missed some, as many as it found
+    (about one worker batch). So a worker that is behind costs one round trip
+    a batch and few keys polled in vain, and one that is ahead few rounds.
     """
 
-    def __init__(self, keys: Sequence[str], shards: Sequence[int]) -> None:
+    def __init__(self, keys: Sequence[str]) -> None:
         self.keys = list(dict.fromkeys(keys))  # a key asked twice is polled once
         self._positions: list[int] | None = None
-        self.shards = list(shards)
         if len(self.keys) < len(keys):
             order = {key: i for i, key in enumerate(self.keys)}
-            shard_of = dict(zip(keys, shards))
             self._positions = [order[key] for key in keys]
-            self.shards = [shard_of[key] for key in self.keys]
         self.found: list[Reply | None] = [None] * len(self.keys)
         self._missing = deque(range(len(self.keys)))
         self._probe = MIN_PROBE
         self._probed: list[int] = []
-        self._unpolled = 0  # where the keys not polled since the last round start in _missing
-        self._burst = 0  # replies found since the last BLPOP
+        self._waited = 0  # the key the last round's BLPOP named
 
     @property
     def missing(self) -> int:
         """How many replies are still missing."""
         return len(self._missing)
 
-    def queue(self, round_: Round) -> None:
-        """Queue an LPOP of each of the next ``probe`` missing reply keys on ``round_``."""
+    def queue(self, round_: Round, timeout_s: float) -> None:
+        """Queue the next round on ``round_``: a BLPOP (up to ``timeout_s``) on the first missing key,
+        then an LPOP of each of the next missing keys (they run once the BLPOP returns)."""
         missing, keys = self._missing, self.keys
-        self._probed = probed = [missing.popleft() for _ in range(min(self._probe, len(missing)))]
+        self._waited = missing.popleft()
+        round_.blpop([keys[self._waited]], timeout_s)
+        count = min(self._probe - 1, len(missing))
+        self._probed = probed = [missing.popleft() for _ in range(count)]
         round_.lpops([keys[i] for i in probed])
 
-    def take(self, replies: Sequence[bytes | None], raise_errors: bool) -> bool:
-        """Record the replies of the last round's LPOPs; True if it found every key it polled."""
-        probed = self._probed
-        left = [index for index, raw in zip(probed, replies) if raw is None]
-        if len(left) < len(probed):
+    def take(self, replies: Sequence[Any], raise_errors: bool) -> None:
+        """Record the replies of the round :meth:`queue` made and size the next one."""
+        probed, waited = self._probed, self._waited
+        left = []
+        blocked, replies = replies[0], replies[1:]
+        if blocked:  # [key, reply], or None when the BLPOP timed out
+            self._record([waited], [blocked[1]], raise_errors)
+        else:
+            left.append(waited)
+        missed = [index for index, raw in zip(probed, replies) if raw is None]
+        if len(missed) < len(probed):
             self._record([index for index, raw in zip(probed, replies) if raw is not None],
                          [raw for raw in replies if raw is not None], raise_errors)
+        left += missed
         self._missing.extendleft(reversed(left))
-        self._unpolled = len(left)
-        self._burst += len(probed) - len(left)
-        if left:
-            return False
-        self._probe = min(MAX_PROBE, 2 * self._probe)
-        return True
+        found = len(probed) + 1 - len(left)
+        # all found: poll twice as many; else the worker is behind: about what this round found (a batch)
+        self._probe = min(MAX_PROBE, 2 * self._probe if not missed else max(MIN_PROBE, found))
 
     def _record(self, indexes: list[int], raws: list[bytes], raise_errors: bool) -> None:
         found = self.found
@@ -216,26 +237,6 @@ class ReplyScan:
             found[index] = reply
             if raise_errors and not reply.ok:
                 reply.raise_for_error()
-
-    def block_keys(self, cluster: bool) -> list[str]:
-        """Keys to block on after a round that missed some: the first missing one and the first not
-        polled yet (the latter only if in the first one's shard on a cluster: one BLPOP names one slot)."""
-        self._probe, self._burst = min(MAX_PROBE, max(MIN_PROBE, self._burst)), 0
-        first = self._missing[0]
-        keys = [self.keys[first]]
-        if self._unpolled < len(self._missing):
-            after = self._missing[self._unpolled]
-            if after != first and (not cluster or self.shards[after] == self.shards[first]):
-                keys.append(self.keys[after])
-        return keys
-
-    def take_blocked(self, key: bytes, raw: bytes, raise_errors: bool) -> None:
-        """Record the reply a BLPOP on :meth:`block_keys` returned."""
-        text = key.decode()
-        index = next(i for i in self._missing if self.keys[i] == text)  # one of the first few missing
-        self._missing.remove(index)
-        self._burst += 1
-        self._record([index], [raw], raise_errors)
 
     def replies(self) -> list[Reply]:
         """Every reply, in input order (the same reply for an id asked twice)."""

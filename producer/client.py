@@ -99,7 +99,6 @@ class ProducerBase:
         #: this producer's reply inbox in each shard (one BLPOP cannot span cluster slots)
         self.inboxes = tuple(keys.inbox(f"p-{token}") for keys in self.shard_keys)
         self.inbox = self.inboxes[0]
-        self._inbox_shard = {inbox.encode(): shard for shard, inbox in enumerate(self.inboxes)}
         self._turn = 0  # which shard's inbox a cluster client blocks on next
         self.cluster = False  # set by the subclass: one BLPOP may then name one shard's key only
         self._closed = False
@@ -208,18 +207,8 @@ class ProducerBase:
         rids = validate_request_ids(request_ids)
         if self.shards == 1:
             base = self.keys.reply("")
-            return ReplyScan([base + rid for rid in rids], [0] * len(rids))
-        shards = [shard_for(rid, self.shards) for rid in rids]
-        return ReplyScan([self.shard_keys[s].reply(rid) for rid, s in zip(rids, shards)], shards)
-
-    @staticmethod
-    def _popped(replies: list[Any], waiting: list[int]) -> list[tuple[int, list[bytes] | None]]:
-        """(shard, replies) of the round's trailing LPOPs, one per waiting shard."""
-        return list(zip(waiting, replies[len(replies) - len(waiting):])) if waiting else []
-
-    def _blocked(self, got: Any) -> list[tuple[int, list[bytes] | None]]:
-        """What a BLPOP on inboxes returned, as (shard, [reply])."""
-        return [(self._inbox_shard[got[0]], [got[1]])] if got else []
+            return ReplyScan([base + rid for rid in rids])
+        return ReplyScan([self.shard_keys[shard_for(rid, self.shards)].reply(rid) for rid in rids])
 
     def _block_keys(self, waiting: list[int]) -> list[str]:
         """Inboxes to block on when a round found no reply: every waiting one, or on a
@@ -371,25 +360,19 @@ class Producer(ProducerBase):
         """Collect the replies to ``request_ids`` (in order), polling their reply keys in bulk.
 
         Each round trip pops the next missing reply keys (about a worker
-        batch of them); a round that misses some blocks on the first missing
-        key instead of spinning. Raises ReplyTimeout if some are still missing
-        after ``timeout_s``.
+        batch of them) and, after a round that missed some, first blocks on
+        the first missing key instead of spinning. Raises ReplyTimeout if some
+        are still missing after ``timeout_s``.
         """
         scan = self._reply_scan(request_ids)
         deadline = time.monotonic() + timeout_s
         while scan.missing:
             round_ = Round()
-            scan.queue(round_)
+            scan.queue(round_, min(_POLL_S, deadline - time.monotonic()))
             with translate_errors():
-                complete = scan.take(run(self.redis, round_), raise_errors)
-            left_s = deadline - time.monotonic()
-            if scan.missing and left_s <= 0:
+                scan.take(run(self.redis, round_), raise_errors)
+            if scan.missing and time.monotonic() > deadline:
                 raise self._missing(scan, len(request_ids), timeout_s)
-            if scan.missing and not complete:
-                with translate_errors():
-                    got = self.redis.blpop(scan.block_keys(self.cluster), timeout=min(_POLL_S, max(left_s, 0.01)))
-                if got:
-                    scan.take_blocked(got[0], got[1], raise_errors)
         return scan.replies()
 
     def map(
@@ -450,16 +433,14 @@ class Producer(ProducerBase):
 
     def _map_round(self, calls: MapRun, timeout_s: float, raise_errors: bool,
                    on_send: Callable[[list[str]], None] | None) -> list[tuple[int, Reply]]:
-        """One round trip of a map/imap call: send what the window allows, pop what came back."""
+        """One round trip of a map/imap call: send what the window allows, wait for and pop replies."""
         round_ = Round()
         batch = calls.fill(round_)
-        waiting = calls.queue_pops(round_)
+        calls.queue_pops(round_, self._block_keys, _POLL_S)
         if on_send is not None and batch:
             on_send(batch)
         with translate_errors():
-            popped = self._popped(run(self.redis, round_), waiting)
-            if calls.in_flight and not any(raws for _, raws in popped):
-                popped = self._blocked(self.redis.blpop(self._block_keys(waiting), timeout=_POLL_S))
+            popped = calls.popped(run(self.redis, round_))
         taken = calls.take(popped, raise_errors)
         calls.check_stall(timeout_s)
         return taken
@@ -601,11 +582,9 @@ class AsyncProducer(ProducerBase):
         while calls.active:
             round_ = Round()
             calls.fill(round_)
-            waiting = calls.queue_pops(round_)
+            calls.queue_pops(round_, self._block_keys, _POLL_S)
             with translate_errors():
-                popped = self._popped(await arun(self.redis, round_), waiting)
-                if calls.in_flight and not any(raws for _, raws in popped):
-                    popped = self._blocked(await self.redis.blpop(self._block_keys(waiting), timeout=_POLL_S))
+                popped = calls.popped(await arun(self.redis, round_))
             replies += [None] * (calls.sent - len(replies))
             for index, reply in calls.take(popped, raise_errors):
                 replies[index] = reply

@@ -8,8 +8,8 @@ bytes from one template per call, writes them with the connection's own
 ``send_packed_command`` and takes the replies off the connection's hiredis
 reader in one loop.
 
-Only commands the producer's ACL user already has are sent (XADD and LPOP;
-docs/security.md): no scripts, no new grants.
+Only commands the producer's ACL user already has are sent (XADD, LPOP and
+BLPOP; docs/security.md): no scripts, no new grants.
 
 A plain ``redis.Redis`` (or ``redis.asyncio.Redis``) gets that direct path;
 the hiredis loop is used only where the connection is redis-py's stock one
@@ -74,6 +74,16 @@ class Round:
         self._ops.append(("lpop", key, count))
         self.replies += 1
 
+    def blpop(self, keys: Sequence[str], timeout_s: float) -> None:
+        """``BLPOP key [key ...] timeout``: the commands after it run once it returns.
+
+        Redis runs a connection's commands in order, so LPOPs queued behind a
+        BLPOP wait with it and then take what the write that woke it brought:
+        one round trip both waits for a reply and collects its batch.
+        """
+        self._ops.append(("blpop", tuple(keys), f"{max(timeout_s, 0.01):.3f}"))
+        self.replies += 1
+
     def lpops(self, keys: Sequence[str]) -> None:
         """``LPOP key`` for each key."""
         if keys:
@@ -88,6 +98,9 @@ class Round:
                 out.append(_pack_xadds(*op[1:]))
             elif op[0] == "lpop":
                 out.append(_pack_lpop(op[1], op[2]))
+            elif op[0] == "blpop":
+                parts = [b"BLPOP", *(key.encode() for key in op[1]), op[2].encode()]
+                out.append(b"*%d\r\n%s" % (len(parts), b"".join(_bulk(part) for part in parts)))
             else:
                 out.append(_pack_lpops(op[1]))
         return out
@@ -102,15 +115,24 @@ class Round:
                     yield ("XADD", stream, "*", "id", rid, "body", body, *extra)
             elif op[0] == "lpop":
                 yield ("LPOP", op[1]) if op[2] is None else ("LPOP", op[1], op[2])
+            elif op[0] == "blpop":
+                yield ("BLPOP", *op[1], op[2])
             else:
                 yield from (("LPOP", key) for key in op[1])
 
 
 def _pack_xadds(stream: str, rids: Sequence[str], bodies: Sequence[bytes], fields: tuple) -> bytes:
     head = b"*%d\r\n$4\r\nXADD\r\n%s$1\r\n*\r\n$2\r\nid\r\n" % (7 + 2 * len(fields), _bulk(stream.encode()))
-    tail = b"".join(_bulk(part.encode()) for pair in fields for part in pair)
-    template = head.replace(b"%", b"%%") + b"$%d\r\n%s\r\n$4\r\nbody\r\n$%d\r\n%s\r\n" + tail.replace(b"%", b"%%")
-    return b"".join([template % (len(rid), rid.encode(), len(body), body) for rid, body in zip(rids, bodies)])
+    head = head.replace(b"%", b"%%")
+    tail = b"".join(_bulk(part.encode()) for pair in fields for part in pair).replace(b"%", b"%%")
+    raw_ids = "\n".join(rids).encode().split(b"\n")
+    if len(raw_ids) == len(rids) and len(set(map(len, raw_ids))) == 1 and len(set(map(len, bodies))) == 1:
+        # every id and every body of one length (one producer's, one shape): two strings a command
+        sizes = b"$%d\r\n%%s\r\n$4\r\nbody\r\n$%d\r\n%%s\r\n" % (len(raw_ids[0]), len(bodies[0]))
+        fixed = head + sizes + tail
+        return b"".join([fixed % pair for pair in zip(raw_ids, bodies)])
+    template = head + b"$%d\r\n%s\r\n$4\r\nbody\r\n$%d\r\n%s\r\n" + tail
+    return b"".join([template % (len(rid), rid, len(body), body) for rid, body in zip(map(str.encode, rids), bodies)])
 
 
 def _pack_lpop(key: str, count: int | None) -> bytes:
@@ -120,9 +142,13 @@ def _pack_lpop(key: str, count: int | None) -> bytes:
 
 
 def _pack_lpops(keys: Sequence[str]) -> bytes:
-    """``LPOP key`` for each key: packed as text and encoded once where every key is ASCII."""
+    """``LPOP key`` for each key: packed as text and encoded once where every key is ASCII,
+    in one join where they all have the same length (one producer's reply keys mostly do)."""
     if not "".join(keys).isascii():
         return b"".join([b"*2\r\n$4\r\nLPOP\r\n" + _bulk(key.encode()) for key in keys])
+    if len(set(map(len, keys))) == 1:
+        head = f"*2\r\n$4\r\nLPOP\r\n${len(keys[0])}\r\n"
+        return (head + f"\r\n{head}".join(keys) + "\r\n").encode()
     return "".join([f"*2\r\n$4\r\nLPOP\r\n${len(key)}\r\n{key}\r\n" for key in keys]).encode()
 
 

@@ -44,7 +44,14 @@ def test_fill_keeps_the_window_and_sends_each_shard_its_own_inbox() -> None:
         assert command[7] == "deadline" and int(command[8]) > time.time() * 1000
         assert decode_body(command[6])[1] == {"p": 1}
     assert calls.fill(Round()) == []  # the window is full
-    assert sorted(calls.queue_pops(round_)) == sorted({shard_for(r, 3) for r in rids})
+    calls.queue_pops(round_, producer._block_keys, 0.05)
+    *_, blpop = list(round_.commands())[: len(commands) + 1]
+    assert blpop[0] == "BLPOP" and blpop[-1] == "0.050"  # one BLPOP on the waiting inboxes, then the LPOPs
+    lpops = list(round_.commands())[len(commands) + 1:]
+    assert sorted(c[1] for c in lpops) == sorted({producer.inboxes[shard_for(r, 3)] for r in rids})
+    assert set(blpop[1:-1]) == {c[1] for c in lpops}  # not a cluster: one BLPOP names them all
+    replies = [b"1-0"] * len(commands) + [[producer.inboxes[0].encode(), ok("stale")]] + [None] * len(lpops)
+    assert calls.popped(replies)[0] == (0, [ok("stale")])
 
 
 def test_take_puts_replies_at_their_input_index_and_ignores_stale_ones() -> None:
@@ -100,78 +107,81 @@ def test_group_by_shard_keeps_input_order_within_a_shard() -> None:
 # --------------------------------------------------------------------------- ReplyScan
 
 
-def scan_of(count: int, shards: int = 1) -> ReplyScan:
-    return ReplyScan([f"k{i}" for i in range(count)], [i % shards for i in range(count)])
+def scan_of(count: int) -> ReplyScan:
+    return ReplyScan([f"k{i}" for i in range(count)])
 
 
-def polled(scan: ReplyScan) -> list[str]:
+def polled(scan: ReplyScan, timeout_s: float = 0.05) -> tuple[list, list[str]]:
+    """(the round's BLPOP, the keys it LPOPs)."""
     round_ = Round()
-    scan.queue(round_)
-    return [command[1] for command in round_.commands()]
+    scan.queue(round_, timeout_s)
+    first, *rest = round_.commands()
+    assert all(command[0] == "LPOP" and len(command) == 2 for command in rest)
+    return list(first), [command[1] for command in rest]
+
+
+def answer(blpop: list, keys: list[str], answered: int) -> list:
+    """The round's replies when keys k0 .. k{answered - 1} have theirs."""
+    key = blpop[1]
+    return [[key.encode(), ok(key)] if int(key[1:]) < answered else None,
+            *[ok(k) if int(k[1:]) < answered else None for k in keys]]
+
+
+def test_a_round_waits_on_the_first_missing_key_and_polls_the_next() -> None:
+    scan = scan_of(1000)
+    blpop, keys = polled(scan, 0.05)
+    assert blpop == ["BLPOP", "k0", "0.050"]
+    assert keys == [f"k{i}" for i in range(1, MIN_PROBE)]
 
 
 def test_the_probe_doubles_while_every_key_is_answered() -> None:
     scan = scan_of(10_000)
     sizes = []
     while scan.missing:
-        keys = polled(scan)
-        sizes.append(len(keys))
-        assert scan.take([ok(k) for k in keys], raise_errors=False)
+        blpop, keys = polled(scan)
+        sizes.append(1 + len(keys))
+        scan.take(answer(blpop, keys, 10_000), raise_errors=False)
     assert sizes[:4] == [MIN_PROBE, 2 * MIN_PROBE, 4 * MIN_PROBE, 8 * MIN_PROBE] and max(sizes) <= MAX_PROBE
     assert [r.id for r in scan.replies()] == [f"k{i}" for i in range(10_000)]
 
 
-def test_after_a_miss_it_blocks_then_polls_about_one_worker_batch() -> None:
+def test_behind_a_worker_it_polls_about_one_batch_a_round() -> None:
     scan = scan_of(1000)
-    answered = 100  # a worker batch of 100 is written, the next is not yet
-
-    def answer(keys: list[str]) -> list[bytes | None]:
-        return [ok(k) if int(k[1:]) < answered else None for k in keys]
-
-    assert scan.take(answer(polled(scan)), raise_errors=False)  # k0..k63: all there
-    keys = polled(scan)
-    assert (keys[0], len(keys)) == (f"k{MIN_PROBE}", 2 * MIN_PROBE)  # twice as many
-    assert not scan.take(answer(keys), raise_errors=False)  # k64..k99 found, k100.. not
+    scan.take(answer(*polled(scan), 100), raise_errors=False)  # k0..k63: all there
+    blpop, keys = polled(scan)
+    assert blpop[1] == f"k{MIN_PROBE}" and len(keys) == 2 * MIN_PROBE - 1
+    scan.take(answer(blpop, keys, 100), raise_errors=False)  # k64..k99 found, k100.. not yet
     assert scan.missing == 900
-    assert scan.block_keys(cluster=False) == ["k100", f"k{3 * MIN_PROBE}"]  # first missing, first unpolled
-    answered = 201
-    scan.take_blocked(b"k100", ok("k100"), raise_errors=False)  # the next batch came
-    keys = polled(scan)
-    assert (keys[0], len(keys)) == ("k101", 100)  # as many as came since the last block
-    assert scan.take(answer(keys), raise_errors=False)
-    assert scan.missing == 799
+    blpop, keys = polled(scan)
+    assert blpop[1] == "k100" and len(keys) == MIN_PROBE - 1  # as many as the last round found (37), at least 64
+    scan.take(answer(blpop, keys, 300), raise_errors=False)  # the BLPOP returned with the next batch
+    assert scan.missing == 900 - MIN_PROBE
+    blpop, keys = polled(scan)
+    assert len(keys) == 2 * MIN_PROBE - 1  # it found all it polled: twice as many
 
 
-def test_block_keys_on_a_cluster_name_one_shard() -> None:
-    scan = scan_of(10, shards=2)
-    keys = polled(scan)
-    scan.take([None] * len(keys), raise_errors=False)
-    assert scan.block_keys(cluster=True) == ["k0"]  # every key was polled: no unpolled one to add
-    two = scan_of(200, shards=2)
-    keys = polled(two)
-    two.take([None] * len(keys), raise_errors=False)
-    assert two.block_keys(cluster=False) == ["k0", f"k{MIN_PROBE}"]
-    assert two.block_keys(cluster=True) == ["k0", f"k{MIN_PROBE}"]  # k64 is shard 0 too
-    three = ReplyScan([f"k{i}" for i in range(200)], [0] * MIN_PROBE + [1] * (200 - MIN_PROBE))
-    keys = polled(three)
-    three.take([None] * len(keys), raise_errors=False)
-    assert three.block_keys(cluster=True) == ["k0"]
+def test_a_timed_out_wait_keeps_its_key_first() -> None:
+    scan = scan_of(10)
+    _, keys = polled(scan)
+    scan.take([None, *[ok(k) for k in keys]], raise_errors=False)  # all but k0 (the BLPOP timed out)
+    assert scan.missing == 1
+    assert polled(scan) == (["BLPOP", "k0", "0.050"], [])
 
 
 def test_an_id_asked_twice_gets_the_same_reply() -> None:
-    scan = ReplyScan(["a", "b", "a"], [0, 0, 0])
-    keys = polled(scan)
-    assert keys == ["a", "b"]
-    scan.take([ok("a"), ok("b")], raise_errors=False)
+    scan = ReplyScan(["a", "b", "a"])
+    blpop, keys = polled(scan)
+    assert (blpop[1], keys) == ("a", ["b"])
+    scan.take([[b"a", ok("a")], ok("b")], raise_errors=False)
     replies = scan.replies()
     assert [r.id for r in replies] == ["a", "b", "a"] and replies[0] is replies[2]
 
 
 def test_raise_errors_raises_the_first_failed_reply() -> None:
     scan = scan_of(2)
-    keys = polled(scan)
+    _, keys = polled(scan)
     with pytest.raises(errors.ModelError):
-        scan.take([ok(keys[0]), encode_reply_error(keys[1], "model_error", "boom")], raise_errors=True)
+        scan.take([[b"k0", ok("k0")], encode_reply_error(keys[0], "model_error", "boom")], raise_errors=True)
 
 
 # --------------------------------------------------------------------------- the bulk calls on fakeredis

@@ -45,6 +45,26 @@ def test_a_round_packs_what_hiredis_packs_for_its_commands() -> None:
     assert b"".join(round_.packed()) == expected
 
 
+@pytest.mark.parametrize("rids,bodies", [
+    (["a1", "a2", "a3"], [b"%s\r\n", b"%d%%", b"\x00\x01\x02\x03"]),  # ids of one length, bodies not
+    (["a1", "a2"], [b"%s%d", b"%%%%"]),  # both of one length
+    (["a1", "a22"], [b"xy", b"zw"]),  # bodies of one length, ids not
+])
+def test_xadds_pack_the_same_bytes_whatever_their_lengths(rids: list[str], bodies: list[bytes]) -> None:
+    round_ = Round()
+    round_.xadd("s%d", rids, bodies, [("deadline", "5%"), ("reply_to", "x")])
+    expected = [hiredis.pack_command((b"XADD", b"s%d", b"*", b"id", rid.encode(), b"body", body, b"deadline", b"5%",
+                                      b"reply_to", b"x")) for rid, body in zip(rids, bodies)]
+    assert b"".join(round_.packed()) == b"".join(expected)
+
+
+@pytest.mark.parametrize("keys", [["k1", "k2", "k3"], ["k1", "k22", "k3"], ["k"]])
+def test_lpops_pack_the_same_bytes_whatever_their_lengths(keys: list[str]) -> None:
+    round_ = Round()
+    round_.lpops(keys)
+    assert b"".join(round_.packed()) == b"".join(hiredis.pack_command((b"LPOP", key.encode())) for key in keys)
+
+
 def test_lpops_of_keys_beyond_ascii_count_bytes_not_characters() -> None:
     round_ = Round()
     round_.lpops(["plain", "clé", "ключ"])
