@@ -175,14 +175,15 @@ class MapRun:
 class ReplyScan:
     """One results() call: the reply keys still to poll, in input order.
 
-    A round is a BLPOP on the first missing key and LPOPs of the next
-    ``probe - 1``: Redis runs the LPOPs once the BLPOP returns, at once when
-    its reply is there, else when the write that brings it lands, so one
-    round trip waits and collects. Replies arrive about in input order, a
-    worker's batch at a time: while a round finds every key it polls, the
-    next polls twice as many; after one that missed some, as many as it found
-    (about one worker batch). So a worker that is behind costs one round trip
-    a batch and few keys polled in vain, and one that is ahead few rounds.
+    A round is a BLPOP on the last of the next ``probe`` missing keys and
+    LPOPs of the others: Redis runs the LPOPs once the BLPOP returns, at once
+    when its reply is there, else right after the write that brings it, so
+    one round trip waits and collects. Replies arrive about in input order, a
+    worker's batch at a time, so by then the keys before it are mostly
+    answered too: while a round finds every key it names, the next waits for
+    twice as many (up to MAX_PROBE); after one that missed some, for as many
+    as it found. A worker that is behind costs a round trip every few
+    thousand replies, one that is ahead a few rounds in all.
     """
 
     def __init__(self, keys: Sequence[str]) -> None:
@@ -203,33 +204,31 @@ class ReplyScan:
         return len(self._missing)
 
     def queue(self, round_: Round, timeout_s: float) -> None:
-        """Queue the next round on ``round_``: a BLPOP (up to ``timeout_s``) on the first missing key,
-        then an LPOP of each of the next missing keys (they run once the BLPOP returns)."""
+        """Queue the next round on ``round_``: a BLPOP (up to ``timeout_s``) on the last of the next
+        ``probe`` missing keys, then an LPOP of each of the others (they run once the BLPOP returns)."""
         missing, keys = self._missing, self.keys
-        self._waited = missing.popleft()
+        probed = [missing.popleft() for _ in range(min(self._probe, len(missing)))]
+        self._waited = probed.pop()
+        self._probed = probed
         round_.blpop([keys[self._waited]], timeout_s)
-        count = min(self._probe - 1, len(missing))
-        self._probed = probed = [missing.popleft() for _ in range(count)]
         round_.lpops([keys[i] for i in probed])
 
     def take(self, replies: Sequence[Any], raise_errors: bool) -> None:
         """Record the replies of the round :meth:`queue` made and size the next one."""
         probed, waited = self._probed, self._waited
-        left = []
         blocked, replies = replies[0], replies[1:]
         if blocked:  # [key, reply], or None when the BLPOP timed out
             self._record([waited], [blocked[1]], raise_errors)
-        else:
-            left.append(waited)
-        missed = [index for index, raw in zip(probed, replies) if raw is None]
-        if len(missed) < len(probed):
+        left = [index for index, raw in zip(probed, replies) if raw is None]
+        if len(left) < len(probed):
             self._record([index for index, raw in zip(probed, replies) if raw is not None],
                          [raw for raw in replies if raw is not None], raise_errors)
-        left += missed
+        if not blocked:
+            left.append(waited)
         self._missing.extendleft(reversed(left))
         found = len(probed) + 1 - len(left)
-        # all found: poll twice as many; else the worker is behind: about what this round found (a batch)
-        self._probe = min(MAX_PROBE, 2 * self._probe if not missed else max(MIN_PROBE, found))
+        # all found: wait for twice as many; else (out of order, or it timed out) for as many as came
+        self._probe = min(MAX_PROBE, 2 * self._probe if not left else max(MIN_PROBE, found))
 
     def _record(self, indexes: list[int], raws: list[bytes], raise_errors: bool) -> None:
         found = self.found

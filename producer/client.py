@@ -51,7 +51,8 @@ from inferfleet.producer.transport import Round, arun, run
 
 __all__ = ["Producer", "AsyncProducer", "DEFAULT_REDIS_URL"]
 
-_POLL_S = 0.05  # longest blocking wait between rounds of a bulk collect
+_POLL_S = 0.05  # longest blocking wait between rounds of a map
+_WAIT_S = 1.0  # longest wait of a results() round for the last reply it names (it returns when that comes)
 
 
 def sum_shards(lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[int | None, int]:
@@ -359,16 +360,17 @@ class Producer(ProducerBase):
     ) -> list[Reply]:
         """Collect the replies to ``request_ids`` (in order), polling their reply keys in bulk.
 
-        Each round trip pops the next missing reply keys (about a worker
-        batch of them) and, after a round that missed some, first blocks on
-        the first missing key instead of spinning. Raises ReplyTimeout if some
-        are still missing after ``timeout_s``.
+        Each round trip blocks until the last of the next missing reply keys
+        (up to a few thousand) is answered, then pops them all, so a busy
+        worker is followed with a round trip every few thousand replies and
+        no spinning. Raises ReplyTimeout if some are still missing after
+        ``timeout_s``.
         """
         scan = self._reply_scan(request_ids)
         deadline = time.monotonic() + timeout_s
         while scan.missing:
             round_ = Round()
-            scan.queue(round_, min(_POLL_S, deadline - time.monotonic()))
+            scan.queue(round_, min(_WAIT_S, deadline - time.monotonic()))
             with translate_errors():
                 scan.take(run(self.redis, round_), raise_errors)
             if scan.missing and time.monotonic() > deadline:

@@ -127,11 +127,11 @@ def answer(blpop: list, keys: list[str], answered: int) -> list:
             *[ok(k) if int(k[1:]) < answered else None for k in keys]]
 
 
-def test_a_round_waits_on_the_first_missing_key_and_polls_the_next() -> None:
+def test_a_round_waits_for_the_last_key_it_names_and_polls_the_others() -> None:
     scan = scan_of(1000)
     blpop, keys = polled(scan, 0.05)
-    assert blpop == ["BLPOP", "k0", "0.050"]
-    assert keys == [f"k{i}" for i in range(1, MIN_PROBE)]
+    assert blpop == ["BLPOP", f"k{MIN_PROBE - 1}", "0.050"]
+    assert keys == [f"k{i}" for i in range(MIN_PROBE - 1)]
 
 
 def test_the_probe_doubles_while_every_key_is_answered() -> None:
@@ -145,34 +145,33 @@ def test_the_probe_doubles_while_every_key_is_answered() -> None:
     assert [r.id for r in scan.replies()] == [f"k{i}" for i in range(10_000)]
 
 
-def test_behind_a_worker_it_polls_about_one_batch_a_round() -> None:
+def test_after_a_round_that_missed_some_it_waits_for_as_many_as_came() -> None:
     scan = scan_of(1000)
-    scan.take(answer(*polled(scan), 100), raise_errors=False)  # k0..k63: all there
+    scan.take(answer(*polled(scan), 1000), raise_errors=False)  # k0..k63: all there
     blpop, keys = polled(scan)
-    assert blpop[1] == f"k{MIN_PROBE}" and len(keys) == 2 * MIN_PROBE - 1
-    scan.take(answer(blpop, keys, 100), raise_errors=False)  # k64..k99 found, k100.. not yet
+    assert blpop[1] == f"k{3 * MIN_PROBE - 1}" and len(keys) == 2 * MIN_PROBE - 1
+    scan.take(answer(blpop, keys, 100), raise_errors=False)  # timed out: k64..k99 came, k100.. not
     assert scan.missing == 900
     blpop, keys = polled(scan)
-    assert blpop[1] == "k100" and len(keys) == MIN_PROBE - 1  # as many as the last round found (37), at least 64
-    scan.take(answer(blpop, keys, 300), raise_errors=False)  # the BLPOP returned with the next batch
+    assert keys[0] == "k100" and len(keys) + 1 == MIN_PROBE  # as many as came (36), at least MIN_PROBE
+    scan.take(answer(blpop, keys, 1000), raise_errors=False)
     assert scan.missing == 900 - MIN_PROBE
-    blpop, keys = polled(scan)
-    assert len(keys) == 2 * MIN_PROBE - 1  # it found all it polled: twice as many
 
 
-def test_a_timed_out_wait_keeps_its_key_first() -> None:
+def test_a_timed_out_wait_keeps_its_key_in_place() -> None:
     scan = scan_of(10)
-    _, keys = polled(scan)
-    scan.take([None, *[ok(k) for k in keys]], raise_errors=False)  # all but k0 (the BLPOP timed out)
-    assert scan.missing == 1
-    assert polled(scan) == (["BLPOP", "k0", "0.050"], [])
+    blpop, keys = polled(scan)
+    assert blpop[1] == "k9"
+    scan.take([None, *[ok(k) if k != "k3" else None for k in keys]], raise_errors=False)  # k3 and k9 missing
+    assert scan.missing == 2
+    assert polled(scan) == (["BLPOP", "k9", "0.050"], ["k3"])
 
 
 def test_an_id_asked_twice_gets_the_same_reply() -> None:
     scan = ReplyScan(["a", "b", "a"])
     blpop, keys = polled(scan)
-    assert (blpop[1], keys) == ("a", ["b"])
-    scan.take([[b"a", ok("a")], ok("b")], raise_errors=False)
+    assert (blpop[1], keys) == ("b", ["a"])
+    scan.take([[b"b", ok("b")], ok("a")], raise_errors=False)
     replies = scan.replies()
     assert [r.id for r in replies] == ["a", "b", "a"] and replies[0] is replies[2]
 
@@ -181,7 +180,7 @@ def test_raise_errors_raises_the_first_failed_reply() -> None:
     scan = scan_of(2)
     _, keys = polled(scan)
     with pytest.raises(errors.ModelError):
-        scan.take([[b"k0", ok("k0")], encode_reply_error(keys[0], "model_error", "boom")], raise_errors=True)
+        scan.take([[b"k1", ok("k1")], encode_reply_error(keys[0], "model_error", "boom")], raise_errors=True)
 
 
 # --------------------------------------------------------------------------- the bulk calls on fakeredis
