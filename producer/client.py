@@ -212,15 +212,16 @@ class ProducerBase:
         return ReplyScan([self.shard_keys[shard_for(rid, self.shards)].reply(rid) for rid in rids])
 
     def _block_keys(self, waiting: list[int]) -> list[str]:
-        """Inboxes to block on when a round found no reply: every waiting one, or on a
-        cluster (where one BLPOP cannot span slots) one shard's in turn; the others
-        are popped again at the next round, a poll interval later at most."""
+        """Inboxes a map round's BLPOP waits on: every waiting one, or on a cluster
+        (where one BLPOP cannot span slots) one shard's in turn; the round's LPOPs
+        still pop every waiting inbox once the BLPOP returns."""
         if not self.cluster or len(waiting) == 1:
             return [self.inboxes[shard] for shard in waiting]
         self._turn += 1
         return [self.inboxes[waiting[self._turn % len(waiting)]]]
 
-    def _missing(self, scan: ReplyScan, asked: int, timeout_s: float) -> errors.ReplyTimeout:
+    @staticmethod
+    def _replies_missing(scan: ReplyScan, asked: int, timeout_s: float) -> errors.ReplyTimeout:
         return errors.ReplyTimeout(f"{scan.missing} of {asked} replies missing after {timeout_s} s")
 
 
@@ -374,7 +375,7 @@ class Producer(ProducerBase):
             with translate_errors():
                 scan.take(run(self.redis, round_), raise_errors)
             if scan.missing and time.monotonic() > deadline:
-                raise self._missing(scan, len(request_ids), timeout_s)
+                raise self._replies_missing(scan, len(request_ids), timeout_s)
         return scan.replies()
 
     def map(
