@@ -25,10 +25,17 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from inferfleet.producer import errors
+from inferfleet.producer.bulk import (
+    InFlight,  # noqa: F401 - importable from here as before
+    MapRun,
+    ReplyScan,
+    group_by_shard,
+)
 from inferfleet.producer.connections import DEFAULT_REDIS_URL, connect, connect_async, translate_errors
 from inferfleet.producer.connections import redis_url as resolve_url
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
+    BodyEncoder,
     QueueKeys,
     Reply,
     decode_reply,
@@ -37,13 +44,15 @@ from inferfleet.producer.protocol import (
     shard_for,
     shard_keys,
     validate_request_id,
+    validate_request_ids,
     workers_group,
 )
+from inferfleet.producer.transport import Round, arun, run
 
 __all__ = ["Producer", "AsyncProducer", "DEFAULT_REDIS_URL"]
 
-_POP_COUNT = 1000  # replies taken from an inbox per round trip
-_POLL_S = 0.05  # longest blocking wait between rounds of a bulk collect
+_POLL_S = 0.05  # longest blocking wait between rounds of a map
+_WAIT_S = 1.0  # longest wait of a results() round for the last reply it names (it returns when that comes)
 
 
 def sum_shards(lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[int | None, int]:
@@ -152,82 +161,68 @@ class ProducerBase:
         reply = decode_reply(raw)
         return reply.raise_for_error() if raise_errors else reply
 
-    # -- map/imap bookkeeping (no I/O: commands are queued on a pipeline) ---
+    # -- bulk calls: what a round sends (no I/O: commands are queued on a Round) --
 
-    def _fill(self, pipe: Any, items: Iterator[Any], in_flight: InFlight, window: int,
-              params: Mapping[str, Any] | None, deadline_s: float | None, sent: int) -> tuple[list[str], bool]:
-        """Queue XADDs on ``pipe`` until ``window`` requests are in flight: (their ids, inputs exhausted)."""
-        batch: list[str] = []
-        while len(in_flight) < window:
-            one = next(items, _END)
-            if one is _END:
-                return batch, True
-            rid, keys, fields = self._entry(one, params, deadline_s, to_inbox=True)
-            pipe.xadd(keys.requests, fields)
-            in_flight.add(rid, self.shard_of(rid), sent + len(batch))
-            batch.append(rid)
-        return batch, False
+    def new_request_ids(self, count: int) -> list[str]:
+        """``count`` request ids, as :meth:`new_request_id` makes them."""
+        base, rids = self._rid_base, self._rids
+        return [f"{base}{next(rids):x}" for _ in range(count)]
 
-    def _queue_pops(self, pipe: Any, waiting: list[int]) -> None:
-        for shard in waiting:
-            pipe.lpop(self.inboxes[shard], _POP_COUNT)
+    def deadline_fields(self, deadline_s: float | None) -> list[tuple[str, str]]:
+        """The ``deadline`` entry field of requests sent now (none without a deadline)."""
+        deadline_s = self.default_deadline_s if deadline_s is None else deadline_s
+        if deadline_s is None:
+            return []
+        if deadline_s <= 0:
+            raise errors.ProtocolError(f"deadline_s must be positive, got {deadline_s}")
+        return [("deadline", str(int((time.time() + deadline_s) * 1000)))]
 
-    @staticmethod
-    def _popped(results: list, waiting: list[int]) -> list[bytes]:
-        """The replies the pipeline's trailing LPOPs (one per waiting shard) took."""
-        return [raw for got in results[len(results) - len(waiting):] for raw in (got or [])]
+    def queue_xadds(self, round_: Round, rids: list[str], bodies: list[bytes], fields: list[tuple[str, str]],
+                    to_inbox: bool) -> list[tuple[int, list[int]]]:
+        """Queue the XADDs of ``rids`` on ``round_``, a shard at a time; return (shard, positions in rids).
+
+        ``to_inbox``: each entry names this producer's inbox in its shard as ``reply_to``.
+        """
+        groups = group_by_shard(rids, self.shards)
+        for shard, positions in groups:
+            extra = [*fields, ("reply_to", self.inboxes[shard])] if to_inbox else fields
+            if len(groups) == 1:
+                round_.xadd(self.shard_keys[shard].requests, rids, bodies, extra)
+            else:
+                round_.xadd(self.shard_keys[shard].requests, [rids[p] for p in positions],
+                            [bodies[p] for p in positions], extra)
+        return groups
+
+    def _submit_round(self, batch: list[Any], encoder: BodyEncoder,
+                      deadline_s: float | None) -> tuple[list[str], Round]:
+        """(ids, Round of XADDs) for one chunk of submit_many, every input encoded first."""
+        self._check_open()
+        fields = self.deadline_fields(deadline_s)
+        bodies = [encoder.encode(one) for one in batch]
+        rids = self.new_request_ids(len(batch))
+        round_ = Round()
+        self.queue_xadds(round_, rids, bodies, fields, False)
+        return rids, round_
+
+    def _reply_scan(self, request_ids: Sequence[str]) -> ReplyScan:
+        rids = validate_request_ids(request_ids)
+        if self.shards == 1:
+            base = self.keys.reply("")
+            return ReplyScan([base + rid for rid in rids])
+        return ReplyScan([self.shard_keys[shard_for(rid, self.shards)].reply(rid) for rid in rids])
 
     def _block_keys(self, waiting: list[int]) -> list[str]:
-        """Inboxes to block on when a round found no reply: every waiting one, or on a
-        cluster (where one BLPOP cannot span slots) one shard's in turn; the others
-        are popped again at the next round, a poll interval later at most."""
+        """Inboxes a map round's BLPOP waits on: every waiting one, or on a cluster
+        (where one BLPOP cannot span slots) one shard's in turn; the round's LPOPs
+        still pop every waiting inbox once the BLPOP returns."""
         if not self.cluster or len(waiting) == 1:
             return [self.inboxes[shard] for shard in waiting]
         self._turn += 1
         return [self.inboxes[waiting[self._turn % len(waiting)]]]
 
     @staticmethod
-    def _take(popped: list[bytes], in_flight: InFlight, raise_errors: bool) -> list[tuple[int, Reply]]:
-        """(input index, reply) of each popped reply that this call is waiting for."""
-        taken = []
-        for raw in popped:
-            reply = decode_reply(raw)
-            index = in_flight.pop(reply.id)
-            if index is not None:  # else a stale reply of an earlier, abandoned call
-                taken.append((index, reply.raise_for_error() if raise_errors else reply))
-        return taken
-
-    @staticmethod
-    def _check_stall(in_flight: InFlight, last_progress: float, timeout_s: float) -> None:
-        if in_flight and time.monotonic() - last_progress > timeout_s:
-            raise errors.ReplyTimeout(f"no reply for {timeout_s} s with {len(in_flight)} requests in flight")
-
-
-class InFlight:
-    """The requests a map/imap call sent and has no reply for: id -> input index, counted per shard."""
-
-    def __init__(self, shards: int) -> None:
-        self._where: dict[str, tuple[int, int]] = {}
-        self._per_shard = [0] * shards
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-    def add(self, rid: str, shard: int, index: int) -> None:
-        self._where[rid] = (index, shard)
-        self._per_shard[shard] += 1
-
-    def pop(self, rid: str) -> int | None:
-        """The input index of ``rid`` (now answered), or None if this call did not send it."""
-        found = self._where.pop(rid, None)
-        if found is None:
-            return None
-        self._per_shard[found[1]] -= 1
-        return found[0]
-
-    def shards(self) -> list[int]:
-        """Shards with requests in flight: the inboxes worth popping."""
-        return [shard for shard, count in enumerate(self._per_shard) if count]
+    def _replies_missing(scan: ReplyScan, asked: int, timeout_s: float) -> errors.ReplyTimeout:
+        return errors.ReplyTimeout(f"{scan.missing} of {asked} replies missing after {timeout_s} s")
 
 
 _LIMITS_DOC = """
@@ -349,44 +344,39 @@ class Producer(ProducerBase):
         *,
         chunk: int = 1000,
     ) -> list[str]:
-        """Enqueue many requests with pipelined XADDs; return their ids in order."""
+        """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order."""
         rids: list[str] = []
+        encoder = BodyEncoder(params)
         items = iter(inputs)
         while batch := list(islice(items, chunk)):
             self._make_room(len(batch))
-            pipe = self.redis.pipeline(transaction=False)
-            for one in batch:
-                rid, keys, fields = self._entry(one, params, deadline_s)
-                pipe.xadd(keys.requests, fields)
-                rids.append(rid)
+            sent, round_ = self._submit_round(batch, encoder, deadline_s)
             with translate_errors():
-                pipe.execute()
+                run(self.redis, round_)
+            rids += sent
         return rids
 
     def results(
         self, request_ids: Sequence[str], timeout_s: float = 30.0, *, raise_errors: bool = False
     ) -> list[Reply]:
-        """Collect the replies to ``request_ids`` (in order), polling in pipelines.
+        """Collect the replies to ``request_ids`` (in order), polling their reply keys in bulk.
 
-        Raises ReplyTimeout if some are still missing after ``timeout_s``.
+        Each round trip blocks until the last of the next missing reply keys
+        (up to a few thousand) is answered, then pops them all, so a busy
+        worker is followed with a round trip every few thousand replies and
+        no spinning. Raises ReplyTimeout if some are still missing after
+        ``timeout_s``.
         """
-        keys = {self.keys_for(r).reply(validate_request_id(r)): i for i, r in enumerate(request_ids)}
-        found: dict[int, Reply] = {}
+        scan = self._reply_scan(request_ids)
         deadline = time.monotonic() + timeout_s
-        while keys:
-            pipe = self.redis.pipeline(transaction=False)
-            for key in keys:
-                pipe.lpop(key)
+        while scan.missing:
+            round_ = Round()
+            scan.queue(round_, min(_WAIT_S, deadline - time.monotonic()))
             with translate_errors():
-                popped = pipe.execute()
-            for key, raw in zip(list(keys), popped):
-                if raw is not None:
-                    found[keys.pop(key)] = self._finish(raw, raise_errors)
-            if keys and time.monotonic() > deadline:
-                raise errors.ReplyTimeout(f"{len(keys)} of {len(request_ids)} replies missing after {timeout_s} s")
-            if keys:
-                time.sleep(0.002)
-        return [found[i] for i in range(len(request_ids))]
+                scan.take(run(self.redis, round_), raise_errors)
+            if scan.missing and time.monotonic() > deadline:
+                raise self._replies_missing(scan, len(request_ids), timeout_s)
+        return scan.replies()
 
     def map(
         self,
@@ -405,8 +395,14 @@ class Producer(ProducerBase):
         of requests cost a handful of round trips. ``timeout_s`` is the longest
         wait for any next reply; on a stall ReplyTimeout is raised.
         """
-        return list(self.imap(inputs, params, timeout_s=timeout_s, window=window,
-                              deadline_s=deadline_s, raise_errors=raise_errors, ordered=True))
+        calls = MapRun(self, inputs, params, window, deadline_s)
+        replies: list[Any] = []
+        while calls.active:
+            taken = self._map_round(calls, timeout_s, raise_errors, None)
+            replies += [None] * (calls.sent - len(replies))
+            for index, reply in taken:
+                replies[index] = reply
+        return replies
 
     def imap(
         self,
@@ -425,31 +421,11 @@ class Producer(ProducerBase):
         ``on_send``, if given, is called with the ids of each pipeline of
         requests just before it is sent (benchmarks time requests with it).
         """
-        if window < 1:
-            raise ValueError(f"window must be at least 1, got {window}")
-        items = iter(inputs)
-        in_flight = InFlight(self.shards)
+        calls = MapRun(self, inputs, params, window, deadline_s)
         ready: dict[int, Reply] = {}
-        next_out = sent = 0
-        exhausted = False
-        last_progress = time.monotonic()
-        while not exhausted or in_flight:
-            pipe = self.redis.pipeline(transaction=False)
-            batch: list[str] = []
-            if not exhausted:
-                batch, exhausted = self._fill(pipe, items, in_flight, window, params, deadline_s, sent)
-                sent += len(batch)
-            waiting = in_flight.shards()
-            self._queue_pops(pipe, waiting)
-            if on_send is not None and batch:
-                on_send(batch)
-            with translate_errors():
-                popped = self._popped(pipe.execute(), waiting)
-                if not popped and in_flight:
-                    got = self.redis.blpop(self._block_keys(waiting), timeout=_POLL_S)
-                    popped = [got[1]] if got else []
-            for index, reply in self._take(popped, in_flight, raise_errors):
-                last_progress = time.monotonic()
+        next_out = 0
+        while calls.active:
+            for index, reply in self._map_round(calls, timeout_s, raise_errors, on_send):
                 if ordered:
                     ready[index] = reply
                 else:
@@ -457,7 +433,20 @@ class Producer(ProducerBase):
             while ordered and next_out in ready:
                 yield ready.pop(next_out)
                 next_out += 1
-            self._check_stall(in_flight, last_progress, timeout_s)
+
+    def _map_round(self, calls: MapRun, timeout_s: float, raise_errors: bool,
+                   on_send: Callable[[list[str]], None] | None) -> list[tuple[int, Reply]]:
+        """One round trip of a map/imap call: send what the window allows, wait for and pop replies."""
+        round_ = Round()
+        batch = calls.fill(round_)
+        calls.queue_pops(round_, self._block_keys, _POLL_S)
+        if on_send is not None and batch:
+            on_send(batch)
+        with translate_errors():
+            popped = calls.popped(run(self.redis, round_))
+        taken = calls.take(popped, raise_errors)
+        calls.check_stall(timeout_s)
+        return taken
 
     # -- queue state and lifecycle -----------------------------------------
 
@@ -493,9 +482,6 @@ class Producer(ProducerBase):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_END = object()
 
 
 class AsyncProducer(ProducerBase):
@@ -571,18 +557,16 @@ class AsyncProducer(ProducerBase):
         *,
         chunk: int = 1000,
     ) -> list[str]:
-        """Enqueue many requests with pipelined XADDs; return their ids in order."""
+        """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order."""
         rids: list[str] = []
+        encoder = BodyEncoder(params)
         items = iter(inputs)
         while batch := list(islice(items, chunk)):
             await self._make_room(len(batch))
-            pipe = self.redis.pipeline(transaction=False)
-            for one in batch:
-                rid, keys, fields = self._entry(one, params, deadline_s)
-                pipe.xadd(keys.requests, fields)
-                rids.append(rid)
+            sent, round_ = self._submit_round(batch, encoder, deadline_s)
             with translate_errors():
-                await pipe.execute()
+                await arun(self.redis, round_)
+            rids += sent
         return rids
 
     async def map(
@@ -596,31 +580,19 @@ class AsyncProducer(ProducerBase):
         raise_errors: bool = False,
     ) -> list[Reply]:
         """Run every input through the fleet; replies in input order (see Producer.map)."""
-        if window < 1:
-            raise ValueError(f"window must be at least 1, got {window}")
-        items = iter(inputs)
-        in_flight = InFlight(self.shards)
-        found: dict[int, Reply] = {}
-        sent = 0
-        exhausted = False
-        last_progress = time.monotonic()
-        while not exhausted or in_flight:
-            pipe = self.redis.pipeline(transaction=False)
-            if not exhausted:
-                batch, exhausted = self._fill(pipe, items, in_flight, window, params, deadline_s, sent)
-                sent += len(batch)
-            waiting = in_flight.shards()
-            self._queue_pops(pipe, waiting)
+        calls = MapRun(self, inputs, params, window, deadline_s)
+        replies: list[Any] = []
+        while calls.active:
+            round_ = Round()
+            calls.fill(round_)
+            calls.queue_pops(round_, self._block_keys, _POLL_S)
             with translate_errors():
-                popped = self._popped(await pipe.execute(), waiting)
-                if not popped and in_flight:
-                    got = await self.redis.blpop(self._block_keys(waiting), timeout=_POLL_S)
-                    popped = [got[1]] if got else []
-            for index, reply in self._take(popped, in_flight, raise_errors):
-                found[index] = reply
-                last_progress = time.monotonic()
-            self._check_stall(in_flight, last_progress, timeout_s)
-        return [found[i] for i in range(sent)]
+                popped = calls.popped(await arun(self.redis, round_))
+            replies += [None] * (calls.sent - len(replies))
+            for index, reply in calls.take(popped, raise_errors):
+                replies[index] = reply
+            calls.check_stall(timeout_s)
+        return replies
 
     async def lag(self) -> int | None:
         """Requests waiting to be picked up (summed over the shards), or None when Redis cannot tell."""
