@@ -14,44 +14,5 @@ folder ``worker/``, installed with the ``worker`` extra).
 
 from __future__ import annotations
 
-from inferfleet.producer import (
-    CONTRACT_VERSION,
-    DEFAULT_PREFIX,
-    DEFAULT_REDIS_URL,
-    AsyncProducer,
-    BadRequest,
-    ConnectionError,
-    DeadLetter,
-    Expired,
-    InferfleetError,
-    ModelError,
-    Producer,
-    ProtocolError,
-    QueueFull,
-    QueueKeys,
-    Reply,
-    ReplyError,
-    ReplyTimeout,
-    TooLarge,
-)
-
-__all__ = [
-    "AsyncProducer",
-    "BadRequest",
-    "CONTRACT_VERSION",
-    "ConnectionError",
-    "DEFAULT_PREFIX",
-    "DEFAULT_REDIS_URL",
-    "DeadLetter",
-    "Expired",
-    "InferfleetError",
-    "ModelError",
-    "Producer",
-    "ProtocolError",
-    "QueueFull",
-    "QueueKeys",
-    "Reply",
-    "ReplyError",
-    "ReplyTimeout",
-    "TooLarge",
-]
+from inferfleet.producer import *  # noqa: F403 - the package's API is the SDK's, pinned by its __all__
+from inferfleet.producer import __all__ as __all__
