@@ -70,3 +70,13 @@ def test_ruff_is_clean_with_the_committed_config():
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_ci_switch_is_any_value_but_empty_0_or_false():
+    from tests.conftest import running_in_ci
+
+    for value in ("true", "1", "yes", "True", "TRUE", "on", "github-actions"):
+        assert running_in_ci({"CI": value}), value
+    for value in ("", "0", "false", "False", "FALSE", " "):
+        assert not running_in_ci({"CI": value}), value
+    assert not running_in_ci({})
