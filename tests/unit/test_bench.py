@@ -191,12 +191,12 @@ def test_open_loop_sends_each_request_at_its_time_and_overdue_ones_together():
     import fakeredis
 
     from inferfleet.producer import Producer
-    from inferfleet.worker.bench.load import _OpenLoop
+    from inferfleet.worker.bench.load import OpenLoop
 
     now = [0.0]
     offsets = send_schedule(10, 10.0, "fixed")  # 0, 0.1 ... 0.9 s
     with Producer(client=fakeredis.FakeRedis(), name="q") as producer:
-        loop = _OpenLoop(producer, [np.ones((1, 4), np.float32)], offsets, 5.0, None, clock=lambda: now[0])
+        loop = OpenLoop(producer, [np.ones((1, 4), np.float32)], offsets, 5.0, None, clock=lambda: now[0])
         sleeps: list[float] = []
 
         def pause(seconds: float) -> bool:

@@ -68,6 +68,7 @@ __all__ = [
     "BenchReport",
     "FleetSetup",
     "FleetStartError",
+    "OpenLoop",
     "ProgressBars",
     "RunSpec",
     "Samples",
@@ -307,7 +308,7 @@ def run_closed(producer: Producer, pool: list[Any], requests: int, concurrency: 
     return tally.samples(time.perf_counter() - started)
 
 
-class _OpenLoop:
+class OpenLoop:
     """Send each request at its scheduled time (this thread); take replies as they come (another).
 
     Pacing uses the local clock, never a Redis blocking timeout (an idle
@@ -415,7 +416,7 @@ def run_open(producer: Producer, pool: list[Any], offsets: np.ndarray, timeout_s
     time to the moment its reply was taken; ``send_rate`` is the rate the
     client achieved.
     """
-    return _OpenLoop(producer, pool, offsets, timeout_s, on_progress).run()
+    return OpenLoop(producer, pool, offsets, timeout_s, on_progress).run()
 
 
 # --------------------------------------------------------------------------- one target, every target
