@@ -33,6 +33,10 @@ WIDTH = 100
 def _context(command: click.Command, name: str, parent: click.Context | None) -> click.Context:
     """The context ``--help`` runs in: the command's own settings (``-h``, the width) and its parents'."""
     settings = {"terminal_width": WIDTH, "max_content_width": WIDTH, **command.context_settings}
+    # click (8.1.8+) caches a command's help option from the first context that asks for it; one made
+    # without the group as parent (a test parsing a command alone) would leave it without -h
+    if getattr(command, "_help_option", None) is not None:
+        command._help_option = None
     return click.Context(command, info_name=name, parent=parent, **settings)
 
 
