@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import torch
@@ -75,6 +76,23 @@ class Stall(Scale):
             import time
 
             time.sleep(float(os.environ.get("STALL_S", "30")))
+        return x * 2.0
+
+
+GATE = -5.0
+
+
+class Gate(Scale):
+    """Scale, but a batch holding a row that starts with GATE sets ``Gate.entered``, then waits
+    for ``Gate.release`` (the test sets it, in-process): a batch held in flight at will."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        if bool((x[:, 0] == GATE).any()):
+            Gate.entered.set()
+            Gate.release.wait(60)
         return x * 2.0
 
 

@@ -166,14 +166,14 @@ def test_a_second_signal_kills_the_draining_workers(redis_url, redis_client, mon
         proc.send_signal(signal.SIGTERM)  # drain: would wait for the 30 s batch
         time.sleep(0.5)
         assert proc.poll() is None
-        started = time.monotonic()
         proc.send_signal(signal.SIGTERM)  # second signal: kill now
-        proc.wait(10)
-        assert time.monotonic() - started < 5
+        proc.wait(60)
         with pytest.raises(ProcessLookupError):
             os.kill(child, 0)
-        # the request was not lost: it stays pending for the next fleet to take over
+        # killed, not drained: the 30 s batch never finished (a drain would have answered and acknowledged
+        # it before exiting), and the request was not lost: it stays pending for the next fleet to take over
         assert redis_client.xpending(keys.requests, GROUP)["pending"] == 1
+        assert not redis_client.keys("inferfleet:{q}:reply:*")
     finally:
         if proc.poll() is None:
             proc.kill()
