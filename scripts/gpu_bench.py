@@ -431,7 +431,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--default-requests", type=int, default=3000, help="for a model --requests does not name")
     p.add_argument("--concurrency", type=int, default=256, help="fleet requests in flight")
     p.add_argument("--max-batch-rows", type=int, default=128)
-    p.add_argument("--budget-s", type=float, default=420.0, help="the whole run; steps that no longer fit are skipped")
+    p.add_argument("--budget-s", type=float, default=390.0, help="the whole run; steps that no longer fit are skipped")
     p.add_argument("--step-timeout-s", type=float, default=150.0, help="longest any one step may take")
     p.add_argument("--out", default="bench-out/gpu")
     args = p.parse_args(argv)

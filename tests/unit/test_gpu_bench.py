@@ -76,6 +76,6 @@ def test_the_default_run_fits_the_budget_and_each_step_its_limit():
     args = parse_args([])
     assert args.models == ["cnn", "resnet50"] and args.precisions == ["fp32", "fp16"]
     assert args.requests == {"cnn": 20000, "resnet50": 3000}
-    assert args.budget_s <= 420 < 480  # well under 8 minutes, whatever happens
+    assert args.budget_s + 30 <= 420  # well under 8 minutes whatever happens (30 s: stopping the last worker)
     assert args.step_timeout_s < 600  # and every command under 10
     assert not Budget(0).allows(1) and Budget(100).allows(50)
