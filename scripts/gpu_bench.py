@@ -386,25 +386,32 @@ def _stop_worker(worker: subprocess.Popen) -> None:
 # --------------------------------------------------------------------------- the run
 
 
-def run_rows(args: argparse.Namespace, out: Path, budget: Budget, sampler: SmiSampler) -> list[Row]:
-    rows = [Row(m, p) for m in args.models for p in args.precisions]
+def run_rows(args: argparse.Namespace, rows: list[Row], out: Path, budget: Budget, sampler: SmiSampler) -> None:
+    """Every step of every row, in order; each marks its own result (a failure stops nothing)."""
     unbuilt = build_models(args.models, out, budget)
     from inferfleet.worker.embedded import EmbeddedRedis
 
-    with EmbeddedRedis() as server:
+    no_redis = ""
+    try:
+        server: EmbeddedRedis | None = EmbeddedRedis().start()
+    except Exception as exc:  # noqa: BLE001 - the bare loops need no Redis: they still run
+        server, no_redis = None, f"cannot start redis-server: {exc}"
+    try:
         for row in rows:
+            fleet = partial(fleet_step, args, row, out, budget, server.url) if server else None
             steps = (("bare", row.bare, args.bare_needs_s, partial(bare_step, args, row, out, budget)),
-                     ("fleet", row.fleet, args.fleet_needs_s,
-                      partial(fleet_step, args, row, out, budget, server.url)))
+                     ("fleet", row.fleet, args.fleet_needs_s, fleet))
             for what, step, needed_s, run in steps:
-                if row.model in unbuilt:
-                    step.status, step.reason = "failed", unbuilt[row.model]
+                if row.model in unbuilt or run is None:
+                    step.status, step.reason = "failed", unbuilt.get(row.model) or no_redis
                 elif not budget.allows(needed_s):
                     step.status, step.reason = "skipped", f"under {needed_s:.0f} s of the time budget left"
                 else:
                     _timed(step, sampler, run)
                 log.info("%s %s %s: %s %s", row.model, row.precision, what, step.status, step.reason)
-    return rows
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def _timed(step: Step, sampler: SmiSampler, run: Any) -> None:
@@ -455,10 +462,13 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             log.error("preflight: %s", problem)
         return 2
+    rows = [Row(m, p) for m in args.models for p in args.precisions]
     sampler = SmiSampler(out / "nvidia-smi.csv")
     sampler.start()
     try:
-        rows = run_rows(args, out, budget, sampler)
+        run_rows(args, rows, out, budget, sampler)
+    except BaseException as exc:  # noqa: BLE001 - Ctrl-C or a bug: still write what was measured
+        log.error("the run stopped early (%s: %s): writing what it measured", type(exc).__name__, exc)
     finally:
         sampler.stop()
     return _write(args, info, rows, out, budget)
