@@ -50,6 +50,9 @@ class DeviceBroken(BaseException):
     and ``cause`` say who and why for the exit message.
     """
 
+    #: The process's exit status (the supervisor names it in its restart log line).
+    exit_status = 4
+
     def __init__(self, consumer: str, cause: BaseException) -> None:
         super().__init__(f"consumer {consumer}: the device is unusable after {type(cause).__name__}: {cause}")
         self.consumer = consumer

@@ -215,5 +215,5 @@ def test_a_worker_whose_device_broke_is_restarted_and_the_culprit_dead_lettered(
             assert reply.ok, reply.error_message
             np.testing.assert_array_equal(reply.outputs, inputs[i] * 2)
     assert redis_client.xlen(QueueKeys("q").dead) == 1
-    assert "exit status 4" in caplog.text  # it exited as a broken device, and was restarted
+    assert "exit status 4: its GPU broke" in caplog.text  # it exited as a broken device, and was restarted
     assert not supervisor.slots[0].disabled

@@ -47,6 +47,22 @@ def test_sticky_cuda_errors_break_the_device(exc):
     assert not is_out_of_memory(exc)
 
 
+def test_the_bisection_never_swallows_a_broken_device():
+    """DeviceBroken is no Exception: predict_isolated's `except Exception` lets it through at once."""
+    from inferfleet.worker.errors import DeviceBroken
+    from inferfleet.worker.serving.batching import predict_isolated
+
+    calls: list[int] = []
+
+    def predict(part):
+        calls.append(len(part))
+        raise DeviceBroken("c1", RuntimeError(DEVICE_ASSERT))
+
+    with pytest.raises(DeviceBroken):
+        predict_isolated([1, 2, 3, 4], predict)
+    assert calls == [4]
+
+
 def test_a_sticky_error_wrapped_by_a_handler_still_breaks_the_device():
     try:
         try:

@@ -13,13 +13,15 @@ from typing import Any
 
 import click
 
+from inferfleet.worker.errors import DeviceBroken
+
 __all__ = ["EXIT_DEVICE_BROKEN", "exit_device_broken", "install_stop_handlers", "log_format_option",
            "log_level_option", "setup_logging"]
 
 log = logging.getLogger("inferfleet")
 
 #: Exit status of a worker whose device broke (a sticky CUDA error): restart it.
-EXIT_DEVICE_BROKEN = 4
+EXIT_DEVICE_BROKEN = DeviceBroken.exit_status
 
 log_level_option = click.option("--log-level", default="info", envvar="INFERFLEET_LOG_LEVEL", show_envvar=True,
                                 type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))

@@ -39,7 +39,7 @@ import redis
 from inferfleet.producer.protocol import QueueKeys, shard_keys, workers_group
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import admin_client
-from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.errors import ConfigError, DeviceBroken
 from inferfleet.worker.fleet.scaling import Decision, Observation, PolicySettings, PolicyState, desired_workers
 from inferfleet.worker.heartbeat import read_heartbeats
 from inferfleet.worker.keys import supervisor_key
@@ -326,7 +326,8 @@ class Supervisor:
         slot.next_start_s = now_s + backoff
         if self.metrics is not None:
             self.metrics.restarted()
-        log.warning("worker %s died (exit status %s); restarting in %.1f s", slot.consumer, code, backoff)
+        why = ": its GPU broke (a sticky CUDA error, see its log)" if code == DeviceBroken.exit_status else ""
+        log.warning("worker %s died (exit status %s%s); restarting in %.1f s", slot.consumer, code, why, backoff)
 
     def _publish(self, now_s: float) -> None:
         """The supervisor's own view, for ``inferfleet status`` (best effort)."""
