@@ -79,3 +79,21 @@ def test_the_default_run_fits_the_budget_and_each_step_its_limit():
     assert args.budget_s + 30 <= 420  # well under 8 minutes whatever happens (30 s: stopping the last worker)
     assert args.step_timeout_s < 600  # and every command under 10
     assert not Budget(0).allows(1) and Budget(100).allows(50)
+
+
+def test_the_peak_line_a_gpu_worker_logs_is_the_one_the_bench_reads(monkeypatch, caplog):
+    """serve._log_peak_memory and gpu_bench's PEAK_LINE must not drift apart, or the GPU run shows `-`."""
+    import logging
+    from types import SimpleNamespace
+
+    import torch
+
+    from inferfleet.worker.serving import serve
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1500 * 1024 * 1024)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 2048 * 1024 * 1024)
+    consumer = SimpleNamespace(runtime=SimpleNamespace(device=torch.device("cuda:0")),
+                               settings=SimpleNamespace(consumer="w0"))
+    with caplog.at_level(logging.INFO, logger=serve.__name__):
+        serve._log_peak_memory(consumer)  # type: ignore[arg-type]
+    assert parse_peak_line(caplog.text) == (1500, 2048)
