@@ -139,3 +139,14 @@ def test_a_worker_whose_device_broke_exits_with_status_4_and_acknowledges_nothin
     from inferfleet.worker.heartbeat import read_heartbeats
 
     assert read_heartbeats(redis_client, QueueKeys("dev")) == []  # not listed as a healthy worker
+
+
+def test_supervise_refuses_a_gpu_its_cuda_visible_devices_hides(models_dir):
+    """--devices cuda:N counts the supervisor's own visible GPUs: under a scheduler's
+    CUDA_VISIBLE_DEVICES=0 there is no cuda:1, and it says so instead of starting children on it."""
+    env = {**worker_env("redis://127.0.0.1:1/0"), "CUDA_VISIBLE_DEVICES": "0"}
+    out = subprocess.run([sys.executable, "-m", "inferfleet", "supervise", "--name", "q", "--model",
+                          str(models_dir / "affine.pt"), "--devices", "cuda:1"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "CUDA_VISIBLE_DEVICES='0' makes only 1 GPUs visible" in out.stderr

@@ -188,10 +188,10 @@ class Supervisor:
         worker = settings.worker
         self.shard_keys = shard_keys(worker.name, worker.shards, worker.prefix)
         self.keys = self.shard_keys[0]
-        self.redis = client or admin_client(worker.redis_url, worker.cluster)
-        self.context = multiprocessing.get_context("spawn")
         #: What each GPU slot's child gets as CUDA_VISIBLE_DEVICES (ConfigError if one is not visible).
         self.visible = child_visible_devices(settings.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.redis = client or admin_client(worker.redis_url, worker.cluster)
+        self.context = multiprocessing.get_context("spawn")
         self.slots: list[Slot] = []
         self.state = PolicyState()
         self.last_decision: Decision | None = None
