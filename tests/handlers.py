@@ -145,3 +145,24 @@ class Noisy(Scale):
 
     def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         return x + torch.rand_like(x)
+
+
+#: What torch raises on a GPU after an out-of-range embedding id (the device-side assert).
+DEVICE_ASSERT = ("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
+                 "reported at some other API call, so the stacktrace below might be incorrect.")
+
+
+class BreaksDevice(Scale):
+    """x * 2 on a simulated GPU: a row starting with POISON (an out-of-range embedding id) triggers a
+    device-side assert, and from then on every call in this process fails the same way, as every
+    CUDA call does once the context is lost. ``calls`` counts predict calls in this process."""
+
+    broken = False
+    calls = 0
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        BreaksDevice.calls += 1
+        if BreaksDevice.broken or bool((x[:, 0] == POISON).any()):
+            BreaksDevice.broken = True
+            raise RuntimeError(DEVICE_ASSERT)
+        return x * 2.0

@@ -320,3 +320,25 @@ def test_dead_letters_at_the_limit_and_not_one_delivery_before(redis_url, redis_
     (letter,) = list_dead(redis_client, keys)
     assert (letter.request_id, letter.deliveries) == (at, limit + 1)
     assert pending(redis_client, keys) == 0
+
+
+def test_a_broken_device_stops_the_consumer_without_answering_or_acknowledging(redis_url, redis_client,
+                                                                                monkeypatch):
+    """A sticky CUDA error: no bisection, no model_error replies, nothing acknowledged. The entries stay
+    pending for the restarted worker (tests/integration/test_supervisor.py follows them there)."""
+    from inferfleet.worker.errors import DeviceBroken
+    from tests.handlers import BreaksDevice
+
+    monkeypatch.setattr(BreaksDevice, "broken", False)
+    monkeypatch.setattr(BreaksDevice, "calls", 0)
+    consumer = make_consumer(redis_url, "tests.handlers:BreaksDevice", idle_block_ms=50, max_batch_rows=16,
+                             warmup_iters=0)
+    producer = Producer(redis_url, "q")
+    inputs = [np.full((1, 4), POISON if i == 2 else i, np.float32) for i in range(4)]
+    producer.submit_many(inputs)
+    with pytest.raises(DeviceBroken, match="device-side assert"):
+        consumer.run_once()
+    assert BreaksDevice.calls == 1  # the failed batch was not retried in halves on a dead device
+    assert pending(redis_client, consumer.keys) == 4  # nothing acknowledged: all four will be replayed
+    assert consumer.counters.requests == 0 and consumer.counters.errors == 0  # and nothing answered
+    assert not redis_client.keys("*inbox*")
