@@ -660,6 +660,26 @@ class ReplyTemplate:
         """The end of every reply of one batch: its infer_ms and batch_rows."""
         return pack("infer_ms") + pack(float(infer_ms)) + pack("batch_rows") + pack(int(batch_rows))
 
+    def payload_format(self, id_length: int, tail: bytes) -> tuple[bytes, int]:
+        """A bytes %-format of the ok reply to a request whose ASCII id is ``id_length`` bytes long,
+        and the reply's length.
+
+        ``format % (rid, data, queued)`` (``queued`` the queue wait packed as a
+        big-endian double, :meth:`queued_bytes`) equals :meth:`encode`'s bytes:
+        a batch's replies are formatted without building them piece by piece.
+        """
+        if not 0 < id_length < 256:
+            raise ValueError(f"id_length must be 1 to 255, got {id_length}")
+        head = self._map5 + self._id_key + _STR_HEADERS[id_length]
+        parts = (head, self._ok_outputs, self._model_queued, tail)
+        fmt = b"%b".join(part.replace(b"%", b"%%") for part in parts)
+        return fmt, sum(map(len, parts)) + id_length + self.nbytes + _DOUBLE.size
+
+    @staticmethod
+    def queued_bytes(queued_ms: np.ndarray) -> bytes:
+        """Queue waits in ms, packed as the big-endian doubles of the replies' ``queued_ms`` (8 bytes each)."""
+        return (np.maximum(queued_ms, 0.0) + 0.0).astype(">f8").tobytes()  # + 0.0: no -0.0, as max(0.0, x)
+
     def encode(self, rid: str, data: bytes, queued_ms: float, tail: bytes) -> bytes:
         """One ok reply: ``data`` is the request's outputs (``nbytes`` bytes, C order)."""
         packed_id = _STR_HEADERS[len(rid)] + rid.encode() if len(rid) < 256 and rid.isascii() else pack(rid)
