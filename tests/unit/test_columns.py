@@ -28,11 +28,19 @@ INBOX = KEYS.inbox("p1").encode()
 BODY = encode_body(np.zeros((1, 4), np.float32))
 
 
+def ctr_like(dense: float = 0.0, ids: int = 0, order: tuple[str, str] = ("dense", "ids"),
+             ids_dtype: str = "int64") -> bytes:
+    """A map body of two tensors, as the CTR model takes."""
+    tensors = {"dense": np.full((1, 3), dense, np.float32), "ids": np.full((1, 2), ids, ids_dtype)}
+    return encode_body({name: tensors[name] for name in order})
+
+
 def warmed() -> Intake:
-    """An intake that learnt the float32[1,4] body template and the inbox p1."""
+    """An intake that learnt the float32[1,4] and the CTR-like map templates, and the inbox p1."""
     intake = Intake(KEYS, Limits(), MODEL)
-    first = {b"id": b"warm", b"body": BODY, b"reply_to": INBOX}
-    assert isinstance(intake.admit_fast(b"1700000000000-0", first, NOW_MS), Request)
+    for i, body in enumerate((BODY, ctr_like())):
+        first = {b"id": b"warm", b"body": body, b"reply_to": INBOX}
+        assert isinstance(intake.admit_fast(b"1700000000000-%d" % i, first, NOW_MS), Request)
     return intake
 
 
@@ -58,8 +66,18 @@ def same(a: Request | Answer, b: Request | Answer) -> None:
     assert isinstance(b, Request)
     for name in ("entry_id", "rid", "reply_key", "params", "rows", "signature", "enqueued_ms", "picked_ms"):
         assert getattr(a, name) == getattr(b, name), name
-    np.testing.assert_array_equal(a.inputs, b.inputs)
-    assert a.inputs.dtype == b.inputs.dtype and a.inputs.shape == b.inputs.shape
+    same_inputs(a.inputs, b.inputs)
+
+
+def same_inputs(a: Any, b: Any) -> None:
+    """Equal inputs in one form: a tensor, a list or a map of tensors (names in order)."""
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        a, b = list(a.values()), list(b.values())
+    for x, y in zip([a] if isinstance(a, np.ndarray) else a, [b] if isinstance(b, np.ndarray) else b):
+        np.testing.assert_array_equal(x, y)
+        assert x.dtype == y.dtype and x.shape == y.shape
 
 
 rids = st.one_of(st.from_regex(rb"[A-Za-z0-9._:-]{1,12}", fullmatch=True), st.binary(max_size=6),
@@ -72,6 +90,9 @@ bodies = st.one_of(
     st.builds(lambda b: BODY[:-4] + b, st.binary(min_size=4, max_size=4)),
     st.builds(lambda b: b + BODY[3:], st.binary(min_size=3, max_size=3)),  # same length, other prefix
     st.binary(min_size=0, max_size=60),
+    st.builds(ctr_like, st.floats(width=32, allow_nan=False), st.integers(-(2 ** 40), 2 ** 40)),
+    st.builds(lambda: ctr_like(order=("ids", "dense"))),  # same length, other key order
+    st.builds(lambda: ctr_like(ids_dtype="float64")),  # same length, other dtype
 )
 extras = st.lists(st.sampled_from([
     (b"deadline", b"1700000000400"), (b"deadline", b"1700000000600"), (b"deadline", b"12x"),
@@ -116,6 +137,15 @@ def test_entries_that_do_not_fit_go_one_by_one_beside_the_batch() -> None:
     assert outcomes[b"2-0"] == Answer(b"2-0", None, None)  # no readable id: acknowledged, never answered
     assert outcomes[b"2-1"] == Answer(b"2-1", None, None)  # deleted while pending: acknowledged only
     assert isinstance(outcomes[b"2-2"], Request)
+
+
+def test_a_map_read_is_one_columns_batch_with_a_map_of_inputs() -> None:
+    raw = [[b"1-%d" % i, [b"id", b"r%d" % i, b"body", ctr_like(dense=i, ids=10 * i)]] for i in range(6)]
+    (cols,) = admit_read(warmed(), raw, NOW_MS)
+    assert isinstance(cols, Columns) and list(cols.inputs) == ["dense", "ids"]
+    np.testing.assert_array_equal(cols.inputs["ids"][:, 0], [0, 10, 20, 30, 40, 50])
+    assert cols.inputs["ids"].dtype == np.int64 and cols.inputs["dense"].shape == (6, 3)
+    np.testing.assert_array_equal(cols.requests()[4].inputs["dense"], np.full((1, 3), 4, np.float32))
 
 
 def test_columns_of_one_signature_are_merged_for_one_batch() -> None:

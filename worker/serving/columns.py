@@ -10,10 +10,11 @@ and splits it:
 * entries whose fields are ``id, body`` followed only by ``deadline`` and
   ``reply_to`` that are fine now (a deadline not yet passed, an inbox the
   intake has already checked), and whose body has the length and the bytes
-  before its data of a template the intake learnt (:class:`BodyTemplate`):
-  gathered into one :class:`Columns` per template. Their ids are checked by
-  one regular expression over the joined ids, their prefixes by one numpy
-  comparison, their tensors decoded by one ``np.frombuffer``;
+  outside its tensors' data of a template the intake learnt
+  (:class:`~inferfleet.producer.protocol.BodyTemplate`): gathered into one
+  :class:`Columns` per template. Their ids are checked by one regular
+  expression over the joined ids, their fixed bytes by one numpy comparison
+  a run, their tensors decoded by one copy each;
 * everything else: through :meth:`Intake.admit_fast`, one entry at a time,
   exactly as before.
 
@@ -48,14 +49,15 @@ _UNSEEN = object()
 class Columns:
     """Requests of one read (or round) with one body template: one signature, decoded at once.
 
-    ``inputs`` holds every request's rows in order (``rows_each`` each);
+    ``inputs`` holds every request's rows in order (``rows_each`` each), in
+    the form of the requests' bodies (a tensor, a list or a map of tensors);
     ``reply_keys`` is where each one's reply goes.
     """
 
     entry_ids: list[bytes]
     rids: list[bytes]
     reply_keys: list[bytes]
-    inputs: np.ndarray
+    inputs: Any
     rows_each: int
     signature: Hashable
     picked_ms: float
@@ -79,11 +81,18 @@ class Columns:
 
     def requests(self) -> list[Request]:
         """The same requests as the general path's objects (when a batch leaves the fast path)."""
-        per = self.inputs.reshape((len(self), self.rows_each) + self.inputs.shape[1:])
-        return [Request(entry_id, rid.decode("ascii"), key.decode("ascii"), per[i], {}, self.rows_each,
+        return [Request(entry_id, rid.decode("ascii"), key.decode("ascii"), self._inputs_at(i), {}, self.rows_each,
                         self.signature, enqueued, self.picked_ms)
                 for i, (entry_id, rid, key, enqueued)
                 in enumerate(zip(self.entry_ids, self.rids, self.reply_keys, self.enqueued_ms()))]
+
+    def _inputs_at(self, i: int) -> Any:
+        rows = slice(i * self.rows_each, (i + 1) * self.rows_each)
+        if isinstance(self.inputs, np.ndarray):
+            return self.inputs[rows]
+        if isinstance(self.inputs, dict):
+            return {name: arr[rows] for name, arr in self.inputs.items()}
+        return [arr[rows] for arr in self.inputs]
 
 
 def merge_columns(parts: Sequence[Columns]) -> list[Columns]:
@@ -99,9 +108,19 @@ def merge_columns(parts: Sequence[Columns]) -> list[Columns]:
         first = group[0]
         merged.append(Columns(
             [e for part in group for e in part.entry_ids], [r for part in group for r in part.rids],
-            [k for part in group for k in part.reply_keys], np.concatenate([part.inputs for part in group]),
+            [k for part in group for k in part.reply_keys], _concat([part.inputs for part in group]),
             first.rows_each, first.signature, min(part.picked_ms for part in group)))
     return merged
+
+
+def _concat(parts: list[Any]) -> Any:
+    """Inputs of one form concatenated row-wise."""
+    first = parts[0]
+    if isinstance(first, np.ndarray):
+        return np.concatenate(parts)
+    if isinstance(first, dict):
+        return {name: np.concatenate([part[name] for part in parts]) for name in first}
+    return [np.concatenate([part[i] for part in parts]) for i in range(len(first))]
 
 
 class _Group:
@@ -188,7 +207,7 @@ def _columns(intake: Intake, length: int, group: _Group, now_ms: float, rest: li
         return None
     template, signature = known
     data = np.frombuffer(b"".join(group.bodies), np.uint8).reshape(len(group.bodies), length)
-    fits = _fitting(template.prefix, data, group.rids)
+    fits = template.fitting(data) & _valid_ids(group.rids)
     if not fits.all():
         rest.extend(entry for entry, ok in zip(group.entries, fits.tolist()) if not ok)
         keep = np.flatnonzero(fits).tolist()
@@ -197,21 +216,17 @@ def _columns(intake: Intake, length: int, group: _Group, now_ms: float, rest: li
         data = data[fits]
         for name in ("entries", "rids", "keys"):
             setattr(group, name, [getattr(group, name)[i] for i in keep])
-    inputs = np.ascontiguousarray(data[:, len(template.prefix):]).view(template.dtype)
-    inputs = inputs.reshape((len(group.rids) * template.shape[0],) + template.shape[1:])
     default = intake.reply_prefix
     keys = [default + rid if key is None else key for rid, key in zip(group.rids, group.keys)]
-    return Columns([entry[0] for entry in group.entries], group.rids, keys, inputs, template.shape[0],
-                   signature, now_ms)
+    return Columns([entry[0] for entry in group.entries], group.rids, keys, template.inputs_many(data),
+                   template.rows, signature, now_ms)
 
 
-def _fitting(prefix: bytes, data: np.ndarray, rids: list[Any]) -> np.ndarray:
-    """Which bodies (rows of ``data``) start with ``prefix`` and come with a valid id: a bool each."""
-    fits = (data[:, :len(prefix)] == np.frombuffer(prefix, np.uint8)).all(axis=1)
+def _valid_ids(rids: list[Any]) -> np.ndarray:
+    """Which ids are valid request ids: a bool each (one regular expression over all of them, mostly)."""
     try:
-        all_valid = _JOINED_IDS.match(b"\n".join(rids) + b"\n") is not None
+        if _JOINED_IDS.match(b"\n".join(rids) + b"\n") is not None:
+            return np.ones(len(rids), bool)
     except TypeError:  # an id that is not a bulk string
-        all_valid = False
-    if not all_valid:
-        fits &= np.fromiter((rid.__class__ is bytes and is_request_id(rid) for rid in rids), bool, len(rids))
-    return fits
+        pass
+    return np.fromiter((rid.__class__ is bytes and is_request_id(rid) for rid in rids), bool, len(rids))

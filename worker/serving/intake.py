@@ -139,7 +139,7 @@ class Intake:
         if deadline is not None and not (isinstance(deadline, bytes) and deadline.isdigit() and len(deadline) <= 16
                                          and now_ms <= int(deadline)):
             return None  # malformed or expired: the general path answers it
-        return Request(entry_id, rid.decode("ascii"), reply_key, inputs, {}, template.shape[0], signature,
+        return Request(entry_id, rid.decode("ascii"), reply_key, inputs, {}, template.rows, signature,
                        int(entry_id[:entry_id.index(b"-")]), now_ms)
 
     def _learn(self, body: bytes, admitted: Request) -> None:
