@@ -742,12 +742,16 @@ class ReplyTemplate:
         big-endian double, :meth:`queued_bytes`) equals :meth:`encode`'s bytes:
         a batch's replies are formatted without building them piece by piece.
         """
-        if not 0 < id_length < 256:
-            raise ValueError(f"id_length must be 1 to 255, got {id_length}")
-        head = self._map5 + self._id_key + _STR_HEADERS[id_length]
-        parts = (head, self._ok_outputs, self._model_queued, tail)
+        parts = self.payload_parts(id_length, tail)
         fmt = b"%b".join(part.replace(b"%", b"%%") for part in parts)
         return fmt, sum(map(len, parts)) + id_length + self.nbytes + _DOUBLE.size
+
+    def payload_parts(self, id_length: int, tail: bytes) -> tuple[bytes, bytes, bytes, bytes]:
+        """The fixed bytes of an ok reply whose ASCII id is ``id_length`` bytes long: the reply is
+        ``parts[0] + rid + parts[1] + data + parts[2] + queued + parts[3]`` (as in :meth:`payload_format`)."""
+        if not 0 < id_length < 256:
+            raise ValueError(f"id_length must be 1 to 255, got {id_length}")
+        return self._map5 + self._id_key + _STR_HEADERS[id_length], self._ok_outputs, self._model_queued, tail
 
     @staticmethod
     def queued_bytes(queued_ms: np.ndarray) -> bytes:

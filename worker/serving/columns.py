@@ -142,8 +142,52 @@ def admit_read(intake: Intake, entries: Sequence[Any], now_ms: float) -> list[Re
     hiredis returns them (fields as a dict, or None, also work: they take the
     general path).
     """
-    groups: dict[int, _Group] = {}
     rest: list[Any] = []
+    uniform = _uniform(intake, entries, now_ms)
+    groups = {len(uniform.bodies[0]): uniform} if uniform is not None else _grouped(intake, entries, now_ms, rest)
+    admitted: list[Request | Answer | Columns] = []
+    for length, group in groups.items():
+        columns = _columns(intake, length, group, now_ms, rest)
+        if columns is not None:
+            admitted.append(columns)
+    admitted.extend(_admit_each(intake, rest, now_ms))
+    return admitted
+
+
+def _uniform(intake: Intake, entries: Sequence[Any], now_ms: float) -> _Group | None:
+    """The whole read as one group when every entry has the same field names and body length, the
+    extra fields are fine and every body is bytes, all checked by passes in C rather than a loop an
+    entry (the common read: one producer's round); None: :func:`_grouped` decides entry by entry."""
+    try:
+        flats = [entry[1] for entry in entries]
+        if len(set(map(len, flats))) != 1:
+            return None
+        columns = list(zip(*flats))
+    except TypeError:  # a deleted entry (None) or a field that is not a list
+        return None
+    names = [set(column) for column in columns[0::2]]
+    if len(columns) < 4 or not all(len(name) == 1 for name in names):
+        return None
+    fields = [next(iter(name)) for name in names]
+    if fields[:2] != [b"id", b"body"] or len(set(fields)) != len(fields) or not _EXTRA_FIELDS.issuperset(fields[2:]):
+        return None
+    bodies = columns[3]
+    if len(set(map(len, bodies))) != 1 or set(map(type, bodies)) != {bytes}:
+        return None
+    group = _Group()
+    group.entries, group.rids, group.bodies = list(entries), list(columns[1]), list(bodies)
+    group.keys = [None] * len(flats)
+    for name, values in zip(fields[2:], columns[5::2]):
+        if not all(_extra_verdict(intake, (name, value), now_ms) is not False for value in set(values)):
+            return None
+        if name == b"reply_to":
+            group.keys = list(values)
+    return group
+
+
+def _grouped(intake: Intake, entries: Sequence[Any], now_ms: float, rest: list[Any]) -> dict[int, _Group]:
+    """Entries that may share a template, grouped by body length; the others are added to ``rest``."""
+    groups: dict[int, _Group] = {}
     verdicts: dict[tuple, Any] = {}  # the extra fields seen in this read -> reply key, None (default), False
     for entry in entries:
         fields = entry[1]
@@ -167,13 +211,7 @@ def admit_read(intake: Intake, entries: Sequence[Any], now_ms: float) -> list[Re
         group.rids.append(fields[1])
         group.bodies.append(body)
         group.keys.append(key)
-    admitted: list[Request | Answer | Columns] = []
-    for length, group in groups.items():
-        columns = _columns(intake, length, group, now_ms, rest)
-        if columns is not None:
-            admitted.append(columns)
-    admitted.extend(_admit_each(intake, rest, now_ms))
-    return admitted
+    return groups
 
 
 def _admit_each(intake: Intake, entries: list[Any], now_ms: float) -> list[Request | Answer]:

@@ -137,14 +137,7 @@ class ReplyWriter:
                 rid=rid.decode("ascii")) for i, (entry_id, rid, key)
                 in enumerate(zip(cols.entry_ids, cols.rids, cols.reply_keys))])
             return
-        queued = ReplyTemplate.queued_bytes(waits)
-        formats = {}
-        for length in set(map(len, cols.rids)):
-            fmt, payload_length = template.payload_format(length, tail)
-            formats[length] = b"$%%d\r\n%%b\r\n$%d\r\n" % payload_length + fmt + b"\r\n"
-        args = b"".join([formats[len(rid)] % (len(entry_id), entry_id, rid, data[i * size:(i + 1) * size],
-                                              queued[i * 8:i * 8 + 8])
-                         for i, (entry_id, rid) in enumerate(zip(cols.entry_ids, cols.rids))])
+        args = _packed_pairs(cols, template, tail, data, ReplyTemplate.queued_bytes(waits))
         pushed, failed = self._call_packed(cols.reply_keys, args)
         self.counters.replied_ok(len(cols) - len(failed))
         if pushed < len(cols) - len(failed):
@@ -214,6 +207,30 @@ class ReplyWriter:
             for a in answers:
                 if a.payload and not a.ok:
                     log.debug("request %s answered %s", a.rid, a.code, extra={"request_ids": [a.rid]})
+
+
+def _packed_pairs(cols: Columns, template: ReplyTemplate, tail: bytes, data: bytes, queued: bytes) -> bytes:
+    """The script's (entry id, reply) arguments of a Columns batch as RESP bulk strings, in one join."""
+    size = template.nbytes
+    around = {}  # id length -> the reply's fixed parts, the first with the reply's RESP header before it
+    for length in set(map(len, cols.rids)):
+        head, *rest = template.payload_parts(length, tail)
+        reply_length = len(head) + length + len(rest[0]) + size + len(rest[1]) + 8 + len(rest[2])
+        around[length] = (b"\r\n$%d\r\n" % reply_length + head, rest[0], rest[1], rest[2] + b"\r\n")
+    id_heads = {length: b"$%d\r\n" % length for length in set(map(len, cols.entry_ids))}
+    datas = [data[i:i + size] for i in range(0, len(data), size)]
+    waits = [queued[i:i + 8] for i in range(0, len(queued), 8)]
+    pieces: list[bytes] = []
+    extend = pieces.extend
+    if len(around) == 1:  # one id length: the usual batch
+        ((a, b, c, d),) = around.values()
+        for entry_id, rid, out, wait in zip(cols.entry_ids, cols.rids, datas, waits):
+            extend((id_heads[len(entry_id)], entry_id, a, rid, b, out, c, wait, d))
+    else:
+        for entry_id, rid, out, wait in zip(cols.entry_ids, cols.rids, datas, waits):
+            a, b, c, d = around[len(rid)]
+            extend((id_heads[len(entry_id)], entry_id, a, rid, b, out, c, wait, d))
+    return b"".join(pieces)
 
 
 def _bulk(value: bytes) -> bytes:
