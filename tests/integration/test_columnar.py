@@ -191,3 +191,22 @@ def test_the_plain_redis_client_still_serves_through_the_general_path(redis_url,
     drain(consumer)
     assert all(r.ok for r in producer.results(rids, timeout_s=5))
     assert paths["columnar"] == 0 and paths["general"] >= 1
+
+
+def test_columns_read_ahead_count_as_held_not_as_lost(redis_url, redis_client, models_dir, monkeypatch):
+    """Housekeeping compares the entries pending on us with those we hold: a Columns batch read
+    ahead holds many. Counted as one, its entries would look lost and be replayed."""
+    consumer = consumer_on(redis_url, str(models_dir / "affine.pt"), max_batch_rows=4, prefetch="on")
+    keys = consumer.keys
+    body = encode_body(np.ones((1, 16), np.float32))
+    redis_client.xadd(keys.requests, {"id": "warm", "body": body})
+    drain(consumer)
+    for i in range(8):
+        redis_client.xadd(keys.requests, {"id": f"r{i}", "body": body})
+    monkeypatch.setattr(consumer.recovery, "housekeeping_due", lambda now: True)
+    consumer.run_once()  # answers 4, reads the next 4 ahead as one Columns batch, then housekeeps
+    assert [len(item) for item in consumer._prefetched] == [4]
+    assert int(redis_client.xpending(keys.requests, GROUP)["pending"]) == 4
+    assert not consumer.recovery.replay_own
+    drain(consumer)
+    assert [redis_client.llen(keys.reply(f"r{i}")) for i in range(8)] == [1] * 8

@@ -344,7 +344,7 @@ class Consumer:
         if self.recovery.housekeeping_due(now):
             if self.watcher is not None:
                 self.watcher.poll(self.runtime.version)
-            self.recovery.housekeep(read_ahead=len(self._prefetched))
+            self.recovery.housekeep(read_ahead=_entries(self._prefetched))
         if now >= self._next_stats_log:
             self._next_stats_log = now + 10.0
             totals = self.counters.snapshot()
