@@ -619,7 +619,9 @@ class BodyTemplate:
         arrays = []
         for at, dtype, shape in self.tensors:
             nbytes = int(np.prod(shape)) * dtype.itemsize
-            arr = np.ascontiguousarray(bodies[:, at:at + nbytes]).view(dtype)
+            # a copy, always: a one-row slice counts as contiguous, so ascontiguousarray would keep
+            # its row stride (the body's length), which is no multiple of the dtype's size
+            arr = bodies[:, at:at + nbytes].copy().view(dtype)
             arrays.append(arr.reshape((len(bodies) * shape[0],) + shape[1:]))
         if self.single:
             return arrays[0]

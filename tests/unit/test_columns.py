@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -146,6 +148,22 @@ def test_a_map_read_is_one_columns_batch_with_a_map_of_inputs() -> None:
     np.testing.assert_array_equal(cols.inputs["ids"][:, 0], [0, 10, 20, 30, 40, 50])
     assert cols.inputs["ids"].dtype == np.int64 and cols.inputs["dense"].shape == (6, 3)
     np.testing.assert_array_equal(cols.requests()[4].inputs["dense"], np.full((1, 3), 4, np.float32))
+
+
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("body", [BODY, ctr_like(dense=1.5, ids=7)])
+def test_columns_inputs_are_fresh_writable_arrays_torch_takes(body: bytes, count: int) -> None:
+    """One entry too: its one-row slice of the joined bodies must not keep the body's length as its stride."""
+    raw = [[b"1-%d" % i, [b"id", b"r%d" % i, b"body", body]] for i in range(count)]
+    (cols,) = admit_read(warmed(), raw, NOW_MS)
+    arrays = [cols.inputs] if isinstance(cols.inputs, np.ndarray) else list(cols.inputs.values())
+    for arr in arrays:
+        assert arr.flags.c_contiguous and arr.flags.writeable and arr.strides[-1] == arr.itemsize
+        torch.from_numpy(arr)  # refuses strides that are no multiple of the element size
+    single = warmed().template_for(len(body))
+    assert single is not None
+    for arr in [single[0].inputs_of(body)] if body is BODY else list(single[0].inputs_of(body).values()):
+        assert all(stride % arr.itemsize == 0 for stride in arr.strides)  # the per-entry path's views too
 
 
 def test_columns_of_one_signature_are_merged_for_one_batch() -> None:
