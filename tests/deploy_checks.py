@@ -214,7 +214,8 @@ def built_models(instrs: list[tuple[str, str]]) -> set[str]:
             words = shlex.split(args)
             out = words[words.index("--out") + 1] if "--out" in words else "models"
             only = words[words.index("--only") + 1].split(",") if "--only" in words else DEFAULT_MODELS
-            files = {f"{kind}.pt" for kind in only} | ({"affine.pt2"} if "affine" in only else set())
+            files = ({f"{kind}.pt" for kind in only} | ({"affine.pt2"} if "affine" in only else set())
+                     | ({"stack.pt2", "stack.npy"} if "stack" in only else set()))
             return {f"{out}/{name}" for name in files}
     return set()
 

@@ -40,6 +40,7 @@ from inferfleet.worker.npfiles import load_inputs
 from inferfleet.worker.runtime.memory import tune_allocator
 from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.onnx_backend import OnnxHandler, load_onnx
+from inferfleet.worker.runtime.pipeline import Manifest, stage_program
 from inferfleet.worker.runtime.quantize import quantize_handler
 from inferfleet.worker.runtime.signature import spec_of
 
@@ -116,6 +117,8 @@ class ModelRuntime:
         self.input_spec: Hashable | None = spec_of(example) if example is not None else None
         #: TorchScript, export and ONNX models take no params; handlers may.
         self.accepts_params = handler.accepts_params
+        #: The split this runtime is one stage of (``--stage``), else None.
+        self.pipeline: Manifest | None = None
 
     @property
     def model_meta(self) -> tuple[str, str]:
@@ -303,6 +306,22 @@ def _load_example_file(path: str) -> Any:
         raise ModelLoadError(f"cannot read warm-up input: {exc}") from exc
 
 
+def _load_any(settings: WorkerSettings, device: torch.device) -> tuple[Handler, Any, str, Manifest | None]:
+    """The model, or with ``stage`` set the stage's program of the split in ``settings.model``.
+
+    A stage's version is always its split's digest (one version for every
+    stage of one split); a ``--model-version`` that differs is ignored, said so.
+    """
+    if settings.stage is None:
+        return (*load_model(settings.model, device), None)
+    path, manifest = stage_program(settings.model, settings.stage)
+    if settings.model_version not in (None, manifest.version):
+        log.warning("stage %d of %s: --model-version %s ignored, a stage reports its split's version %s",
+                    settings.stage, settings.model, settings.model_version, manifest.version)
+    handler, example, _ = load_model(path, device)
+    return handler, example, manifest.version, manifest
+
+
 def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     """Load, place and warm up the model that ``settings`` names."""
     if settings.tune_malloc:
@@ -310,7 +329,7 @@ def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     _set_threads(settings.torch_threads)
     device = resolve_device(settings.device)
     started = time.perf_counter()
-    handler, example, version = load_model(settings.model, device)
+    handler, example, version, manifest = _load_any(settings, device)
     if settings.warmup_input:
         example = _load_example_file(settings.warmup_input)
     apply_precision(handler, settings.precision, device)
@@ -319,8 +338,9 @@ def load_runtime(settings: WorkerSettings) -> ModelRuntime:
             handler.compile()
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from exc
-    runtime = ModelRuntime(handler, settings.name, settings.model_version or version, device, example,
-                           settings.precision)
+    runtime = ModelRuntime(handler, settings.name, version if manifest else settings.model_version or version,
+                           device, example, settings.precision)
+    runtime.pipeline = manifest
     loaded = time.perf_counter() - started
     warm = runtime.warmup(settings.max_batch_rows, settings.warmup_iters)
     log.info("model %s version %s on %s (%s%s): loaded in %.0f ms, warmed up in %.0f ms",
