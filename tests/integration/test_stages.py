@@ -1,0 +1,105 @@
+"""Pipeline stages on a real redis-server: the forward script's exactly-once rule, and stage
+consumers in this process forwarding, refusing and answering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+from inferfleet.producer.protocol import GROUP, QueueKeys, decode_body, decode_reply, encode_body
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.counters import Counters
+from inferfleet.worker.keys import StageKeys
+from inferfleet.worker.runtime.loading import load_runtime
+from inferfleet.worker.serving.consumer import ensure_group
+from inferfleet.worker.serving.intake import Answer
+from inferfleet.worker.serving.stages import Forward, ForwardWriter, StageConsumer
+
+META = ("q", "v1")
+STAGE1, STAGE2 = StageKeys("q", stage=1), StageKeys("q", stage=2)
+
+
+def writer(client: redis.Redis) -> ForwardWriter:
+    return ForwardWriter(client, STAGE1, 300, META, Counters(), STAGE2.requests)
+
+
+def forward(entry_id: bytes, rid: str) -> Forward:
+    body = encode_body(np.ones((1, 4), np.float32))
+    return Forward(entry_id, QueueKeys("q").reply(rid), body, True, rid=rid,
+                   fields=[b"id", rid, b"body", body, b"version", b"v1"])
+
+
+def test_a_request_computed_twice_by_a_stage_is_forwarded_once(redis_client: redis.Redis) -> None:
+    ensure_group(redis_client, STAGE1.requests)
+    entry_id = redis_client.xadd(STAGE1.requests, {"id": "r1", "body": b"x", "version": "v1"})
+    redis_client.xreadgroup(GROUP, "slow", {STAGE1.requests: ">"})
+    redis_client.xclaim(STAGE1.requests, GROUP, "taker", 0, [entry_id])  # the slow one's entry taken over
+    writer(redis_client).write([forward(entry_id, "r1")])  # the taker forwards first
+    writer(redis_client).write([forward(entry_id, "r1")])  # the slow one finishes late: its XACK finds it done
+    forwarded = redis_client.xrange(STAGE2.requests)
+    assert len(forwarded) == 1 and forwarded[0][1][b"id"] == b"r1" and forwarded[0][1][b"version"] == b"v1"
+    assert redis_client.xpending(STAGE1.requests, GROUP)["pending"] == 0
+
+
+def test_one_call_forwards_replies_and_acknowledges(redis_client: redis.Redis) -> None:
+    ensure_group(redis_client, STAGE1.requests)
+    ids = [redis_client.xadd(STAGE1.requests, {"id": f"r{i}"}) for i in range(3)]
+    redis_client.xreadgroup(GROUP, "me", {STAGE1.requests: ">"})
+    reply_key = QueueKeys("q").reply("r1")
+    writer(redis_client).write([forward(ids[0], "r0"), Answer(ids[1], reply_key, b"error reply", rid="r1"),
+                                Answer(ids[2], None, None)])
+    assert redis_client.xlen(STAGE2.requests) == 1
+    assert redis_client.lrange(reply_key, 0, -1) == [b"error reply"] and redis_client.ttl(reply_key) > 0
+    assert redis_client.xpending(STAGE1.requests, GROUP)["pending"] == 0
+
+
+def stage_consumer(split: Path, stage: int, client: redis.Redis, url: str) -> StageConsumer:
+    settings = WorkerSettings(name="q", model=str(split), stage=stage, redis_url=url, warmup_iters=0,
+                              consumer=f"stage{stage}", max_wait_ms=0)
+    consumer = StageConsumer(settings, load_runtime(settings), client)
+    consumer.prepare()
+    return consumer
+
+
+def test_stage_consumers_forward_refuse_other_versions_and_answer(stack_split: Path, redis_client: redis.Redis,
+                                                                  redis_url: str) -> None:
+    middle = stage_consumer(stack_split, 1, redis_client, redis_url)
+    last = stage_consumer(stack_split, 2, redis_client, redis_url)
+    version = middle.runtime.version
+    h = np.random.default_rng(1).standard_normal((3, 64), dtype=np.float32)  # stage 1's input: 64 wide
+    inbox = QueueKeys("q").inbox("c")
+    redis_client.xadd(STAGE1.requests, {"id": "ok", "body": encode_body(h), "version": version,
+                                        "reply_to": inbox, "deadline": "99999999999999"})
+    redis_client.xadd(STAGE1.requests, {"id": "old", "body": encode_body(h), "version": "0123456789ab"})
+    redis_client.xadd(STAGE1.requests, {"id": "bad", "body": encode_body(h[:, :5]), "version": version})
+    assert middle.run_once() == 3
+    (_, fields), = redis_client.xrange(STAGE2.requests)
+    assert fields[b"version"] == version.encode() and fields[b"reply_to"] == inbox.encode()
+    assert fields[b"deadline"] == b"99999999999999"
+    old = decode_reply(redis_client.lpop(QueueKeys("q").reply("old")))
+    bad = decode_reply(redis_client.lpop(QueueKeys("q").reply("bad")))
+    assert (old.error_code, bad.error_code) == ("model_error", "bad_request")
+    assert "pipeline version changed" in (old.error_message or "")
+    assert last.run_once() == 1
+    reply = decode_reply(redis_client.lpop(inbox))
+    stage1 = torch.export.load(str(stack_split / "stage-1.pt2")).module()
+    stage2 = torch.export.load(str(stack_split / "stage-2.pt2")).module()
+    with torch.no_grad():
+        expected = stage2(stage1(torch.from_numpy(h))).numpy()
+    assert reply.ok and reply.model_version == version
+    np.testing.assert_allclose(reply.outputs, expected, atol=1e-5)
+    for keys in (STAGE1, STAGE2):
+        assert redis_client.xpending(keys.requests, GROUP)["pending"] == 0
+    assert decode_body(fields[b"body"])[0].shape == (3, 64)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_each_stage_loads_its_program_with_the_splits_version(stack_split: Path, stage: int) -> None:
+    runtime = load_runtime(WorkerSettings(name="q", model=str(stack_split), stage=stage, warmup_iters=1,
+                                          model_version="ignored"))
+    assert runtime.pipeline is not None and runtime.version == runtime.pipeline.version
+    assert runtime.pipeline.stages[stage].file == f"stage-{stage}.pt2"
