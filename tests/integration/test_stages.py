@@ -103,3 +103,38 @@ def test_each_stage_loads_its_program_with_the_splits_version(stack_split: Path,
                                           model_version="ignored"))
     assert runtime.pipeline is not None and runtime.version == runtime.pipeline.version
     assert runtime.pipeline.stages[stage].file == f"stage-{stage}.pt2"
+
+
+def test_status_shows_every_stage_of_a_pipeline(redis_client: redis.Redis) -> None:
+    from inferfleet.worker.cli.status import gather, with_stages
+
+    for keys in (QueueKeys("q"), STAGE1, STAGE2):
+        ensure_group(redis_client, keys.requests)
+    redis_client.xadd(STAGE2.requests, {"id": "r"})
+    found = with_stages(redis_client, QueueKeys("q"))
+    assert [k.requests for k in found] == [QueueKeys("q").requests, STAGE1.requests, STAGE2.requests]
+    last = gather(redis_client, found[2])
+    assert (last.name, last.lag, last.length) == ("q stage 2", 1, 1)
+
+
+def test_a_hot_swap_moves_a_stage_to_the_same_stage_of_another_split(
+        stack_split: Path, models_dir: Path, tmp_path: Path, redis_client: redis.Redis, redis_url: str) -> None:
+    from inferfleet.worker.runtime.split import split_model
+
+    other = tmp_path / "other"
+    split_model(str(models_dir / "stack.pt2"), np.load(models_dir / "stack.npy"), ["blocks.3"], str(other))
+    middle = stage_consumer(stack_split, 1, redis_client, redis_url)
+    old = middle.runtime.version
+    settings = WorkerSettings(name="q", model=str(other), stage=1, warmup_iters=0)
+    middle.switch_runtime(load_runtime(settings), str(other))  # stage 1 of a 2-stage split: now the last
+    new = middle.runtime.version
+    assert new != old
+    h = np.ones((1, 64), np.float32)
+    redis_client.xadd(STAGE1.requests, {"id": "before", "body": encode_body(h), "version": old})
+    redis_client.xadd(STAGE1.requests, {"id": "after", "body": encode_body(h), "version": new})
+    assert middle.run_once() == 2
+    before = decode_reply(redis_client.lpop(QueueKeys("q").reply("before")))
+    after = decode_reply(redis_client.lpop(QueueKeys("q").reply("after")))
+    assert before.error_code == "model_error" and before.model_version == new  # never a mix of two splits
+    assert after.ok and after.model_version == new and after.outputs.shape == (1, 8)
+    assert redis_client.xlen(STAGE2.requests) == 0  # the last stage answers, it forwards nothing

@@ -47,7 +47,7 @@ def _report(manifest: Any, out: str) -> None:
 @click.command()
 @click.option("--model", required=True,
               help="package.module:callable returning an nn.Module (from PYTHONPATH), or a .pt2 torch.export file.")
-@click.option("--example", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--example", required=True, type=click.Path(dir_okay=False),
               help="Example inputs (.npy, or .npz for several): traced, and checked against the stages.")
 @click.option("--split-at", "split_at", required=True, callback=_names,
               help="Submodule names (as in named_modules()), comma-separated; each starts a new stage.")
