@@ -138,3 +138,13 @@ def test_a_hot_swap_moves_a_stage_to_the_same_stage_of_another_split(
     assert before.error_code == "model_error" and before.model_version == new  # never a mix of two splits
     assert after.ok and after.model_version == new and after.outputs.shape == (1, 8)
     assert redis_client.xlen(STAGE2.requests) == 0  # the last stage answers, it forwards nothing
+
+
+def test_the_result_cache_is_refused_before_the_last_stage(stack_split: Path, redis_client: redis.Redis,
+                                                          redis_url: str) -> None:
+    from inferfleet.worker.errors import ConfigError
+
+    settings = WorkerSettings(name="q", model=str(stack_split), stage=1, redis_url=redis_url, warmup_iters=0,
+                              cache_size=100)
+    with pytest.raises(ConfigError, match=r"use it on the last stage \(2\) only"):
+        StageConsumer(settings, load_runtime(settings), redis_client)

@@ -227,6 +227,8 @@ class StageConsumer(Consumer):
         stage, manifest = self.settings.stage or 0, runtime.pipeline
         assert manifest is not None
         last = stage == manifest.last
+        if self.settings.cache_size and not last:  # a cache hit answers at once: only the last stage may
+            raise ConfigError(f"--cache-size caches replies: use it on the last stage ({manifest.last}) only")
         self.intake = StageIntake(self.keys, self.settings.limits, runtime.model_meta, runtime.input_spec,
                                   runtime.accepts_params, version=runtime.version.encode() if stage else b"",
                                   carry=not last)
