@@ -122,7 +122,8 @@ def sharded_k8s_problems(f: dict[str, Any]) -> list[str]:
 
 def pipeline_compose_problems(f: dict[str, Any]) -> list[str]:
     problems = compose_problems(f, "compose_pipeline")
-    _, parsed = dc.compose_command_problems(f["compose_pipeline"], dc.built_models(dc.parse_dockerfile(f["dockerfile"])))
+    models = dc.built_models(dc.parse_dockerfile(f["dockerfile"]))
+    _, parsed = dc.compose_command_problems(f["compose_pipeline"], models)
     splits = {name: params for name, params in parsed.items() if "split_at" in params}
     return problems + dc.pipeline_problems(splits, parsed)
 
