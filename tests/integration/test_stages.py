@@ -77,6 +77,7 @@ def test_stage_consumers_forward_refuse_other_versions_and_answer(stack_split: P
     redis_client.xadd(STAGE1.requests, {"id": "old", "body": encode_body(h), "version": "0123456789ab"})
     redis_client.xadd(STAGE1.requests, {"id": "bad", "body": encode_body(h[:, :5]), "version": version})
     assert middle.run_once() == 3
+    assert middle.counters.metrics.queue == "q/stage1"  # its metrics are labelled by stage
     (_, fields), = redis_client.xrange(STAGE2.requests)
     assert fields[b"version"] == version.encode() and fields[b"reply_to"] == inbox.encode()
     assert fields[b"deadline"] == b"99999999999999"
@@ -148,3 +149,20 @@ def test_the_result_cache_is_refused_before_the_last_stage(stack_split: Path, re
                               cache_size=100)
     with pytest.raises(ConfigError, match=r"use it on the last stage \(2\) only"):
         StageConsumer(settings, load_runtime(settings), redis_client)
+
+
+def test_a_stage_supervisor_scales_on_its_own_stream(redis_client: redis.Redis, redis_url: str) -> None:
+    from inferfleet.worker.fleet.scaling import PolicySettings
+    from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings, observe
+    from inferfleet.worker.serving.consumer import ensure_group as create
+
+    worker = WorkerSettings(name="q", model="/split", stage=1, redis_url=redis_url)
+    supervisor = Supervisor(SupervisorSettings(worker=worker, policy=PolicySettings(kind="lag")), lambda *a: None,
+                            client=redis_client)
+    assert supervisor.keys.requests == STAGE1.requests
+    create(redis_client, STAGE1.requests)
+    create(redis_client, QueueKeys("q").requests)
+    for i in range(7):
+        redis_client.xadd(STAGE1.requests, {"id": f"r{i}"})
+    redis_client.xadd(QueueKeys("q").requests, {"id": "other"})  # stage 0's backlog is not stage 1's
+    assert observe(redis_client, supervisor.shard_keys, 0, 0.0).lag == 7
