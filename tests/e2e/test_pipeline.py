@@ -102,6 +102,24 @@ def test_a_worker_refuses_a_bad_manifest_clearly(stack_split: Path, tmp_path: Pa
     assert done.returncode == 1 and "has stages 0 to 2, not 3" in done.stderr, done.stderr
 
 
+@pytest.mark.timeout(300)  # the split fixture and three CLI starts on 2 busy cores
+def test_swap_checks_a_split_and_takes_its_digest_as_the_version(stack_split: Path, tmp_path: Path,
+                                                                  redis_url: str, redis_client: redis.Redis) -> None:
+    version = json.loads((stack_split / "pipeline.json").read_text())["version"]
+    args = ["swap", "--name", "q", "--model", str(stack_split), "--wait-s", "0"]
+    done = run_cli(*args, "--version", "other", env=worker_env(redis_url))
+    assert done.returncode == 2 and f"a split's version is its digest {version}" in done.stderr, done.stderr
+    done = run_cli(*args, env=worker_env(redis_url))
+    assert done.returncode == 0, done.stderr
+    assert redis_client.hget("inferfleet:{q}:model", "version") == version.encode()  # every stage reads this key
+    altered = tmp_path / "altered"
+    altered.mkdir()
+    for path in stack_split.iterdir():
+        (altered / path.name).write_bytes(path.read_bytes() if path.name != "stage-2.pt2" else b"other")
+    done = run_cli("swap", "--name", "q", "--model", str(altered), "--wait-s", "0", env=worker_env(redis_url))
+    assert done.returncode == 2 and "SHA-256 differs" in done.stderr, done.stderr
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.slow  # three workers load torch and their stage: a minute or more on 2 busy cores
 def test_three_stages_answer_like_the_unsplit_model(stack_split: Path, models_dir: Path, spawn_stage,

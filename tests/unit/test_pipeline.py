@@ -231,17 +231,3 @@ def test_split_refuses_a_point_where_the_graph_cannot_be_cut(tmp_path: Path) -> 
         split_model("scripts.build_models:stack", np.zeros((2, 32), np.float32), ["embed"], str(tmp_path / "o"))
     assert not (tmp_path / "o").exists()
 
-
-def test_swap_checks_a_split_and_publishes_its_digest_as_the_version(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from inferfleet.worker.cli import main
-
-    split = fake_split(tmp_path)
-    version = read_manifest(str(split)).version
-    args = ["swap", "--name", "q", "--redis-url", "redis://127.0.0.1:1/0", "--model", str(split), "--wait-s", "0"]
-    done = CliRunner().invoke(main, [*args, "--version", "other"])
-    assert done.exit_code == 2 and f"a split's version is its digest {version}" in done.output
-    (split / "stage-0.pt2").write_bytes(b"changed")
-    done = CliRunner().invoke(main, args)
-    assert done.exit_code == 2 and "SHA-256 differs" in done.output
