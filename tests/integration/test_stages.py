@@ -166,3 +166,24 @@ def test_a_stage_supervisor_scales_on_its_own_stream(redis_client: redis.Redis, 
         redis_client.xadd(STAGE1.requests, {"id": f"r{i}"})
     redis_client.xadd(QueueKeys("q").requests, {"id": "other"})  # stage 0's backlog is not stage 1's
     assert observe(redis_client, supervisor.shard_keys, 0, 0.0).lag == 7
+
+
+def test_a_stage_dead_letters_an_entry_whose_workers_keep_dying(stack_split: Path, redis_client: redis.Redis,
+                                                                 redis_url: str) -> None:
+    import time
+
+    settings = WorkerSettings(name="q", model=str(stack_split), stage=1, redis_url=redis_url, warmup_iters=0,
+                              consumer="alive", claim_idle_s=0.1, housekeeping_s=0.01, max_deliveries=1)
+    consumer = StageConsumer(settings, load_runtime(settings), redis_client)
+    consumer.prepare()
+    body = encode_body(np.ones((1, 64), np.float32))
+    redis_client.xadd(STAGE1.requests, {"id": "doomed", "body": body, "version": consumer.runtime.version})
+    redis_client.xreadgroup(GROUP, "crashed", {STAGE1.requests: ">"})  # read by a worker that died (no heartbeat)
+    time.sleep(0.3)
+    for _ in range(3):  # housekeeping takes it over, then it is the next suspect
+        consumer.run_once()
+    reply = decode_reply(redis_client.lpop(QueueKeys("q").reply("doomed")))
+    assert reply.error_code == "dead_letter"
+    (_, letter), = redis_client.xrange(QueueKeys("q").dead)  # the queue's one dead stream
+    assert letter[b"id"] == b"doomed"
+    assert redis_client.xpending(STAGE1.requests, GROUP)["pending"] == 0 and redis_client.xlen(STAGE2.requests) == 0
