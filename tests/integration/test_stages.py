@@ -98,6 +98,13 @@ def test_stage_consumers_forward_refuse_other_versions_and_answer(stack_split: P
     assert decode_body(fields[b"body"])[0].shape == (3, 64)
 
 
+def test_a_split_without_a_stage_is_refused_clearly(stack_split: Path) -> None:
+    from inferfleet.worker.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"is a split model .* with --stage K"):
+        load_runtime(WorkerSettings(name="q", model=str(stack_split)))
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_each_stage_loads_its_program_with_the_splits_version(stack_split: Path, stage: int) -> None:
     runtime = load_runtime(WorkerSettings(name="q", model=str(stack_split), stage=stage, warmup_iters=1,

@@ -40,7 +40,7 @@ from inferfleet.worker.npfiles import load_inputs
 from inferfleet.worker.runtime.memory import tune_allocator
 from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.onnx_backend import OnnxHandler, load_onnx
-from inferfleet.worker.runtime.pipeline import Manifest, stage_program
+from inferfleet.worker.runtime.pipeline import Manifest, is_pipeline, stage_program
 from inferfleet.worker.runtime.quantize import quantize_handler
 from inferfleet.worker.runtime.signature import spec_of
 
@@ -313,6 +313,9 @@ def _load_any(settings: WorkerSettings, device: torch.device) -> tuple[Handler, 
     stage of one split); a ``--model-version`` that differs is ignored, said so.
     """
     if settings.stage is None:
+        if is_pipeline(settings.model):
+            raise ModelLoadError(f"{settings.model!r} is a split model (inferfleet split): serve one of its "
+                                 f"stages with --stage K")
         return (*load_model(settings.model, device), None)
     path, manifest = stage_program(settings.model, settings.stage)
     if settings.model_version not in (None, manifest.version):
