@@ -8,6 +8,10 @@
                  ``{"dense": ..., "sparse": ...}``.
 * ``cnn.pt``     a small image CNN, float32[N,3,32,32] -> 10 logits.
 * ``affine.pt2`` the affine model as a torch.export program (dynamic batch).
+* ``stack.pt``   a stack of 6 residual MLP blocks (``blocks.0`` ... ``blocks.5``) and a head,
+                 float32[N,32] -> float32[N,8]: the model to split into pipeline stages
+                 (``stack.pt2`` its torch.export form, ``stack.npy`` an example input for
+                 ``inferfleet split``). ``stack(width, depth)`` builds larger ones.
 * ``resnet50.pt`` only with ``--only resnet50``: ResNet-50's architecture, random weights.
 
 Every file carries an example request body, base64 (extra file ``inferfleet_example``),
@@ -34,6 +38,7 @@ from inferfleet.producer.protocol import encode_body
 
 EXTRA = "inferfleet_example"
 CTR_SPARSE, CTR_DENSE, CTR_VOCAB, CTR_DIM = 26, 13, 1000, 16
+STACK_WIDTH = 64
 
 
 class Affine(nn.Module):
@@ -95,7 +100,40 @@ def example_inputs(kind: str, rows: int = 2, seed: int = 0) -> object:
         return rng.standard_normal((rows, 3, 32, 32), dtype=np.float32)
     if kind == "resnet50":
         return rng.standard_normal((rows, 3, 224, 224), dtype=np.float32)
+    if kind == "stack":
+        return rng.standard_normal((rows, 32), dtype=np.float32)
     raise ValueError(f"unknown example model {kind!r}: use affine, ctr or cnn")
+
+
+class Block(nn.Module):
+    """x + W2 relu(W1 x): one residual MLP block of :class:`Stack`."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.inner = nn.Linear(width, width)
+        self.outer = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.outer(torch.relu(self.inner(x)))
+
+
+class Stack(nn.Module):
+    """``depth`` residual MLP blocks of ``width`` between an input and an output layer: stages of equal cost."""
+
+    def __init__(self, width: int = STACK_WIDTH, depth: int = 6, inputs: int = 32, outputs: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Linear(inputs, width)
+        self.blocks = nn.Sequential(*[Block(width) for _ in range(depth)])
+        self.head = nn.Linear(width, outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(x)))
+
+
+def stack(width: int = STACK_WIDTH, depth: int = 6) -> nn.Module:
+    """A :class:`Stack` with fixed weights (``inferfleet split --model scripts.build_models:stack``)."""
+    torch.manual_seed(5)
+    return Stack(width, depth).eval()
 
 
 class Bottleneck(nn.Module):
@@ -136,12 +174,14 @@ class ResNet50(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
-MODELS = {"affine": Affine, "ctr": CTR, "cnn": SmallCNN, "resnet50": ResNet50}
-DEFAULT_MODELS = ("affine", "ctr", "cnn")
+MODELS = {"affine": Affine, "ctr": CTR, "cnn": SmallCNN, "resnet50": ResNet50, "stack": Stack}
+DEFAULT_MODELS = ("affine", "ctr", "cnn", "stack")
 
 
 def make_model(kind: str) -> nn.Module:
     """The example model ``kind`` in eval mode, its weights from a fixed seed (the same every build)."""
+    if kind == "stack":
+        return stack()
     torch.manual_seed({"affine": 1, "ctr": 2, "cnn": 3, "resnet50": 4}[kind])
     return MODELS[kind]().eval()
 
@@ -174,8 +214,11 @@ def build(kind: str, out: str) -> list[str]:
     path = os.path.join(out, f"{kind}.pt")
     torch.jit.save(torch.jit.script(make_model(kind)), path, _extra_files={EXTRA: example_body(kind)})
     written = [path]
-    if kind == "affine":
-        written.append(save_export(kind, os.path.join(out, "affine.pt2")))
+    if kind in ("affine", "stack"):
+        written.append(save_export(kind, os.path.join(out, f"{kind}.pt2")))
+    if kind == "stack":  # the example `inferfleet split --example` takes
+        written.append(os.path.join(out, "stack.npy"))
+        np.save(written[-1], example_inputs(kind, rows=4))
     return written
 
 

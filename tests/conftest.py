@@ -57,7 +57,7 @@ def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
     """The example models, built once per machine by scripts/build_models.py."""
-    needed = ["affine.pt", "affine.pt2", "ctr.pt", "cnn.pt"]
+    needed = ["affine.pt", "affine.pt2", "ctr.pt", "cnn.pt", "stack.pt", "stack.pt2", "stack.npy"]
     if not all((MODELS_DIR / name).exists() for name in needed):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "build_models.py"), "--out", str(MODELS_DIR)],
                        check=True, cwd=ROOT)
@@ -138,3 +138,26 @@ def spawn_worker(redis_url: str, redis_client: redis.Redis):
         stop_process(proc)
         if proc.stderr:
             proc.stderr.close()
+
+
+#: Where the example pipeline is cut: three stages of two residual blocks each (scripts/build_models.py stack).
+STACK_SPLIT_AT = ["blocks.2", "blocks.4"]
+
+
+@pytest.fixture(scope="session")
+def stack_split(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example ``stack`` model split into three stages by ``inferfleet split``'s code, once per session."""
+    import numpy as np
+
+    from inferfleet.worker.runtime.split import split_model
+
+    out = tmp_path_factory.mktemp("pipelines") / "stack"
+    split_model(str(models_dir / "stack.pt2"), np.load(models_dir / "stack.npy"), STACK_SPLIT_AT, str(out))
+    return out
+
+
+def stack_model(models_dir: Path):
+    """The unsplit example ``stack`` model (its torch.export program), for expected outputs."""
+    import torch
+
+    return torch.export.load(str(models_dir / "stack.pt2")).module()

@@ -40,6 +40,7 @@ from inferfleet.producer.protocol import DEFAULT_PREFIX, GROUP, shard_keys
 from inferfleet.worker.cli import main
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.keys import stage_keys
 from inferfleet.worker.metrics import metric_names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -209,7 +210,8 @@ def built_models(instrs: list[tuple[str, str]]) -> set[str]:
             words = shlex.split(args)
             out = words[words.index("--out") + 1] if "--out" in words else "models"
             only = words[words.index("--only") + 1].split(",") if "--only" in words else DEFAULT_MODELS
-            files = {f"{kind}.pt" for kind in only} | ({"affine.pt2"} if "affine" in only else set())
+            files = ({f"{kind}.pt" for kind in only} | ({"affine.pt2"} if "affine" in only else set())
+                     | ({"stack.pt2", "stack.npy"} if "stack" in only else set()))
             return {f"{out}/{name}" for name in files}
     return set()
 
@@ -233,8 +235,12 @@ def runtime_problems(instrs: list[tuple[str, str]], scripts: dict[str, str]) -> 
 
 
 def model_problems(where: str, params: dict[str, Any], models: set[str]) -> list[str]:
-    """The model a service serves is one the image builds."""
+    """The model a service serves is one the image builds (a pipeline stage's split: :func:`pipeline_problems`)."""
     model = params.get("model") or params.get("model_path")
+    if params.get("stage") is not None:
+        return []
+    if params.get("example") is not None and params["example"] not in models:  # inferfleet split
+        return [f"{where}: example {params['example']} is not built into the image ({', '.join(sorted(models))})"]
     if model is not None and model not in models:
         return [f"{where}: model {model} is not built into the image ({', '.join(sorted(models))})"]
     return []
@@ -556,7 +562,7 @@ def _trigger_problems(docs: list[dict], where: str, trigger: dict, params: dict)
                 for k, v in meta.items() if not isinstance(v, str)]
     try:  # the worker's own stream: its shard's, when the queue is sharded
         shards = shard_keys(params.get("name") or "", params.get("shards") or 1, params.get("prefix") or DEFAULT_PREFIX)
-        stream = shards[params.get("shard") or 0].requests
+        stream = stage_keys(shards[params.get("shard") or 0], params.get("stage") or 0).requests
     except (ProtocolError, IndexError) as exc:
         return problems + [f"{where}: {exc}"]
     expected = {"stream": stream, "consumerGroup": GROUP, "lagCount": "50"}
@@ -618,4 +624,42 @@ def shard_problems(parsed: dict[str, dict]) -> list[str]:
             problems.append(f"queue {queue}: Deployments serve shards {served}, not each shard once")
         problems += [f"Deployment {name}: a sharded queue needs --cluster" for name, _, _ in deps
                      if not parsed[name].get("cluster")]
+    return problems
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+def split_job_problems(docs: list[dict], models: set[str]) -> tuple[list[str], dict[str, dict]]:
+    """Each Job runs ``inferfleet split`` on a model and example the image builds; returns their parameters."""
+    problems, parsed = [], {}
+    for name, job in by_kind(docs, "Job").items():
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        where = f"Job {name}"
+        env, found = container_env(docs, container)
+        found_cmd, params = command_problems(as_argv(container.get("args")), env)
+        problems += [f"{where}: {p}" for p in found + found_cmd] + model_problems(where, params, models)
+        parsed[name] = params
+    return problems, parsed
+
+
+def pipeline_problems(splits: dict[str, dict], workers: dict[str, dict]) -> list[str]:
+    """The stage workers of each pipelined queue serve a split some ``inferfleet split`` writes,
+    every stage of it at least once and no stage it lacks."""
+    outs = {p["out"]: p for p in splits.values() if p.get("out")}
+    by_queue: dict[tuple[str, str], set[int]] = {}
+    problems = []
+    for name, params in workers.items():
+        if params.get("stage") is None:
+            continue
+        split = outs.get(params.get("model") or "")
+        if split is None:
+            problems.append(f"{name}: stage {params['stage']} serves {params.get('model')}, which no "
+                            f"`inferfleet split --out` writes ({sorted(outs)})")
+            continue
+        by_queue.setdefault((params.get("name") or "", split["out"]), set()).add(params["stage"])
+    for (queue, out), stages in sorted(by_queue.items()):
+        want = set(range(len(outs[out]["split_at"]) + 1))
+        if stages != want:
+            problems.append(f"queue {queue}: stages {sorted(stages)} are served, the split {out} has {sorted(want)}")
     return problems

@@ -24,6 +24,7 @@ from inferfleet.producer.protocol import (
     validate_prefix,
 )
 from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.keys import MAX_STAGES, stage_keys
 
 __all__ = ["WorkerSettings", "ENV_VARS", "DEVICE_CHOICES", "PRECISIONS", "default_consumer_name", "env_var"]
 
@@ -51,7 +52,8 @@ class WorkerSettings:
 
     name: str = field(metadata={"help": "Queue (model) name: 1-64 of A-Z a-z 0-9 . _ -"})
     model: str = field(metadata={
-        "help": "TorchScript file, torch.export .pt2 file, ONNX .onnx file, or module:Handler."})
+        "help": "TorchScript file, torch.export .pt2 file, ONNX .onnx file, or module:Handler; with --stage, the "
+                "directory `inferfleet split` wrote (--pipeline)."})
     redis_url: str = field(default_factory=lambda: os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL, metadata={
         "help": f"Redis URL (redis://, rediss://, unix://); default {DEFAULT_REDIS_URL}.", "env": "REDIS_URL"})
     prefix: str = field(default=DEFAULT_PREFIX, metadata={"help": "Key prefix of every Redis key."})
@@ -109,6 +111,10 @@ class WorkerSettings:
     shard: int = field(default=0, metadata={"help": "With --shards: the shard this worker serves (0 to shards-1)."})
     cluster: bool = field(default=False, metadata={  # connect with redis-py's RedisCluster
         "help": "Connect to a Redis Cluster (the URL names any one node)."})
+    # pipeline parallelism: this worker serves one stage of a split model (inferfleet split)
+    stage: int | None = field(default=None, metadata={
+        "help": "Serve stage K of the split model in --pipeline DIR: stage 0 reads the queue's requests, stage K "
+                "the stream PREFIX:{NAME}:stage:K."})
 
     def __post_init__(self) -> None:
         try:
@@ -149,6 +155,8 @@ class WorkerSettings:
             raise ConfigError(str(exc)) from exc
         if self.prefetch not in ("auto", "on", "off"):
             raise ConfigError(f"prefetch {self.prefetch!r} is not one of auto, on, off")
+        if self.stage is not None:
+            self._check_range("stage", 0, MAX_STAGES - 1)
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
 
@@ -164,8 +172,10 @@ class WorkerSettings:
 
     @property
     def queue_keys(self) -> QueueKeys:
-        """The keys this worker serves: its shard's (``NAME.shard``), or the queue's own when unsharded."""
-        return QueueKeys(shard_name(self.name, self.shard, self.shards), self.prefix)
+        """The keys this worker serves: its shard's (``NAME.shard``), or the queue's own when unsharded;
+        with a ``stage`` over 0, that stage's keys (:class:`~inferfleet.worker.keys.StageKeys`)."""
+        keys = QueueKeys(shard_name(self.name, self.shard, self.shards), self.prefix)
+        return stage_keys(keys, self.stage) if self.stage else keys
 
     @property
     def max_wait_s(self) -> float:

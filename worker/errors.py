@@ -6,6 +6,7 @@
     └── WorkerError
         ├── ConfigError            an invalid setting; the message lists what is allowed
         ├── ModelLoadError         the model cannot be loaded, placed or warmed up
+        ├── SplitError             ``inferfleet split`` cannot cut the model as asked
         └── OutputError            a model output breaks the contract (answered model_error)
 
     BaseException
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from inferfleet.producer.errors import InferfleetError
 
-__all__ = ["WorkerError", "ConfigError", "DeviceBroken", "ModelLoadError", "OutputError"]
+__all__ = ["WorkerError", "ConfigError", "DeviceBroken", "ModelLoadError", "OutputError", "SplitError"]
 
 
 class WorkerError(InferfleetError):
@@ -36,6 +37,10 @@ class ConfigError(WorkerError, ValueError):
 
 class ModelLoadError(WorkerError):
     """The model cannot be loaded, placed on its device or warmed up."""
+
+
+class SplitError(WorkerError):
+    """A model cannot be split where asked, or its stages do not reproduce it."""
 
 
 class OutputError(WorkerError):

@@ -14,15 +14,32 @@ key                           type    what
 ``PREFIX:{NAME}:alerts``      stream  result-check and swap alerts
 ``PREFIX:{NAME}:cache:HEX``   string  a fleet result-cache entry, with a TTL
 ``PREFIX:{NAME}:supervisor``  hash    a supervisor's last decision, with a TTL
+``PREFIX:{NAME}:stage:K``     stream  pipeline stage K's inputs (K >= 1), group ``workers``
+``PREFIX:{NAME}:stage:K:...`` (any)   stage K's own heartbeats and supervisor hash
 ============================  ======  =======================================
+
+A pipelined model (``inferfleet split``) runs stage 0 on the request stream
+and stage K >= 1 on its own stream; :class:`StageKeys` are stage K's keys:
+the same queue (reply lists, inboxes, dead letters, the published model and
+alerts are the queue's), with its own stream, heartbeats and supervisor hash.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import QueueKeys
 
-__all__ = ["HEARTBEAT_INDEX", "alerts_key", "cache_key", "heartbeat_index", "heartbeat_key", "model_key",
-           "supervisor_key"]
+__all__ = ["HEARTBEAT_INDEX", "MAX_STAGES", "STAGE_PREFIX", "StageKeys", "alerts_key", "cache_key", "heartbeat_index",
+           "heartbeat_key", "model_key", "stage_keys", "supervisor_key"]
+
+#: Pipeline stages one queue may have.
+MAX_STAGES = 64
+#: A stage stream is ``PREFIX:{NAME}:stage:K``.
+STAGE_PREFIX = "stage:"
+#: Keys every stage shares with the queue (a swap and the alerts are the whole pipeline's).
+_SHARED = frozenset({"model", "alerts"})
 
 #: Suffix of the heartbeat index; each heartbeat hash is ``HEARTBEAT_INDEX:consumer``.
 HEARTBEAT_INDEX = "hb"
@@ -56,3 +73,31 @@ def cache_key(keys: QueueKeys, digest: bytes) -> str:
 def supervisor_key(keys: QueueKeys) -> str:
     """The hash where a supervisor publishes its latest scaling decision."""
     return keys.own("supervisor")
+
+
+@dataclass(frozen=True)
+class StageKeys(QueueKeys):
+    """The keys of pipeline stage ``stage`` (>= 1) of a queue: its own stream and heartbeats.
+
+    ``requests`` is the stage's stream ``PREFIX:{NAME}:stage:K`` (so a consumer,
+    its recovery and its supervisor work on it unchanged); the reply keys,
+    inboxes and dead letters are the queue's; :meth:`own` keys are the
+    stage's, but for the published model and the alerts, which are the queue's.
+    """
+
+    stage: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.stage < MAX_STAGES:
+            raise ProtocolError(f"stage must be from 1 to {MAX_STAGES - 1}, got {self.stage!r}")
+        object.__setattr__(self, "requests", f"{self.base}{STAGE_PREFIX}{self.stage}")
+
+    def own(self, what: str) -> str:
+        """A stage's own key (``PREFIX:{NAME}:stage:K:what``); the model and alerts keys are the queue's."""
+        return super().own(what) if what in _SHARED else f"{self.requests}:{what}"
+
+
+def stage_keys(keys: QueueKeys, stage: int) -> QueueKeys:
+    """The keys stage ``stage`` of the queue ``keys`` works on: the queue's own for stage 0."""
+    return keys if stage == 0 else StageKeys(keys.name, keys.prefix, stage=stage)

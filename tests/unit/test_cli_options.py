@@ -115,7 +115,8 @@ def _range_options() -> list[SettingOption]:
 
 
 def test_an_options_range_is_what_the_worker_settings_accept() -> None:
-    assert {p.name for p in _range_options()} == {"warmup_iters", "idle_block_ms", "housekeeping_s", "heartbeat_s"}
+    assert {p.name for p in _range_options()} == {"warmup_iters", "idle_block_ms", "housekeeping_s", "heartbeat_s",
+                                                 "stage"}
     for option in _range_options():
         low, high = option.type.min, option.type.max
         step = 1 if isinstance(option.type, click.IntRange) else low / 2

@@ -44,8 +44,10 @@ def k8s_docs(variant: str) -> list[dict]:
     if variant == "cpu":
         return base
     extra = [d for path in sorted((K8S / variant).glob("*.yaml")) for d in dc.load_yaml_all(path)]
-    if variant == "sharded":  # its Deployments and ScaledObjects stand in for the unsharded ones
+    if variant in ("sharded", "pipeline"):  # its Deployments and ScaledObjects stand in for the base ones
         replaced = {("Deployment", "inferfleet-worker"), ("ScaledObject", "inferfleet-worker")}
+        if variant == "pipeline":  # another queue, with a disruption budget of its own
+            replaced.add(("PodDisruptionBudget", "inferfleet-worker"))
     else:
         replaced = {(d["kind"], d["metadata"]["name"]) for d in extra}
     return [d for d in base if (d["kind"], d["metadata"]["name"]) not in replaced] + extra
@@ -65,6 +67,8 @@ def files() -> dict[str, Any]:
         "k8s": k8s_docs("cpu"),
         "k8s_gpu": k8s_docs("gpu"),
         "k8s_sharded": k8s_docs("sharded"),
+        "compose_pipeline": dc.merge_compose(compose, dc.load_yaml(ROOT / "docker-compose.pipeline.yml")),
+        "k8s_pipeline": k8s_docs("pipeline"),
     }
 
 
@@ -116,6 +120,21 @@ def sharded_k8s_problems(f: dict[str, Any]) -> list[str]:
     return k8s_problems(f, "k8s_sharded") + dc.shard_problems(parsed)
 
 
+def pipeline_compose_problems(f: dict[str, Any]) -> list[str]:
+    problems = compose_problems(f, "compose_pipeline")
+    models = dc.built_models(dc.parse_dockerfile(f["dockerfile"]))
+    _, parsed = dc.compose_command_problems(f["compose_pipeline"], models)
+    splits = {name: params for name, params in parsed.items() if "split_at" in params}
+    return problems + dc.pipeline_problems(splits, parsed)
+
+
+def pipeline_k8s_problems(f: dict[str, Any]) -> list[str]:
+    docs, models = f["k8s_pipeline"], dc.built_models(dc.parse_dockerfile(f["dockerfile"]))
+    _, parsed = dc.worker_pod_problems(docs, models)
+    found, splits = dc.split_job_problems(docs, models)
+    return k8s_problems(f, "k8s_pipeline") + found + dc.pipeline_problems(splits, parsed)
+
+
 # --------------------------------------------------------------------------- the real files
 
 
@@ -147,6 +166,22 @@ def test_the_sharded_variant_scales_each_shard_on_its_own_stream(files: dict[str
                      for so in dc.by_kind(files["k8s_sharded"], "ScaledObject").values())
     assert streams == ["inferfleet:{ctr.0}:requests", "inferfleet:{ctr.1}:requests"]
     assert len(dc.by_kind(files["k8s_sharded"], "Deployment")) == 2
+
+
+def test_the_compose_pipeline_override_splits_once_and_supervises_each_stage(files: dict[str, Any]) -> None:
+    assert pipeline_compose_problems(files) == []
+    services = files["compose_pipeline"]["services"]
+    stages = sorted(dc.env_of(services[name])["INFERFLEET_STAGE"] for name in ("stage0", "stage1"))
+    assert stages == ["0", "1"]
+    assert services["stage1"]["depends_on"]["split"]["condition"] == "service_completed_successfully"
+
+
+def test_the_kubernetes_pipeline_scales_each_stage_on_its_own_stream(files: dict[str, Any]) -> None:
+    assert pipeline_k8s_problems(files) == []
+    streams = sorted(so["spec"]["triggers"][0]["metadata"]["stream"]
+                     for so in dc.by_kind(files["k8s_pipeline"], "ScaledObject").values())
+    assert streams == ["inferfleet:{stack}:requests", "inferfleet:{stack}:stage:1"]
+    assert len(dc.by_kind(files["k8s_pipeline"], "Deployment")) == 2 and dc.by_kind(files["k8s_pipeline"], "Job")
 
 
 def test_the_kubernetes_gpu_variant_replaces_the_cpu_deployment(files: dict[str, Any]) -> None:
@@ -202,6 +237,8 @@ def edit(old: str, new: str) -> Callable[[str], str]:
     return apply
 
 
+STAGE1_ARGS = ("Deployment/inferfleet-stack-stage1", "spec", "template", "spec", "containers", 0, "args")
+STAGE1_TRIGGER = ("ScaledObject/inferfleet-stack-stage1", "spec", "triggers", 0)
 SUP = ("services", "supervisor")
 SUP_ENV = (*SUP, "environment")
 REDIS = ("services", "redis")
@@ -324,6 +361,19 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
      "not one redis-cluster-streams trigger"),
     ("cluster addresses without REDIS_URL's node", "k8s_sharded",
      put(("Secret/inferfleet-redis", "stringData", "addresses"), "other:6379"), "do not hold REDIS_URL's"),
+    # pipelines: compose override and Kubernetes
+    ("a stage served twice, one not at all", "k8s_pipeline", put(STAGE1_ARGS, [
+        "worker", "--metrics-port", "9100", "--pipeline", "/pipelines/stack", "--stage", "0"]),
+     "stages [0] are served, the split /pipelines/stack has [0, 1]"),
+    ("a stage scaled on the request stream", "k8s_pipeline", put((*STAGE1_TRIGGER, "metadata", "stream"),
+                                                                 "inferfleet:{stack}:requests"),
+     "stream is 'inferfleet:{stack}:requests', not 'inferfleet:{stack}:stage:1'"),
+    ("a stage of a split nobody writes", "compose_pipeline", put(("services", "stage1", "environment",
+                                                                  "INFERFLEET_MODEL"), "/elsewhere"),
+     "which no `inferfleet split --out` writes"),
+    ("a split of a model the image lacks", "k8s_pipeline", put(("Job/inferfleet-split-stack", "spec", "template",
+                                                                "spec", "containers", 0, "args", 4), "/app/x.npy"),
+     "example /app/x.npy is not built into the image"),
     # Kubernetes GPU variant
     ("GPU pod without a GPU", "k8s_gpu", drop((*CONTAINER, "resources", "limits", "nvidia.com/gpu")),
      "no resources.limits nvidia.com/gpu"),
@@ -351,6 +401,7 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
 CHECKS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "compose": compose_problems, "compose_gpu": gpu_compose_problems, "k8s": k8s_problems,
     "k8s_gpu": gpu_k8s_problems, "k8s_sharded": sharded_k8s_problems, "dockerfile": docker_problems,
+    "compose_pipeline": pipeline_compose_problems, "k8s_pipeline": pipeline_k8s_problems,
 }
 
 

@@ -26,7 +26,8 @@ __all__ = ["dead", "status"]
 def status(queue: QueueConfig, watch: bool, interval_s: float) -> None:
     """Show each queue: length, lag, pending, dead letters, consumers and workers.
 
-    A sharded queue shows each shard (NAME.0, NAME.1 ...) as a queue of its own.
+    A sharded queue shows each shard (NAME.0, NAME.1 ...) as a queue of its own, a pipelined
+    model each stage (NAME stage 1, ...) with its stream's lag, its workers and their rates.
     """
     import time
 
@@ -35,7 +36,7 @@ def status(queue: QueueConfig, watch: bool, interval_s: float) -> None:
     from rich.live import Live
 
     from inferfleet.producer.protocol import QueueKeys, shard_keys
-    from inferfleet.worker.cli.status import find_queues, gather, render
+    from inferfleet.worker.cli.status import find_queues, gather, render, with_stages
     from inferfleet.worker.connections import admin_client
 
     try:
@@ -52,7 +53,7 @@ def status(queue: QueueConfig, watch: bool, interval_s: float) -> None:
         queues = keys_list or [QueueKeys(q, queue.prefix) for q in find_queues(client, queue.prefix)]
         if not queues:
             return f"no queues under prefix {queue.prefix!r}"
-        return Group(*(render(gather(client, k)) for k in queues))
+        return Group(*(render(gather(client, k)) for q in queues for k in with_stages(client, q)))
 
     console = Console()
     try:

@@ -22,6 +22,8 @@ def _check_model(model: str, version: str | None, check: bool) -> str:
     from inferfleet.worker.errors import ModelLoadError
     from inferfleet.worker.runtime.loading import file_version, is_handler_spec, load_model
 
+    if os.path.isdir(model):
+        return _check_pipeline(model, version)
     is_spec = is_handler_spec(model)
     if not is_spec and not os.path.isfile(model):
         if check or version is None:
@@ -37,6 +39,23 @@ def _check_model(model: str, version: str | None, check: bool) -> str:
             raise click.BadParameter(f"the model does not load: {exc}", param_hint="--model") from exc
         return version or default_version
     return version or ("1" if is_spec else file_version(model))
+
+
+def _check_pipeline(directory: str, version: str | None) -> str:
+    """A split's directory: every stage file checked against the manifest; its version is the split's."""
+    from inferfleet.worker.errors import ModelLoadError
+    from inferfleet.worker.runtime.pipeline import read_manifest, stage_program
+
+    try:
+        manifest = read_manifest(directory)
+        for stage in range(manifest.last + 1):
+            stage_program(directory, stage)
+    except ModelLoadError as exc:
+        raise click.BadParameter(str(exc), param_hint="--model") from exc
+    if version not in (None, manifest.version):
+        raise click.BadParameter(f"a split's version is its digest {manifest.version}: leave --version out",
+                                 param_hint="--version")
+    return manifest.version
 
 
 def _serving(client: Any, keys: Any) -> tuple[str, str]:
@@ -72,7 +91,8 @@ def _wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool
 
 @click.command()
 @pass_queue_config
-@click.option("--model", default=None, help="The new model: a file every worker can read, or module:Handler.")
+@click.option("--model", default=None, help="The new model: a file every worker can read, module:Handler, or a "
+              "split's directory (every stage of a pipeline swaps to it).")
 @click.option("--version", "version", default=None, help="Its version (default: the file's hash).")
 @click.option("--rollback", is_flag=True, help="Return to the version before the current one.")
 @click.option("--check/--no-check", default=True, show_default=True,
@@ -89,6 +109,7 @@ def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: b
     """
     import redis
 
+    from inferfleet.worker.cli.status import with_stages
     from inferfleet.worker.serving.lifecycle import NoPreviousVersion, publish
     from inferfleet.worker.serving.lifecycle import rollback as do_rollback
 
@@ -110,7 +131,8 @@ def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: b
                 published = publish(client, keys, model, version, _serving(client, keys))
             click.echo(f"{keys.name}: version {published.version} ({published.model}) published as "
                        f"#{published.seq}; previous {published.previous_version or 'none'}")
-        if wait_s and not _wait_for(client, shard_list, published.version, wait_s):
+        every_stage = [k for keys in shard_list for k in with_stages(client, keys)]  # a pipeline's stages too
+        if wait_s and not _wait_for(client, every_stage, published.version, wait_s):
             sys.exit(1)
     except NoPreviousVersion as exc:
         raise click.ClickException(str(exc)) from exc

@@ -32,6 +32,7 @@ from inferfleet.worker.cli.process import (
 )
 from inferfleet.worker.config import PRECISIONS, WorkerSettings
 from inferfleet.worker.errors import ConfigError, DeviceBroken, ModelLoadError
+from inferfleet.worker.keys import MAX_STAGES
 
 __all__ = ["child_main", "worker", "worker_options", "worker_settings"]
 
@@ -56,7 +57,8 @@ def _setting(name: str, *decls: str, **attrs: Any) -> Decorator:
 #: The options of one worker, shared by ``worker`` and ``supervise`` (its workers' template).
 worker_options = _options(
     name_option,
-    _setting("model", "--model"),
+    _setting("model", "--model", "--pipeline"),
+    _setting("stage", "--stage", type=click.IntRange(0, MAX_STAGES - 1)),
     redis_url_option,
     prefix_option,
     _setting("max_batch_rows", "--max-batch-rows", type=int),

@@ -3,7 +3,9 @@
 :func:`gather` reads everything with a few pipelined commands into a
 :class:`QueueStatus`; :func:`render` turns it into rich tables. Queues are
 found with SCAN when no name is given (on every master of a Redis Cluster);
-each shard of a sharded queue (``NAME.s``) is a queue of its own here.
+each shard of a sharded queue (``NAME.s``) is a queue of its own here, and
+so is each stage of a pipelined model (:func:`with_stages`): its stream,
+lag, workers and rates.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from rich.table import Table
 
 from inferfleet.producer.protocol import GROUP, QueueKeys, workers_group
 from inferfleet.worker.heartbeat import HeartbeatInfo, read_heartbeats
-from inferfleet.worker.keys import supervisor_key
+from inferfleet.worker.keys import MAX_STAGES, StageKeys, stage_keys, supervisor_key
 
-__all__ = ["QueueStatus", "gather", "render", "find_queues"]
+__all__ = ["QueueStatus", "gather", "render", "find_queues", "with_stages"]
 
 
 @dataclass
@@ -46,9 +48,17 @@ def find_queues(client: redis.Redis, prefix: str) -> list[str]:
     return sorted(names)
 
 
+def with_stages(client: redis.Redis, keys: QueueKeys) -> list[QueueKeys]:
+    """The queue's keys, then those of each pipeline stage 1, 2 ... whose stream exists."""
+    found = [keys]
+    while len(found) < MAX_STAGES and client.exists(stage_keys(keys, len(found)).requests):
+        found.append(stage_keys(keys, len(found)))
+    return found
+
+
 def gather(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
-    """Read a queue's status (an empty status if the queue does not exist yet)."""
-    status = QueueStatus(keys.name)
+    """Read a queue's status (an empty status if the queue does not exist yet); a stage's, for StageKeys."""
+    status = QueueStatus(f"{keys.name} stage {keys.stage}" if isinstance(keys, StageKeys) else keys.name)
     pipe = client.pipeline(transaction=False)
     pipe.xlen(keys.requests)
     pipe.xlen(keys.dead)

@@ -42,7 +42,7 @@ from inferfleet.worker.connections import admin_client
 from inferfleet.worker.errors import ConfigError, DeviceBroken
 from inferfleet.worker.fleet.scaling import Decision, Observation, PolicySettings, PolicyState, desired_workers
 from inferfleet.worker.heartbeat import read_heartbeats
-from inferfleet.worker.keys import supervisor_key
+from inferfleet.worker.keys import stage_keys, supervisor_key
 
 if TYPE_CHECKING:
     from inferfleet.worker.metrics import FleetMetrics
@@ -186,7 +186,8 @@ class Supervisor:
         self.metrics = metrics  # the host's /metrics endpoint, started before the first child
         self.child_target = child_target
         worker = settings.worker
-        self.shard_keys = shard_keys(worker.name, worker.shards, worker.prefix)
+        self.shard_keys = tuple(stage_keys(keys, worker.stage or 0)  # --stage K: that stage's stream
+                                for keys in shard_keys(worker.name, worker.shards, worker.prefix))
         self.keys = self.shard_keys[0]
         #: What each GPU slot's child gets as CUDA_VISIBLE_DEVICES (ConfigError if one is not visible).
         self.visible = child_visible_devices(settings.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))

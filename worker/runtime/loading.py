@@ -47,6 +47,7 @@ from inferfleet.worker.runtime.devices import (
 from inferfleet.worker.runtime.memory import tune_allocator
 from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.onnx_backend import OnnxHandler, load_onnx
+from inferfleet.worker.runtime.pipeline import Manifest, is_pipeline, stage_program
 from inferfleet.worker.runtime.quantize import quantize_handler
 from inferfleet.worker.runtime.signature import spec_of
 
@@ -118,6 +119,8 @@ class ModelRuntime:
         self.input_spec: Hashable | None = spec_of(example) if example is not None else None
         #: TorchScript, export and ONNX models take no params; handlers may.
         self.accepts_params = handler.accepts_params
+        #: The split this runtime is one stage of (``--stage``), else None.
+        self.pipeline: Manifest | None = None
 
     @property
     def model_meta(self) -> tuple[str, str]:
@@ -343,6 +346,25 @@ def _compile(handler: Handler) -> None:
         raise ModelLoadError(str(exc)) from exc
 
 
+def _load_any(settings: WorkerSettings, device: torch.device) -> tuple[Handler, Any, str, Manifest | None]:
+    """The model, or with ``stage`` set the stage's program of the split in ``settings.model``.
+
+    A stage's version is always its split's digest (one version for every
+    stage of one split); a ``--model-version`` that differs is ignored, said so.
+    """
+    if settings.stage is None:
+        if is_pipeline(settings.model):
+            raise ModelLoadError(f"{settings.model!r} is a split model (inferfleet split): serve one of its "
+                                 f"stages with --stage K")
+        return (*load_model(settings.model, device), None)
+    path, manifest = stage_program(settings.model, settings.stage)
+    if settings.model_version not in (None, manifest.version):
+        log.warning("stage %d of %s: --model-version %s ignored, a stage reports its split's version %s",
+                    settings.stage, settings.model, settings.model_version, manifest.version)
+    handler, example, _ = load_model(path, device)
+    return handler, example, manifest.version, manifest
+
+
 def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     """Load, place and warm up the model that ``settings`` names."""
     if settings.tune_malloc:
@@ -351,14 +373,15 @@ def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     device = resolve_device(settings.device)
     select_device(device)  # cuda:N: this thread's (the loop's, or a swap's) current device
     started = time.perf_counter()
-    handler, example, version = load_model(settings.model, device)
+    handler, example, version, manifest = _load_any(settings, device)
     if settings.warmup_input:
         example = _load_example_file(settings.warmup_input)
     apply_precision(handler, settings.precision, device)
     if settings.compile:
         _compile(handler)
-    runtime = ModelRuntime(handler, settings.name, settings.model_version or version, device, example,
-                           settings.precision)
+    runtime = ModelRuntime(handler, settings.name, version if manifest else settings.model_version or version,
+                           device, example, settings.precision)
+    runtime.pipeline = manifest
     loaded = time.perf_counter() - started
     warm = runtime.warmup(settings.max_batch_rows, settings.warmup_iters)
     log.info("model %s version %s on %s (%s%s): loaded in %.0f ms, warmed up in %.0f ms",

@@ -18,6 +18,7 @@ from inferfleet.worker.runtime.devices import peak_memory_mib
 from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
 from inferfleet.worker.serving.consumer import Consumer
 from inferfleet.worker.serving.lifecycle import ModelWatcher, read_published
+from inferfleet.worker.serving.stages import StageConsumer
 
 __all__ = ["serve"]
 
@@ -46,7 +47,8 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
     client = worker_client(settings.redis_url, settings.cluster)
     runtime, seen_seq, source = _load_current(settings, client)
     watcher = ModelWatcher(client, settings.queue_keys, settings, load_runtime, seen_seq)
-    consumer = Consumer(settings, runtime, client, watcher=watcher, model_source=source)
+    kind = Consumer if settings.stage is None else StageConsumer  # one stage of a split model
+    consumer = kind(settings, runtime, client, watcher=watcher, model_source=source)
     if stop.is_set():
         return consumer
     heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer,
