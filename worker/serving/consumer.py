@@ -25,7 +25,7 @@ from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error, e
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import stream_entries
 from inferfleet.worker.counters import Counters
-from inferfleet.worker.logs import batch_context
+from inferfleet.worker.logs import batch_context, clip
 from inferfleet.worker.metrics import worker_metrics
 from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
 from inferfleet.worker.serving.alerts import Alert
@@ -101,7 +101,7 @@ def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: fl
                           rid=req.rid)
         except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
             result = exc
-    log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, result)
+    log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, clip(result))
     message = f"{type(result).__name__}: {result}"
     return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
                   rid=req.rid, code="model_error")
@@ -294,10 +294,11 @@ class Consumer:
         if not fields:
             self.replies.write([Answer(entry_id, None, None)])  # deleted while pending: acknowledge only
             return 1
-        if not self.recovery.start_attempt(entry_id):
+        attempt = self.recovery.start_attempt(entry_id, delivered)
+        if attempt is None:
             return 0  # no longer ours: answered elsewhere
-        if delivered + 1 > self.settings.max_deliveries:
-            self.replies.write([dead_letter(self.intake, entry_id, fields, delivered + 1, self.settings)])
+        if attempt > self.settings.max_deliveries:
+            self.replies.write([dead_letter(self.intake, entry_id, fields, attempt, self.settings)])
         else:
             self._answer([self.intake.admit(entry_id, fields, time.time() * 1000.0)])
         return 1

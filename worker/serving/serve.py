@@ -42,7 +42,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
 
 
 def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
-    client = worker_client(settings.redis_url, settings.cluster)
+    client = worker_client(settings.redis_url, settings.cluster, block_s=settings.idle_block_ms / 1000.0)
     runtime, seen_seq, source = _load_current(settings, client)
     watcher = ModelWatcher(client, settings.queue_keys, settings, load_runtime, seen_seq)
     consumer = Consumer(settings, runtime, client, watcher=watcher, model_source=source)
