@@ -14,6 +14,8 @@ key                           type    what
 ``PREFIX:{NAME}:alerts``      stream  result-check and swap alerts
 ``PREFIX:{NAME}:cache:HEX``   string  a fleet result-cache entry, with a TTL
 ``PREFIX:{NAME}:supervisor``  hash    a supervisor's last decision, with a TTL
+``...:supervisor:lease:HOST`` hash    the lease of the one supervisor of the
+                                      queue on HOST (token, pid), with a TTL
 ============================  ======  =======================================
 """
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 from inferfleet.producer.protocol import QueueKeys
 
 __all__ = ["HEARTBEAT_INDEX", "alerts_key", "cache_key", "heartbeat_index", "heartbeat_key", "model_key",
-           "supervisor_key"]
+           "supervisor_key", "supervisor_lease_key"]
 
 #: Suffix of the heartbeat index; each heartbeat hash is ``HEARTBEAT_INDEX:consumer``.
 HEARTBEAT_INDEX = "hb"
@@ -56,3 +58,8 @@ def cache_key(keys: QueueKeys, digest: bytes) -> str:
 def supervisor_key(keys: QueueKeys) -> str:
     """The hash where a supervisor publishes its latest scaling decision."""
     return keys.own("supervisor")
+
+
+def supervisor_lease_key(keys: QueueKeys, host: str) -> str:
+    """The lease one supervisor of the queue on ``host`` holds (:mod:`inferfleet.worker.fleet.succession`)."""
+    return keys.own(f"supervisor:lease:{host}")

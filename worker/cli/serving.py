@@ -26,6 +26,7 @@ from inferfleet.worker.cli.options import (
 from inferfleet.worker.cli.process import install_stop_handlers, log_format_option, log_level_option, setup_logging
 from inferfleet.worker.config import PRECISIONS, WorkerSettings
 from inferfleet.worker.errors import ConfigError, ModelLoadError
+from inferfleet.worker.fleet.succession import watch_parent
 
 __all__ = ["child_main", "worker", "worker_options", "worker_settings"]
 
@@ -120,6 +121,7 @@ def child_main(settings: WorkerSettings, visible_device: str | None) -> None:
 
     stop = threading.Event()
     install_stop_handlers(stop)
+    watch_parent(stop)  # the supervisor dies: drain and exit, never serve on as an orphan
     try:
         serve(settings, stop)
     except ModelLoadError as exc:
