@@ -205,6 +205,7 @@ def test_swap_refuses_bad_input(redis_url, redis_client):
     assert read_published(redis_client, QueueKeys("q")) is None  # nothing was published
 
 
+@pytest.mark.slow  # six swap commands (each imports torch) and two workers: about two minutes on 2 cores
 def test_the_swap_sequence_ends_on_the_version_the_fleet_served(redis_url, redis_client, spawn_worker):
     """v2 (good), v3 (broken, --no-check), v4 (another signature), rollback: the fleet is back on v2,
     also a worker started afterwards."""
