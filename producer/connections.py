@@ -9,8 +9,13 @@ Timeouts are explicit, never redis-py's defaults (which changed: none up to
 redis-py 7, a 5 s read timeout from 8 on). Every client reads with a socket
 timeout (:data:`SOCKET_TIMEOUT_S`, or :func:`socket_timeout_for` a longer
 block) so a silent partition surfaces as an error within a bounded time, and
-sends TCP keepalives (:data:`KEEPALIVE_OPTIONS`) with a health check on
-connections idle :data:`HEALTH_CHECK_INTERVAL_S`. A wait longer than
+sends TCP keepalives (:data:`KEEPALIVE_OPTIONS`). The health check (a PING
+before a command on a connection idle :data:`HEALTH_CHECK_INTERVAL_S`) is
+set explicitly too: on for the worker's clients, off for the SDK's and the
+CLI's, whose documented ACL users (``producer``, ``operator``) may not PING;
+with command retries off it would only turn a dead connection's error into
+the same ConnectionError one command earlier, which the socket timeout and
+keepalive already bound. A wait longer than
 :data:`MAX_BLOCK_S` is made of several blocking reads of at most that long
 (:func:`block_slices`), so each one ends well within the socket timeout of
 any client, also one a caller built with redis-py 8's defaults.
@@ -69,7 +74,8 @@ SOCKET_TIMEOUT_S = 10.0
 BLOCK_MARGIN_S = 5.0
 #: Seconds to connect before giving up.
 CONNECT_TIMEOUT_S = 5.0
-#: A connection idle this long is PINGed before its next command (redis-py's health check).
+#: A worker's connection idle this long is PINGed before its next command (redis-py's health check);
+#: the SDK's clients pass 0 (off): see the module docstring.
 HEALTH_CHECK_INTERVAL_S = 30
 #: TCP keepalive: first probe after 10 s idle, then every 5 s, dead after 3 unanswered (where the OS has them).
 KEEPALIVE_OPTIONS: dict[int, int] = {
@@ -97,11 +103,12 @@ def block_slices(timeout_s: float, clock: Callable[[], float] = time.monotonic) 
         yield min(MAX_BLOCK_S, max(left, 0.01))
 
 
-def client_options(block_s: float = 0.0) -> dict[str, Any]:
-    """Every client's timeouts, keepalive and health check, for reads that block at most ``block_s``."""
+def client_options(block_s: float = 0.0, health_check_s: int = 0) -> dict[str, Any]:
+    """Every client's timeouts, keepalive and health check (``health_check_s``, 0: off),
+    for reads that block at most ``block_s``."""
     return {"socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": socket_timeout_for(block_s),
             "socket_keepalive": True, "socket_keepalive_options": KEEPALIVE_OPTIONS,
-            "health_check_interval": HEALTH_CHECK_INTERVAL_S}
+            "health_check_interval": health_check_s}
 
 
 def connect(url: str, cluster: bool = False) -> Any:

@@ -31,14 +31,14 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from inferfleet.producer.connections import MAX_BLOCK_S, client_options, redis_url
+from inferfleet.producer.connections import HEALTH_CHECK_INTERVAL_S, MAX_BLOCK_S, client_options, redis_url
 
 __all__ = ["admin_client", "redis_url", "stream_entries", "worker_client"]
 
 
-def _connect(url: str, cluster: bool, block_s: float) -> redis.Redis:
+def _connect(url: str, cluster: bool, block_s: float, health_check_s: int = 0) -> redis.Redis:
     factory = RedisCluster.from_url if cluster else redis.Redis.from_url
-    return factory(url, retry=Retry(NoBackoff(), 0), **client_options(block_s))
+    return factory(url, retry=Retry(NoBackoff(), 0), **client_options(block_s, health_check_s))
 
 
 def _as_sent(response: Any, **options: Any) -> Any:
@@ -53,7 +53,7 @@ def worker_client(url: str, cluster: bool = False, block_s: float = 0.0) -> redi
     per-entry conversion to tuples and dicts (a quarter of a draining
     worker's CPU): the consumer reads either form (:func:`stream_entries`).
     """
-    client = _connect(url, cluster, block_s)
+    client = _connect(url, cluster, block_s, HEALTH_CHECK_INTERVAL_S)  # the worker ACL user may PING
     if not cluster:  # RedisCluster parses on its node clients first: it keeps redis-py's form
         client.set_response_callback("XREADGROUP", _as_sent)
     return client
@@ -75,5 +75,6 @@ def stream_entries(response: Any) -> list[tuple[bytes, Any]]:
 def admin_client(url: str | None = None, cluster: bool = False) -> redis.Redis:
     """The client of the supervisor, the CLI's queue tools and the bench
     (``url`` None: ``$REDIS_URL``, else the default). Its blocking reads block at
-    most :data:`~inferfleet.producer.connections.MAX_BLOCK_S` each."""
+    most :data:`~inferfleet.producer.connections.MAX_BLOCK_S` each; no health check
+    (the ``operator`` ACL user may not PING)."""
     return _connect(redis_url(url), cluster, MAX_BLOCK_S)

@@ -31,7 +31,13 @@ import pytest
 import redis
 
 from inferfleet.producer import AsyncProducer, Producer, errors
-from inferfleet.producer.connections import BLOCK_MARGIN_S, MAX_BLOCK_S, SOCKET_TIMEOUT_S, block_slices
+from inferfleet.producer.connections import (
+    BLOCK_MARGIN_S,
+    HEALTH_CHECK_INTERVAL_S,
+    MAX_BLOCK_S,
+    SOCKET_TIMEOUT_S,
+    block_slices,
+)
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import admin_client, worker_client
 from inferfleet.worker.runtime.loading import load_runtime
@@ -111,13 +117,17 @@ def test_a_long_wait_is_several_short_blocking_reads():
     assert list(block_slices(0, clock)) == [0.01]  # never 0: that is "forever" to Redis
 
 
-@pytest.mark.parametrize("build", [lambda url: Producer(url, "q").redis, worker_client, admin_client,
-                                   lambda url: worker_client(url, block_s=60.0)])
-def test_every_client_reads_with_a_timeout_longer_than_its_blocks(build, redis_url):
+@pytest.mark.parametrize(("build", "health_check_s"), [
+    (lambda url: Producer(url, "q").redis, 0),  # the producer ACL user may not PING
+    (admin_client, 0),  # nor may the operator user
+    (worker_client, HEALTH_CHECK_INTERVAL_S),
+    (lambda url: worker_client(url, block_s=60.0), HEALTH_CHECK_INTERVAL_S),
+])
+def test_every_client_reads_with_a_timeout_longer_than_its_blocks(build, health_check_s, redis_url):
     client = build(redis_url)
     options = client.connection_pool.connection_kwargs
     assert options["socket_timeout"] >= max(SOCKET_TIMEOUT_S, MAX_BLOCK_S + BLOCK_MARGIN_S)
-    assert options["socket_keepalive"] is True and options["health_check_interval"] > 0
+    assert options["socket_keepalive"] is True and options["health_check_interval"] == health_check_s
     if hasattr(__import__("socket"), "TCP_KEEPIDLE"):
         assert options["socket_keepalive_options"]
     client.close()
