@@ -134,8 +134,9 @@ class Recovery:
         After the first replay of this process, a replay is this process's own
         retry: its entries are computed again without counting a delivery.
         """
-        self.suspects = own_pending(self.redis, self.keys, self.settings.consumer)
-        self._retries = {entry_id for entry_id, _, _ in self.suspects} if self._started else set()
+        owed = {entry_id for entry_id, _, _ in self.suspects if entry_id not in self._retries}  # taken over, not
+        self.suspects = own_pending(self.redis, self.keys, self.settings.consumer)  # started yet: they still count
+        self._retries = {entry_id for entry_id, _, _ in self.suspects} - owed if self._started else set()
         if self.suspects:
             log.info("replaying %d pending entries of consumer %s, one at a time%s",
                      len(self.suspects), self.settings.consumer,
