@@ -150,8 +150,6 @@ class SupervisorLease:
         self.queue = keys.name
         self.token = token
         self.ttl_ms = int(ttl_s * 1000)
-        self._acquire = client.register_script(_ACQUIRE)
-        self._release = client.register_script(_RELEASE)
 
     def acquire(self) -> None:
         """Take the lease, from a dead holder too; raise :class:`LeaseHeld` if a live one has it."""
@@ -173,11 +171,11 @@ class SupervisorLease:
 
     def release(self) -> None:
         """Give the lease up (only if it is still ours)."""
-        self._release(keys=[self.key], args=[self.token])
+        self.redis.register_script(_RELEASE)(keys=[self.key], args=[self.token])
 
     def _try(self, replaceable: str) -> tuple[bool, str, int]:
-        ok, holder, pid = self._acquire(keys=[self.key],
-                                        args=[self.token, os.getpid(), self.ttl_ms, self.host, replaceable])
+        ok, holder, pid = self.redis.register_script(_ACQUIRE)(  # registered on use: built without touching Redis
+            keys=[self.key], args=[self.token, os.getpid(), self.ttl_ms, self.host, replaceable])
         text = holder.decode() if isinstance(holder, bytes) else str(holder)
         return bool(int(ok)), text, int(pid or 0)
 
