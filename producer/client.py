@@ -31,7 +31,13 @@ from inferfleet.producer.bulk import (
     ReplyScan,
     group_by_shard,
 )
-from inferfleet.producer.connections import DEFAULT_REDIS_URL, connect, connect_async, translate_errors
+from inferfleet.producer.connections import (
+    DEFAULT_REDIS_URL,
+    block_slices,
+    connect,
+    connect_async,
+    translate_errors,
+)
 from inferfleet.producer.connections import redis_url as resolve_url
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
@@ -324,8 +330,12 @@ class Producer(ProducerBase):
         matching :class:`~inferfleet.producer.errors.ReplyError`.
         """
         key = self.keys_for(request_id).reply(validate_request_id(request_id))
+        popped = None
         with translate_errors():
-            popped = self.redis.blpop([key], timeout=max(timeout_s, 0.01))
+            for block_s in block_slices(timeout_s):  # each BLPOP well within the socket's read timeout
+                popped = self.redis.blpop([key], timeout=block_s)
+                if popped is not None:
+                    break
         if popped is None:
             raise errors.ReplyTimeout(f"no reply to {request_id!r} within {timeout_s} s")
         return self._finish(popped[1], raise_errors)
@@ -539,8 +549,12 @@ class AsyncProducer(ProducerBase):
     async def result(self, request_id: str, timeout_s: float = 30.0, *, raise_errors: bool = True) -> Reply:
         """Wait up to ``timeout_s`` for the reply to ``request_id``."""
         key = self.keys_for(request_id).reply(validate_request_id(request_id))
+        popped = None
         with translate_errors():
-            popped = await self.redis.blpop([key], timeout=max(timeout_s, 0.01))
+            for block_s in block_slices(timeout_s):
+                popped = await self.redis.blpop([key], timeout=block_s)
+                if popped is not None:
+                    break
         if popped is None:
             raise errors.ReplyTimeout(f"no reply to {request_id!r} within {timeout_s} s")
         return self._finish(popped[1], raise_errors)

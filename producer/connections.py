@@ -4,12 +4,29 @@ Every client the producer package uses is built here. redis-py's silent
 command retries are off: a retried XADD whose reply was lost would enqueue a
 request twice, and a retried pop could lose a reply. The caller sees a
 :class:`~inferfleet.producer.errors.ConnectionError` instead and decides.
+
+Timeouts are explicit, never redis-py's defaults (which changed: none up to
+redis-py 7, a 5 s read timeout from 8 on). Every client reads with a socket
+timeout (:data:`SOCKET_TIMEOUT_S`, or :func:`socket_timeout_for` a longer
+block) so a silent partition surfaces as an error within a bounded time, and
+sends TCP keepalives (:data:`KEEPALIVE_OPTIONS`). The health check (a PING
+before a command on a connection idle :data:`HEALTH_CHECK_INTERVAL_S`) is
+set explicitly too: on for the worker's clients, off for the SDK's and the
+CLI's, whose documented ACL users (``producer``, ``operator``) may not PING;
+with command retries off it would only turn a dead connection's error into
+the same ConnectionError one command earlier, which the socket timeout and
+keepalive already bound. A wait longer than
+:data:`MAX_BLOCK_S` is made of several blocking reads of at most that long
+(:func:`block_slices`), so each one ends well within the socket timeout of
+any client, also one a caller built with redis-py 8's defaults.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import socket
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,7 +40,21 @@ from redis.retry import Retry
 
 from inferfleet.producer import errors
 
-__all__ = ["DEFAULT_REDIS_URL", "connect", "connect_async", "redis_url", "translate_errors"]
+__all__ = [
+    "DEFAULT_REDIS_URL",
+    "MAX_BLOCK_S",
+    "SOCKET_TIMEOUT_S",
+    "BLOCK_MARGIN_S",
+    "HEALTH_CHECK_INTERVAL_S",
+    "KEEPALIVE_OPTIONS",
+    "block_slices",
+    "client_options",
+    "connect",
+    "connect_async",
+    "redis_url",
+    "socket_timeout_for",
+    "translate_errors",
+]
 
 #: Where clients connect when neither an argument nor ``$REDIS_URL`` says otherwise.
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -34,20 +65,62 @@ def redis_url(url: str | None = None) -> str:
     return url or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
 
 
-def _client_options() -> dict[str, Any]:
-    return {"socket_connect_timeout": 5, "socket_keepalive": True}
+#: The longest one blocking read (BLPOP, XREAD BLOCK) of the SDK and the CLI blocks in Redis; a longer
+#: wait is several such reads. Well under any client's read timeout, redis-py 8's default 5 s included.
+MAX_BLOCK_S = 2.0
+#: The read timeout of every client's commands that do not block: a connection silent this long is dead.
+SOCKET_TIMEOUT_S = 10.0
+#: What the read timeout of a blocking read adds to its block (:func:`socket_timeout_for`).
+BLOCK_MARGIN_S = 5.0
+#: Seconds to connect before giving up.
+CONNECT_TIMEOUT_S = 5.0
+#: A worker's connection idle this long is PINGed before its next command (redis-py's health check);
+#: the SDK's clients pass 0 (off): see the module docstring.
+HEALTH_CHECK_INTERVAL_S = 30
+#: TCP keepalive: first probe after 10 s idle, then every 5 s, dead after 3 unanswered (where the OS has them).
+KEEPALIVE_OPTIONS: dict[int, int] = {
+    option: value
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+    if (option := getattr(socket, name, None)) is not None
+}
+
+
+def socket_timeout_for(block_s: float = 0.0) -> float:
+    """The read timeout of a client whose longest blocking read blocks ``block_s``: always longer than it."""
+    return max(SOCKET_TIMEOUT_S, block_s + BLOCK_MARGIN_S)
+
+
+def block_slices(timeout_s: float, clock: Callable[[], float] = time.monotonic) -> Iterator[float]:
+    """The blocks of a wait of ``timeout_s``: each at most :data:`MAX_BLOCK_S`, together ``timeout_s``.
+
+    The caller blocks for each value it gets and stops iterating once it has
+    what it waited for; the first block is at least 10 ms (a zero timeout is
+    "forever" to Redis).
+    """
+    deadline = clock() + timeout_s
+    yield min(MAX_BLOCK_S, max(timeout_s, 0.01))
+    while (left := deadline - clock()) > 0:
+        yield min(MAX_BLOCK_S, max(left, 0.01))
+
+
+def client_options(block_s: float = 0.0, health_check_s: int = 0) -> dict[str, Any]:
+    """Every client's timeouts, keepalive and health check (``health_check_s``, 0: off),
+    for reads that block at most ``block_s``."""
+    return {"socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": socket_timeout_for(block_s),
+            "socket_keepalive": True, "socket_keepalive_options": KEEPALIVE_OPTIONS,
+            "health_check_interval": health_check_s}
 
 
 def connect(url: str, cluster: bool = False) -> Any:
     """A redis.Redis, or a RedisCluster when asked, with redis-py's command retries off."""
     factory = RedisCluster.from_url if cluster else redis.Redis.from_url
-    return factory(url, retry=Retry(NoBackoff(), 0), **_client_options())
+    return factory(url, retry=Retry(NoBackoff(), 0), **client_options(MAX_BLOCK_S))
 
 
 def connect_async(url: str, cluster: bool = False) -> Any:
     """The asyncio twin of :func:`connect`."""
     factory = AsyncRedisCluster.from_url if cluster else aioredis.Redis.from_url
-    return factory(url, retry=AsyncRetry(NoBackoff(), 0), **_client_options())
+    return factory(url, retry=AsyncRetry(NoBackoff(), 0), **client_options(MAX_BLOCK_S))
 
 
 @contextmanager

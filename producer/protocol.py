@@ -64,6 +64,7 @@ __all__ = [
     "unpack",
     "workers_group",
     "is_request_id",
+    "shown",
     "BodyTemplate",
     "ReplyTemplate",
 ]
@@ -139,6 +140,18 @@ def validate_prefix(prefix: str) -> str:
     return prefix
 
 
+def shown(value: object, limit: int = 64) -> str:
+    """``repr(value)`` in about ``limit`` characters at most, with the length of what was cut.
+
+    Producer-controlled text ends up in error messages, replies and log
+    lines: a 2 MB request id must not make a 2 MB (or, escaped, 8 MB) line.
+    """
+    if isinstance(value, (str, bytes, bytearray, list, tuple)) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} long)"
+    text = repr(value)
+    return text if len(text) <= 4 * limit else f"{text[:4 * limit]}... ({len(text)} characters)"
+
+
 def is_request_id(raw: bytes) -> bool:
     """Whether ``raw`` is a valid request id (the check :func:`validate_request_id` makes)."""
     return _RID_RE.match(raw) is not None
@@ -149,7 +162,7 @@ def validate_request_id(rid: str | bytes) -> str:
     raw = rid.encode() if isinstance(rid, str) else rid
     if not isinstance(raw, bytes) or not _RID_RE.match(raw):
         raise ProtocolError(
-            f"invalid request id {rid!r}: use 1 to 128 bytes of A-Z a-z 0-9 . _ : -"
+            f"invalid request id {shown(rid)}: use 1 to 128 bytes of A-Z a-z 0-9 . _ : -"
         )
     return raw.decode("ascii")
 
@@ -355,7 +368,7 @@ def encode_inputs(inputs: Any) -> Any:
             raise ProtocolError("inputs map is empty")
         for key in inputs:
             if not isinstance(key, str):
-                raise ProtocolError(f"inputs map keys must be strings, got {key!r}")
+                raise ProtocolError(f"inputs map keys must be strings, got {shown(key)}")
         return {key: encode_tensor(val) for key, val in inputs.items()}
     if isinstance(inputs, (list, tuple)):
         if not inputs:
@@ -379,7 +392,7 @@ def _decode_tensor(obj: Any, limits: Limits, where: str) -> np.ndarray:
         raise ProtocolError(f"{where}: a tensor is a map with exactly dtype, shape and data")
     dtype = DTYPES.get(obj["dtype"]) if isinstance(obj["dtype"], str) else None
     if dtype is None:
-        raise ProtocolError(f"{where}: dtype {obj['dtype']!r} is not one of {', '.join(DTYPES)}")
+        raise ProtocolError(f"{where}: dtype {shown(obj['dtype'])} is not one of {', '.join(DTYPES)}")
     shape, data = obj["shape"], obj["data"]
     if (
         not isinstance(shape, list)
@@ -387,7 +400,7 @@ def _decode_tensor(obj: Any, limits: Limits, where: str) -> np.ndarray:
         or not all(type(d) is int and 0 <= d <= limits.max_body_bytes for d in shape)
     ):
         raise ProtocolError(
-            f"{where}: shape must be a list of 1 to {limits.max_ndim} non-negative ints, got {shape!r}"
+            f"{where}: shape must be a list of 1 to {limits.max_ndim} non-negative ints, got {shown(shape)}"
         )
     if not isinstance(data, bytes):
         raise ProtocolError(f"{where}: data must be msgpack bin, got {type(data).__name__}")
@@ -420,7 +433,7 @@ def decode_inputs(obj: Any, limits: Limits = DEFAULT_LIMITS, where: str = "input
             raise ProtocolError(f"{where}: a map of 1 to {limits.max_tensors} tensors is required")
         if not all(isinstance(k, str) for k in obj):
             raise ProtocolError(f"{where}: the keys of an inputs map must be msgpack strings")
-        by_name = {k: _decode_tensor(v, limits, f"{where}[{k!r}]") for k, v in obj.items()}
+        by_name = {k: _decode_tensor(v, limits, f"{where}[{shown(k)}]") for k, v in obj.items()}
         arrays, result = list(by_name.values()), by_name
     elif isinstance(obj, list):
         if not 1 <= len(obj) <= limits.max_tensors:

@@ -105,6 +105,24 @@ class Triple(Scale):
         return x * 3.0
 
 
+class Wide(Triple):
+    """Triple on float32[N,8]: another signature than Scale's float32[N,4] (swap --check refuses it)."""
+
+    version = "wide-1"
+
+    def example_inputs(self) -> np.ndarray:
+        return np.ones((2, 8), dtype=np.float32)
+
+
+class Halves(Scale):
+    """Takes Scale's inputs but returns half the columns: outputs of another form (swap --check refuses it)."""
+
+    version = "halves-1"
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        return x[:, :2] * 2.0
+
+
 class CallCounter(Handler):
     """Each output row is (number of this predict call, rows in this call): what was computed."""
 

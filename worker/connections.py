@@ -1,11 +1,20 @@
 """Every Redis client of the worker side is built here (as arq's ``connections.py``).
 
-All of them return bytes (``decode_responses`` off), connect within 5 s, and
-have redis-py's silent command retries off: a retried XREADGROUP whose first
+All of them return bytes (``decode_responses`` off), connect within 5 s, set
+their read timeout, TCP keepalive and health check explicitly (the SDK's
+:func:`~inferfleet.producer.connections.client_options`, never redis-py's
+defaults, which differ between versions), and have redis-py's silent
+command retries off: a retried XREADGROUP whose first
 reply was lost would leave entries pending on us unseen, and a retried XADD
 (``dead replay``, the bench) could enqueue a request twice. A connection error
 reaches the caller, which backs off and reconnects (the consumer loop also
 replays its own pending entries).
+
+A client's read timeout is longer than the longest block of its blocking
+reads (a consumer's XREADGROUP BLOCK of ``idle_block_ms``, the CLI's waits of
+at most :data:`~inferfleet.producer.connections.MAX_BLOCK_S`), so a read
+times out only on a connection that went silent: a stalled proxy or a
+partition is an error within ``block + BLOCK_MARGIN_S`` seconds.
 
 With ``cluster``, a RedisCluster (the URL names any one node); it still
 follows MOVED and ASK redirects, which never re-run a command. Every key one
@@ -22,29 +31,29 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from inferfleet.producer.connections import redis_url
+from inferfleet.producer.connections import HEALTH_CHECK_INTERVAL_S, MAX_BLOCK_S, client_options, redis_url
 
 __all__ = ["admin_client", "redis_url", "stream_entries", "worker_client"]
 
 
-def _connect(url: str, cluster: bool, **options: Any) -> redis.Redis:
+def _connect(url: str, cluster: bool, block_s: float, health_check_s: int = 0) -> redis.Redis:
     factory = RedisCluster.from_url if cluster else redis.Redis.from_url
-    return factory(url, socket_connect_timeout=5, retry=Retry(NoBackoff(), 0), **options)
+    return factory(url, retry=Retry(NoBackoff(), 0), **client_options(block_s, health_check_s))
 
 
 def _as_sent(response: Any, **options: Any) -> Any:
     return response
 
 
-def worker_client(url: str, cluster: bool = False) -> redis.Redis:
-    """A consumer's (and its heartbeat's) client: keepalive and a health check on
-    connections idle for 30 s, no read timeout (its reads block).
+def worker_client(url: str, cluster: bool = False, block_s: float = 0.0) -> redis.Redis:
+    """A consumer's (and its heartbeat's) client, whose reads block at most ``block_s``
+    (a consumer's ``idle_block_ms``): its read timeout is longer than that.
 
     Its XREADGROUP replies come as hiredis parsed them, without redis-py's
     per-entry conversion to tuples and dicts (a quarter of a draining
     worker's CPU): the consumer reads either form (:func:`stream_entries`).
     """
-    client = _connect(url, cluster, socket_keepalive=True, health_check_interval=30)
+    client = _connect(url, cluster, block_s, HEALTH_CHECK_INTERVAL_S)  # the worker ACL user may PING
     if not cluster:  # RedisCluster parses on its node clients first: it keeps redis-py's form
         client.set_response_callback("XREADGROUP", _as_sent)
     return client
@@ -65,5 +74,7 @@ def stream_entries(response: Any) -> list[tuple[bytes, Any]]:
 
 def admin_client(url: str | None = None, cluster: bool = False) -> redis.Redis:
     """The client of the supervisor, the CLI's queue tools and the bench
-    (``url`` None: ``$REDIS_URL``, else the default)."""
-    return _connect(redis_url(url), cluster)
+    (``url`` None: ``$REDIS_URL``, else the default). Its blocking reads block at
+    most :data:`~inferfleet.producer.connections.MAX_BLOCK_S` each; no health check
+    (the ``operator`` ACL user may not PING)."""
+    return _connect(redis_url(url), cluster, MAX_BLOCK_S)

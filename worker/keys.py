@@ -16,6 +16,8 @@ key                           type    what
 ``PREFIX:{NAME}:supervisor``  hash    a supervisor's last decision, with a TTL
 ``PREFIX:{NAME}:stage:K``     stream  pipeline stage K's inputs (K >= 1), group ``workers``
 ``PREFIX:{NAME}:stage:K:...`` (any)   stage K's own heartbeats and supervisor hash
+``...:supervisor:lease:HOST`` hash    the lease of the one supervisor of the
+                                      queue on HOST (token, pid), with a TTL
 ============================  ======  =======================================
 
 A pipelined model (``inferfleet split``) runs stage 0 on the request stream
@@ -32,7 +34,7 @@ from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import QueueKeys
 
 __all__ = ["HEARTBEAT_INDEX", "MAX_STAGES", "STAGE_PREFIX", "StageKeys", "alerts_key", "cache_key", "heartbeat_index",
-           "heartbeat_key", "model_key", "stage_keys", "supervisor_key"]
+           "heartbeat_key", "model_key", "stage_keys", "supervisor_key", "supervisor_lease_key"]
 
 #: Pipeline stages one queue may have.
 MAX_STAGES = 64
@@ -101,3 +103,8 @@ class StageKeys(QueueKeys):
 def stage_keys(keys: QueueKeys, stage: int) -> QueueKeys:
     """The keys stage ``stage`` of the queue ``keys`` works on: the queue's own for stage 0."""
     return keys if stage == 0 else StageKeys(keys.name, keys.prefix, stage=stage)
+
+
+def supervisor_lease_key(keys: QueueKeys, host: str) -> str:
+    """The lease one supervisor of the queue on ``host`` holds (:mod:`inferfleet.worker.fleet.succession`)."""
+    return keys.own(f"supervisor:lease:{host}")

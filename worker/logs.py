@@ -11,6 +11,11 @@ without touching the call sites:
   ``request_ids`` (the request ids of that batch). Only the current thread
   sees it, and the ids are listed only when a record is actually emitted.
 
+Every message is bounded (:data:`MAX_MESSAGE_CHARS`, the rest cut with a
+note of how much): text a producer controls (an id, a body, the message of
+an exception its input raised) can never make a log line of megabytes.
+Call sites that log such text pass it through :func:`clip` as well.
+
 A JSON line looks like::
 
     {"time": "2025-01-02T03:04:05.678+00:00", "level": "DEBUG", "logger": "inferfleet.worker.serving.consumer",
@@ -34,14 +39,26 @@ from pythonjsonlogger.json import JsonFormatter
 
 from inferfleet.worker.errors import ConfigError
 
-__all__ = ["LOG_FORMATS", "TEXT_FORMAT", "JsonLogFormatter", "ContextFilter", "batch_context", "bind",
-           "setup_logging"]
+__all__ = ["LOG_FORMATS", "TEXT_FORMAT", "MAX_MESSAGE_CHARS", "JsonLogFormatter", "ContextFilter", "batch_context",
+           "bind", "clip", "setup_logging"]
 
 LOG_FORMATS = ("text", "json")
+#: The longest message a record keeps once emitted; longer ones are cut (:func:`clip`).
+MAX_MESSAGE_CHARS = 4096
+#: What :func:`clip` keeps of one piece of producer-controlled text by default.
+MAX_FIELD_CHARS = 512
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
 
 _process_fields: dict[str, Any] = {}
 _batch: ContextVar[tuple[int, Sequence[Any]] | None] = ContextVar("inferfleet_batch", default=None)
+
+
+def clip(value: object, limit: int = MAX_FIELD_CHARS) -> str:
+    """``str(value)`` in at most ``limit`` characters plus a note of how many were cut."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters]"
 
 
 def bind(**fields: Any) -> None:
@@ -68,9 +85,13 @@ def _request_ids(requests: Sequence[Any]) -> list[str | None]:
 
 
 class ContextFilter(logging.Filter):
-    """Adds the process fields and the current batch to each record (never overriding ``extra=``)."""
+    """Adds the process fields and the current batch to each record (never overriding ``extra=``),
+    and cuts a message longer than :data:`MAX_MESSAGE_CHARS`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if len(message) > MAX_MESSAGE_CHARS:
+            record.msg, record.args = clip(message, MAX_MESSAGE_CHARS), None
         for key, value in _process_fields.items():
             if not hasattr(record, key):
                 setattr(record, key, value)

@@ -265,8 +265,8 @@ def test_supervise_spreads_its_workers_over_the_shards(redis_cluster: LocalClust
     try:
         client = cluster_client(url)
         for shard, keys in enumerate(shard_keys(name, 2)):
-            wait_until(lambda: f"{name}-s{shard}" in consumers(client, keys.requests) or proc.poll() is not None,
-                       90, f"the supervised worker of shard {shard}")
+            wait_until(lambda: any(c.startswith(f"{name}-s{shard}-") for c in consumers(client, keys.requests))
+                       or proc.poll() is not None, 90, f"the supervised worker of shard {shard}")
             assert proc.poll() is None, (tmp_path / "supervise.log").read_text()
         inputs = rows(60, seed=4)
         with Producer(url, name, shards=2, cluster=True) as producer:

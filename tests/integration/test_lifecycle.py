@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import redis
 
-from inferfleet.producer import Producer, Reply
+from inferfleet.producer import Producer, Reply, errors
 from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
@@ -19,7 +19,14 @@ from inferfleet.worker.heartbeat import read_heartbeats
 from inferfleet.worker.runtime.loading import load_runtime
 from inferfleet.worker.serving.alerts import read_alerts
 from inferfleet.worker.serving.consumer import Consumer
-from inferfleet.worker.serving.lifecycle import ModelWatcher, NoPreviousVersion, publish, read_published, rollback
+from inferfleet.worker.serving.lifecycle import (
+    ModelWatcher,
+    NoPreviousVersion,
+    mark_served,
+    publish,
+    read_published,
+    rollback,
+)
 from tests.conftest import ROOT, worker_env
 
 SCALE, TRIPLE = "tests.handlers:Scale", "tests.handlers:Triple"
@@ -37,11 +44,28 @@ def test_publish_keeps_the_previous_version_for_rollback(redis_client):
         rollback(redis_client, keys)
     first = publish(redis_client, keys, "b.pt", "v2", serving=("a.pt", "v1"))
     assert (first.model, first.version, first.previous_model, first.previous_version) == ("b.pt", "v2", "a.pt", "v1")
+    assert first.served_version == "v1"  # what the live workers served counts as served
+    assert mark_served(redis_client, keys, first)  # a worker switched to v2
     second = publish(redis_client, keys, "c.pt", "v3")
     assert (second.previous_version, second.seq) == ("v2", first.seq + 1)
     back = rollback(redis_client, keys)
     assert (back.version, back.previous_version, back.seq) == ("v2", "v3", second.seq + 1)
     assert read_published(redis_client, keys) == back
+
+
+def test_rollback_returns_to_the_last_version_served_never_one_that_failed(redis_client):
+    keys = QueueKeys("q")
+    v2 = publish(redis_client, keys, "b.pt", "v2", serving=("a.pt", "v1"))
+    mark_served(redis_client, keys, v2)
+    publish(redis_client, keys, "broken.pt", "v3")  # no worker could load it: never served
+    stale = publish(redis_client, keys, "other.pt", "v4")
+    assert not mark_served(redis_client, keys, v2)  # a late report of a version no longer published is ignored
+    back = rollback(redis_client, keys)
+    assert (back.model, back.version, back.previous_version) == ("b.pt", "v2", "v4")  # not v3
+    assert not mark_served(redis_client, keys, stale)
+    mark_served(redis_client, keys, back)  # already the last served: nothing moves
+    again = rollback(redis_client, keys)  # from a served version: the one served before it
+    assert (again.model, again.version) == ("a.pt", "v1")
 
 
 class GatedLoader:
@@ -182,6 +206,63 @@ def test_swap_refuses_bad_input(redis_url, redis_client):
     assert "--version" in swap_cli(redis_url, "--model", SCALE, "--version", "").stderr
     assert "--version" in swap_cli(redis_url, "--model", SCALE, "--version", "v 2").stderr
     assert read_published(redis_client, QueueKeys("q")) is None  # nothing was published
+
+
+@pytest.mark.slow  # six swap commands (each imports torch) and two workers: about two minutes on 2 cores
+def test_the_swap_sequence_ends_on_the_version_the_fleet_served(redis_url, redis_client, spawn_worker):
+    """v2 (good), v3 (broken, --no-check), v4 (another signature), rollback: the fleet is back on v2,
+    also a worker started afterwards."""
+    worker = spawn_worker("q", SCALE)
+    assert swap_cli(redis_url, "--model", TRIPLE, "--wait-s", "30").returncode == 0
+    broken = swap_cli(redis_url, "--model", "tests.handlers:Missing", "--version", "v3", "--no-check", "--wait-s", "20")
+    assert broken.returncode == 1 and "FAILED" in broken.stdout
+    wide = swap_cli(redis_url, "--model", "tests.handlers:Wide", "--wait-s", "5")
+    assert wide.returncode == 2 and "float32[N,8] is not the one the fleet serves, float32[N,4]" in wide.stderr
+    halves = swap_cli(redis_url, "--model", "tests.handlers:Halves", "--wait-s", "5")
+    assert halves.returncode == 2 and "outputs float32[N,2]" in halves.stderr
+    assert read_published(redis_client, QueueKeys("q")).version == "v3"  # neither check published anything
+    rolled = swap_cli(redis_url, "--rollback", "--wait-s", "30")
+    assert rolled.returncode == 0 and "version triple-1" in rolled.stdout, rolled.stdout + rolled.stderr
+    with Producer(redis_url, "q") as producer:
+        assert producer.result(producer.submit(np.ones((1, 4), np.float32)), 20).model_version == "triple-1"
+        worker.kill()  # a restarted worker: its --model is v1, the fleet's version is v2
+        worker.wait(10)
+        spawn_worker("q", SCALE, consumer="restarted")
+        replies = producer.map([np.ones((1, 4), np.float32)] * 20, timeout_s=30)
+    assert {r.model_version for r in replies} == {"triple-1"}
+
+
+def test_a_worker_that_cannot_load_the_published_version_serves_nothing_and_says_so(redis_url, redis_client,
+                                                                                    tmp_path):
+    keys = QueueKeys("q")
+    publish(redis_client, keys, "tests.handlers:Missing", "v3", serving=(SCALE, "scale-1"))
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "inferfleet", "worker", "--name", "q", "--model", SCALE,
+                                 "--consumer", "w1", "--heartbeat-s", "0.2", "--housekeeping-s", "0.2"],
+                                env=worker_env(redis_url), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        producer = Producer(redis_url, "q")
+        rid = producer.submit(np.ones((1, 4), np.float32))
+        deadline = time.monotonic() + 60
+        while not [h for h in read_heartbeats(redis_client, keys) if h.state == "cannot-load"]:
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        (info,) = read_heartbeats(redis_client, keys)
+        assert "v3" in info.swap_error and info.version == "none"
+        (alert,) = read_alerts(redis_client, keys, kind="swap_failed")
+        assert "v3" in alert.detail and alert.consumer == "w1"
+        shown = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "q"], capture_output=True,
+                               env={**worker_env(redis_url), "COLUMNS": "300"}, cwd=ROOT, text=True).stdout
+        assert "swap failed: version v3" in shown
+        with pytest.raises(errors.ReplyTimeout):  # it serves nothing: not v3, and not its --model either
+            producer.result(rid, timeout_s=2)
+        assert swap_cli(redis_url, "--rollback", "--wait-s", "0").returncode == 0  # back to scale-1: it joins
+        assert producer.result(rid, timeout_s=60).model_version == "scale-1"
+        assert "CANNOT SERVE" in log_path.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def test_a_batch_in_flight_during_a_swap_finishes_and_answers_on_the_old_copy(redis_url, redis_client):

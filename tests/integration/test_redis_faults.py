@@ -90,3 +90,48 @@ def test_a_full_redis_is_waited_out_without_losing_replies(redis_url, redis_clie
         stop.set()
         thread.join(10)
     assert redis_client.xpending("inferfleet:{q}:requests", "workers")["pending"] == 0
+
+
+def test_redis_full_for_several_backoff_rounds_dead_letters_nothing(redis_url, redis_client, models_dir, caplog):
+    """Held at maxmemory >= 6 s under load: each failed reply write makes the worker replay its own
+    pending entries; those retries are not deliveries, so no innocent request is dead-lettered."""
+    caplog.set_level(logging.WARNING, logger="inferfleet.worker.serving.consumer")
+    settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=redis_url,
+                              consumer="c1", idle_block_ms=100, warmup_iters=1, max_deliveries=3)
+    consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
+    producer = Producer(redis_url, "q")
+    accepted: list[str] = []
+    stop, stop_load = threading.Event(), threading.Event()
+
+    def load() -> None:  # a steady stream of requests; the ones Redis refuses while full are not accepted
+        while not stop_load.is_set():
+            try:
+                accepted.append(producer.submit(np.ones((1, 16), np.float32)))
+            except errors.InferfleetError:
+                pass
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=consumer.run, args=(stop,), daemon=True),
+               threading.Thread(target=load, daemon=True)]
+    for thread in threads:
+        thread.start()
+    try:
+        while len(accepted) < 50:
+            time.sleep(0.05)
+        redis_client.config_set("maxmemory-policy", "noeviction")
+        redis_client.config_set("maxmemory", int(redis_client.info("memory")["used_memory"]))
+        time.sleep(6.5)  # full for several of the worker's backoff rounds (0.1, 0.2, 0.4 ... s)
+        redis_client.config_set("maxmemory", 0)
+        stop_load.set()
+        threads[1].join(10)
+        full_rounds = sum("out of memory" in r.getMessage() for r in caplog.records)
+        assert full_rounds >= 4  # enough failed rounds to pass --max-deliveries 3 if retries counted
+        replies = Producer(redis_url, "q").results(accepted, timeout_s=60)
+    finally:
+        redis_client.config_set("maxmemory", 0)
+        stop_load.set()
+        stop.set()
+        threads[0].join(10)
+    assert [r.error_code for r in replies if not r.ok] == []
+    assert redis_client.xlen("inferfleet:{q}:dead") == 0
+    assert redis_client.xpending("inferfleet:{q}:requests", "workers")["pending"] == 0

@@ -377,7 +377,7 @@ def test_acl_worker_takes_over_dead_letters_and_operator_replays(acl_port, acl_a
 def test_acl_supervisor_with_worker_user(acl_port, acl_admin, models_dir, expected, tmp_path):
     log_path = tmp_path / "supervisor.log"
     with fleet_process(supervise_cmd(models_dir), acl_url(acl_port, "worker"), log_path) as proc:
-        wait_serving(acl_admin, proc, log_path, KEY_BASE + "supervisor", KEY_BASE + "hb:q-s0")
+        wait_serving(acl_admin, proc, log_path, KEY_BASE + "supervisor", KEY_BASE + "hb")
         assert_round_trip(acl_url(acl_port, "producer"), expected)
     text = log_path.read_text(errors="replace")
     assert proc.returncode == 0 and "NOPERM" not in text, text

@@ -103,7 +103,7 @@ def test_killed_worker_is_replaced(run_supervisor, redis_url, redis_client, mode
                30, "a replacement process")
     wait_until(lambda: {h.pid for h in read_heartbeats(redis_client, keys)} >= {victim.process.pid},
                60, "the replacement's heartbeat")
-    assert victim.consumer == "q-s0"  # same slot name: it replays its own pending entries
+    assert victim.consumer == f"q-s0-{supervisor.token}"  # same slot name: it replays its own pending entries
     replies = Producer(redis_url, "q").map([np.ones((1, 16), np.float32)] * 300, timeout_s=30)
     assert all(r.ok for r in replies)
 

@@ -72,3 +72,37 @@ def test_trim_keeps_what_is_pending_and_reports_the_depth(client):
     assert [entry_id for entry_id, _ in client.xrange(KEYS.requests)] == [ids[1], undelivered]
     assert registry.get_sample_value("inferfleet_queue_lag", {"queue": "q"}) == 1
     assert registry.get_sample_value("inferfleet_queue_pending", {"queue": "q"}) == 1
+
+
+def delivered(client: fakeredis.FakeRedis, entry_id: bytes) -> int:
+    (row,) = client.xpending_range(KEYS.requests, GROUP, min=entry_id, max=entry_id, count=1)
+    return int(row["times_delivered"])
+
+
+def test_only_the_first_replay_after_a_start_counts_deliveries(client):
+    """A later replay is the worker's own retry (a reply it could not write): no delivery counted,
+    however many times it happens, so a full Redis cannot push an innocent request to dead letter."""
+    (entry,) = held(client, 1)
+    rec = recovery(client)
+    rec.replay_own_pending()  # after a start: whoever held it under this name is gone
+    assert rec.next_suspect()[0] == entry
+    assert rec.start_attempt(entry, 1) == 2 and delivered(client, entry) == 2
+    for _ in range(10):  # ten failed reply writes, ten replays
+        rec.replay_own = True
+        rec.replay_own_pending()
+        assert rec.next_suspect()[0] == entry
+        assert rec.start_attempt(entry, 2) == 2
+    assert delivered(client, entry) == 2
+
+
+def test_an_entry_taken_over_but_not_started_still_counts_after_a_replay(client):
+    rec = recovery(client)
+    rec.replay_own_pending()
+    entry = client.xadd(KEYS.requests, {"id": "r9"})
+    client.xreadgroup(GROUP, "ghost", {KEYS.requests: ">"}, count=1)
+    client.xclaim(KEYS.requests, GROUP, "c1", 0, [entry], justid=True)  # taken over from a dead consumer
+    rec.suspects = [(entry, {b"id": b"r9"}, 1)]
+    rec.replay_own = True
+    rec.replay_own_pending()  # a connection lost before it was started
+    assert rec.next_suspect()[0] == entry
+    assert rec.start_attempt(entry, 1) == 2 and delivered(client, entry) == 2

@@ -17,10 +17,15 @@ __all__ = ["alerts", "swap"]
 _VERSION_RE = re.compile(r"[A-Za-z0-9._:+-]{1,64}\Z")
 
 
-def _check_model(model: str, version: str | None, check: bool) -> str:
-    """Validate the model here before the fleet sees it; return its version."""
-    from inferfleet.worker.errors import ModelLoadError
-    from inferfleet.worker.runtime.loading import file_version, is_handler_spec, load_model
+def _check_model(model: str, version: str | None, check: bool, fleet_model: str) -> str:
+    """Validate the model here before the fleet sees it; return its version.
+
+    With ``check``: it must load, take the inputs of the version the fleet
+    serves now (``fleet_model``, when this machine can load it) and compute
+    outputs of the same form from them: its example and the fleet's are run
+    through it (:func:`_check_candidate`).
+    """
+    from inferfleet.worker.runtime.loading import file_version, is_handler_spec
 
     if os.path.isdir(model):
         return _check_pipeline(model, version)
@@ -31,12 +36,9 @@ def _check_model(model: str, version: str | None, check: bool) -> str:
                                      f"if only the workers can see it)", param_hint="--model")
         return version
     if check:
-        import torch
-
-        try:
-            _, _, default_version = load_model(model, torch.device("cpu"))
-        except ModelLoadError as exc:
-            raise click.BadParameter(f"the model does not load: {exc}", param_hint="--model") from exc
+        handler, example, default_version = _load_checked(model, "the model does not load")
+        fleet = _load_fleet_model(fleet_model)
+        _check_candidate(handler, example, fleet)
         return version or default_version
     return version or ("1" if is_spec else file_version(model))
 
@@ -56,6 +58,82 @@ def _check_pipeline(directory: str, version: str | None) -> str:
         raise click.BadParameter(f"a split's version is its digest {manifest.version}: leave --version out",
                                  param_hint="--version")
     return manifest.version
+
+
+def _load_checked(model: str, failure: str) -> tuple[Any, Any, str]:
+    import torch
+
+    from inferfleet.worker.errors import ModelLoadError
+    from inferfleet.worker.runtime.loading import load_model
+
+    try:
+        return load_model(model, torch.device("cpu"))
+    except ModelLoadError as exc:
+        raise click.BadParameter(f"{failure}: {exc}", param_hint="--model") from exc
+
+
+def _load_fleet_model(fleet_model: str) -> tuple[Any, Any] | None:
+    """The (handler, example) of the version the fleet serves, if this machine can load it."""
+    from inferfleet.worker.errors import ModelLoadError
+    from inferfleet.worker.runtime.loading import is_handler_spec, load_model
+
+    if not fleet_model or not (is_handler_spec(fleet_model) or os.path.isfile(fleet_model)):
+        return None
+    try:
+        import torch
+
+        handler, example, _ = load_model(fleet_model, torch.device("cpu"))
+    except ModelLoadError:
+        return None
+    return handler, example
+
+
+def _run_example(handler: Any, inputs: Any, what: str) -> Any:
+    import torch
+
+    from inferfleet.worker.runtime.loading import ModelRuntime
+
+    try:
+        return ModelRuntime(handler, "check", "check", torch.device("cpu"), inputs).predict(inputs, {})
+    except Exception as exc:
+        raise click.BadParameter(f"{what} fails: {type(exc).__name__}: {exc}", param_hint="--model") from exc
+
+
+def _check_candidate(handler: Any, example: Any, fleet: tuple[Any, Any] | None) -> None:
+    """Run the candidate on its example and on the fleet's; refuse a different signature or bad outputs."""
+    from inferfleet.worker.runtime.signature import describe_spec, spec_of
+
+    fleet_example = fleet[1] if fleet is not None else None
+    if example is None and fleet_example is None:
+        raise click.BadParameter("the model has no example inputs to check it with (embed one, or pass --no-check)",
+                                 param_hint="--model")
+    if example is not None and fleet_example is not None and spec_of(example) != spec_of(fleet_example):
+        raise click.BadParameter(f"its signature {describe_spec(spec_of(example))} is not the one the fleet serves, "
+                                 f"{describe_spec(spec_of(fleet_example))}", param_hint="--model")
+    inputs = fleet_example if fleet_example is not None else example
+    outputs = _run_example(handler, inputs, "running the example through it")
+    _check_outputs(outputs, inputs)
+    if fleet is not None and fleet_example is not None:
+        served = _run_example(fleet[0], inputs, "running the example through the served version")
+        if spec_of(outputs) != spec_of(served):
+            raise click.BadParameter(f"its outputs {describe_spec(spec_of(outputs))} are not of the form the served "
+                                     f"version gives, {describe_spec(spec_of(served))}", param_hint="--model")
+
+
+def _check_outputs(outputs: Any, inputs: Any) -> None:
+    import numpy as np
+
+    from inferfleet.producer.protocol import row_count
+
+    arrays = list(outputs.values()) if isinstance(outputs, dict) else (
+        [outputs] if isinstance(outputs, np.ndarray) else list(outputs))
+    rows = row_count(inputs)
+    for array in arrays:
+        if not isinstance(array, np.ndarray) or array.ndim == 0 or array.shape[0] != rows:
+            raise click.BadParameter(f"on the {rows}-row example it returned {getattr(array, 'shape', array)!r}, "
+                                     f"not {rows} rows", param_hint="--model")
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise click.BadParameter("on the example it returned NaN or Inf", param_hint="--model")
 
 
 def _serving(client: Any, keys: Any) -> tuple[str, str]:
@@ -94,9 +172,11 @@ def _wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool
 @click.option("--model", default=None, help="The new model: a file every worker can read, module:Handler, or a "
               "split's directory (every stage of a pipeline swaps to it).")
 @click.option("--version", "version", default=None, help="Its version (default: the file's hash).")
-@click.option("--rollback", is_flag=True, help="Return to the version before the current one.")
+@click.option("--rollback", is_flag=True,
+              help="Return to the last version the fleet served before the current one (never one that failed).")
 @click.option("--check/--no-check", default=True, show_default=True,
-              help="Load the model here first, so a broken file never reaches the fleet.")
+              help="Load the model here first and run its example (and the served version's) through it: a "
+                   "broken file, another signature or bad outputs never reach the fleet.")
 @click.option("--wait-s", type=float, default=60.0, show_default=True,
               help="Wait this long for every live worker to switch (0: do not wait).")
 def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: bool, check: bool,
@@ -122,7 +202,7 @@ def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: b
     client, shard_list = queue.connect()
     try:
         if model is not None:
-            version = _check_model(model, version, check)
+            version = _check_model(model, version, check, _serving(client, shard_list[0])[0])
         for keys in shard_list:  # one shard after another: each shard's switch is atomic, not all of them
             if rollback:
                 published = do_rollback(client, keys)

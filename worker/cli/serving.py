@@ -32,6 +32,7 @@ from inferfleet.worker.cli.process import (
 )
 from inferfleet.worker.config import PRECISIONS, WorkerSettings
 from inferfleet.worker.errors import ConfigError, DeviceBroken, ModelLoadError
+from inferfleet.worker.fleet.succession import watch_parent
 from inferfleet.worker.keys import MAX_STAGES
 
 __all__ = ["child_main", "worker", "worker_options", "worker_settings"]
@@ -130,6 +131,7 @@ def child_main(settings: WorkerSettings, visible_device: str | None) -> None:
 
     stop = threading.Event()
     install_stop_handlers(stop)
+    watch_parent(stop)  # the supervisor dies: drain and exit, never serve on as an orphan
     try:
         serve(settings, stop)
     except ModelLoadError as exc:

@@ -19,6 +19,7 @@ from inferfleet.worker.cli.serving import child_main, worker_options, worker_set
 from inferfleet.worker.config import WorkerSettings, env_var
 from inferfleet.worker.errors import ConfigError
 from inferfleet.worker.fleet.scaling import POLICY_KINDS, PolicySettings
+from inferfleet.worker.fleet.succession import LeaseHeld
 from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings, resolve_devices
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ def _run(settings: SupervisorSettings) -> None:
     _install_fleet_stop_handlers(stop, supervisor)
     try:
         supervisor.run(stop)
+    except LeaseHeld as exc:
+        raise click.ClickException(str(exc)) from exc
     finally:
         if metrics is not None:
             metrics.close()

@@ -5,8 +5,9 @@ does): every ``interval_s`` the supervisor observes the stream and the
 workers' heartbeats, asks the pure policy (:func:`inferfleet.worker.fleet.scaling.desired_workers`)
 how many workers there should be, and only applies the difference:
 
-* a new worker is a *slot* with a stable consumer name (``NAME-sN``), so a
-  restarted worker replays its own pending entries; slots are placed on
+* a new worker is a *slot* with a consumer name stable across its restarts
+  (``NAME-sN-TOKEN``, the token drawn once per supervisor), so a restarted
+  worker replays its own pending entries; slots are placed on
   devices round-robin (one process per GPU by default, through
   ``CUDA_VISIBLE_DEVICES``); children use the ``spawn`` start method and
   load their own model copy;
@@ -14,6 +15,11 @@ how many workers there should be, and only applies the difference:
   deaths within M seconds stop that slot, with an error saying why;
 * scale-down and shutdown send SIGTERM: the worker finishes its batch,
   replies, acknowledges and leaves the group. A second stop signal kills.
+
+One supervisor manages a queue on a host: it holds a lease in Redis, and
+its workers drain and exit if it dies; a supervisor started after a dead
+one first drains what that one left running
+(:mod:`inferfleet.worker.fleet.succession`).
 
 A queue sharded into S streams (``WorkerSettings.shards``) is one fleet:
 slot i serves shard i mod S, the lag observed is the sum over the shards,
@@ -41,6 +47,14 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import admin_client
 from inferfleet.worker.errors import ConfigError, DeviceBroken
 from inferfleet.worker.fleet.scaling import Decision, Observation, PolicySettings, PolicyState, desired_workers
+from inferfleet.worker.fleet.succession import (
+    SupervisorLease,
+    incarnation_token,
+    pid_alive,
+    predecessor_workers,
+    prune_consumers,
+    slot_consumer,
+)
 from inferfleet.worker.heartbeat import read_heartbeats
 from inferfleet.worker.keys import stage_keys, supervisor_key
 
@@ -197,6 +211,9 @@ class Supervisor:
         self.state = PolicyState()
         self.last_decision: Decision | None = None
         self.kill_now = threading.Event()
+        self.token = incarnation_token()  # in every slot's consumer name: unique per incarnation
+        self.lease = SupervisorLease(self.redis, self.keys, self.token, ttl_s=max(5 * settings.interval_s, 5.0))
+        self._next_prune_s = 0.0
 
     # -- the loop ----------------------------------------------------------
 
@@ -206,10 +223,58 @@ class Supervisor:
                  len(self.shard_keys),
                  self.settings.policy.min_workers, self.settings.policy.max_workers,
                  ",".join(self.settings.devices), self.settings.policy.kind)
+        self.take_over(stop)
         while not stop.is_set():
             self.tick(time.monotonic())
+            if not self._renew_lease():
+                break
             stop.wait(self.settings.interval_s)
         self.shutdown()
+
+    def take_over(self, stop: threading.Event) -> None:
+        """Take the queue's lease on this host (:class:`LeaseHeld` if a live supervisor has it), then
+        drain what a dead predecessor left running here before starting anything."""
+        while True:
+            try:
+                self.lease.acquire()
+                break
+            except redis.exceptions.RedisError as exc:
+                log.warning("cannot take the supervisor lease (%s): retrying", exc)
+                if stop.wait(self.settings.interval_s):
+                    return
+        try:
+            beats = [b for keys in self.shard_keys for b in read_heartbeats(self.redis, keys)]
+        except redis.exceptions.RedisError as exc:
+            log.warning("cannot read heartbeats for a predecessor's workers (%s)", exc)
+            return
+        self._drain_predecessors(beats)
+
+    def _drain_predecessors(self, beats: list) -> None:
+        left = [p for p in predecessor_workers(beats, self.settings.worker.name, self.lease.host, self.token)
+                if pid_alive(p.pid)]
+        if not left:
+            return
+        log.warning("a previous supervisor left %d workers running (%s): draining them first", len(left),
+                    ", ".join(f"{p.consumer} pid {p.pid}" for p in left))
+        for orphan in left:
+            os.kill(orphan.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while any(pid_alive(p.pid) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for orphan in left:
+            if pid_alive(orphan.pid):
+                log.warning("killing %s (pid %s): it did not drain in time", orphan.consumer, orphan.pid)
+                os.kill(orphan.pid, signal.SIGKILL)
+
+    def _renew_lease(self) -> bool:
+        try:
+            if self.lease.renew():
+                return True
+        except redis.exceptions.RedisError as exc:
+            log.warning("cannot renew the supervisor lease (%s): holding the fleet as it is", exc)
+            return True
+        log.error("another supervisor holds the lease of %s now: stopping this one", self.keys.requests)
+        return False
 
     def tick(self, now_s: float) -> None:
         """One step: reap dead children, decide the fleet size, start what is due."""
@@ -223,9 +288,25 @@ class Supervisor:
             self._decide(obs)
         self._start_due(now_s)
         self._publish(now_s)
+        if now_s >= self._next_prune_s:
+            self._next_prune_s = now_s + 30.0
+            self._prune()
         if self.metrics is not None:
             self.metrics.observed(sum(1 for s in self.slots if s.alive), obs.lag if obs else None,
                                   obs.pending if obs else None)
+
+    def _prune(self) -> None:
+        """Delete the group's consumers that dead workers left, holding nothing (best effort)."""
+        try:
+            for keys in self.shard_keys:
+                live = {b.consumer for b in read_heartbeats(self.redis, keys)}
+                live |= {s.consumer for s in self.slots}
+                gone = prune_consumers(self.redis, keys, self.settings.worker.name, live, 60_000)
+                if gone:
+                    log.info("deleted %d consumers of dead workers from %s: %s", len(gone), keys.requests,
+                             ", ".join(gone))
+        except redis.exceptions.RedisError as exc:
+            log.warning("cannot prune the consumers of dead workers (%s)", exc)
 
     def live_workers(self) -> int:
         """Slots that should run and are running or about to be (re)started."""
@@ -252,7 +333,8 @@ class Supervisor:
                 return  # a crash loop: more copies of the same failure would not help
             if slot is None:
                 index = len(self.slots)
-                slot = Slot(index, f"{self.settings.worker.name}-s{index}", self._device_for(index),
+                slot = Slot(index, slot_consumer(self.settings.worker.name, index, self.token),
+                            self._device_for(index),
                             shard=index % self.settings.worker.shards)
                 self.slots.append(slot)
             slot.wanted = True
@@ -356,7 +438,11 @@ class Supervisor:
             if slot.alive:
                 self._drain(slot)
         deadline = time.monotonic() + self.settings.drain_timeout_s
+        renew_at = time.monotonic()
         while any(s.alive for s in self.slots) and time.monotonic() < deadline and not self.kill_now.is_set():
+            if time.monotonic() >= renew_at:  # still managing: no successor may start while these drain
+                renew_at += self.settings.interval_s
+                self._renew_lease()
             time.sleep(0.05)
         for slot in self.slots:
             if slot.alive and slot.process is not None:
@@ -369,6 +455,7 @@ class Supervisor:
         try:
             for keys in self.shard_keys:
                 self.redis.delete(supervisor_key(keys))
+            self.lease.release()
         except redis.exceptions.RedisError:
             pass
         log.info("supervisor stopped; every worker has exited")

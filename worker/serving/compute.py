@@ -30,7 +30,7 @@ from inferfleet.producer.protocol import encode_reply_error, encode_reply_ok
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.errors import DeviceBroken
-from inferfleet.worker.logs import batch_context
+from inferfleet.worker.logs import batch_context, clip
 from inferfleet.worker.runtime.devices import is_device_broken
 from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
 from inferfleet.worker.serving.batching import Request, concat_inputs, predict_isolated, split_outputs
@@ -56,7 +56,7 @@ def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: fl
                           rid=req.rid)
         except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
             result = exc
-    log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, result)
+    log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, clip(result))
     message = f"{type(result).__name__}: {result}"
     return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
                   rid=req.rid, code="model_error")

@@ -290,10 +290,11 @@ class Consumer:
         if not fields:
             self.replies.write([Answer(entry_id, None, None)])  # deleted while pending: acknowledge only
             return 1
-        if not self.recovery.start_attempt(entry_id):
+        attempt = self.recovery.start_attempt(entry_id, delivered)
+        if attempt is None:
             return 0  # no longer ours: answered elsewhere
-        if delivered + 1 > self.settings.max_deliveries:
-            self.replies.write([dead_letter(self.intake, entry_id, fields, delivered + 1, self.settings)])
+        if attempt > self.settings.max_deliveries:
+            self.replies.write([dead_letter(self.intake, entry_id, fields, attempt, self.settings)])
         else:
             self._answer([self.intake.admit(entry_id, fields, time.time() * 1000.0)])
         return 1

@@ -25,6 +25,7 @@ from inferfleet.producer.protocol import (
     row_count,
     validate_request_id,
 )
+from inferfleet.worker.logs import clip
 from inferfleet.worker.runtime.signature import describe_spec, spec_of
 from inferfleet.worker.serving.batching import Request, signature_of
 
@@ -156,7 +157,7 @@ class Intake:
         except Exception as exc:  # noqa: BLE001 - a decoder bug must not kill the worker
             # one line, no traceback: a hostile client must not be able to flood the logs
             log.error("entry %s could not be admitted: %s: %s", entry_id.decode(errors="replace"),
-                      type(exc).__name__, exc)
+                      type(exc).__name__, clip(exc))
             if not fields:
                 return Answer(entry_id, None, None)
             return self.refuse_entry(entry_id, fields, "bad_request",
@@ -171,7 +172,7 @@ class Intake:
             rid = getattr(exc, "rid", None)
             if rid is None:
                 log.warning("entry %s has no readable request id (%s): acknowledged without reply",
-                            entry_id.decode(errors="replace"), exc)
+                            entry_id.decode(errors="replace"), clip(exc))
                 return Answer(entry_id, None, None)
             return self._refuse(entry_id, rid, self.keys.reply(rid), exc.code, exc.message)
         default_key = self.keys.reply(env.rid)

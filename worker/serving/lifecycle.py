@@ -14,6 +14,14 @@ copy in a background thread while it keeps serving the old one, then:
 
 A load that fails keeps the old model; the worker reports why in its
 heartbeat (``swap_error``), in the alerts stream and in its metrics.
+
+The hash also remembers which published versions the fleet actually
+*served* (``served_*``: the last one a worker switched to or started on,
+``served_before_*``: the one served before it; :func:`mark_served`).
+``--rollback`` returns to the last version served other than the current
+one, so a broken version that never served (published with ``--no-check``)
+is never a rollback target: after v2 (served), v3 (broken), a rollback
+publishes v2, not v3.
 """
 
 from __future__ import annotations
@@ -31,32 +39,56 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.keys import model_key
 
-__all__ = ["ModelWatcher", "NoPreviousVersion", "Published", "model_key", "publish", "read_published", "rollback"]
+__all__ = ["ModelWatcher", "NoPreviousVersion", "Published", "mark_served", "model_key", "publish", "read_published",
+           "rollback"]
 
 log = logging.getLogger(__name__)
 
 #: KEYS = [model hash]; ARGV = [mode, model, version, now_ms, fallback_model, fallback_version].
 #: publish: the current pair becomes the previous one (or the fallback, the pair
-#: live workers serve, on the first publish); rollback: current and previous
-#: trade places. Either way the sequence number grows. Returns the new seq,
-#: or an error reply NOPREVIOUS.
+#: live workers serve, on the first publish, which also counts as served);
+#: rollback: the last served pair other than the current one becomes current.
+#: Either way the sequence number grows. Returns the new seq, or an error reply NOPREVIOUS.
 PUBLISH_SCRIPT = """
 local key, mode = KEYS[1], ARGV[1]
-local cur_model, cur_version = redis.call('HGET', key, 'model'), redis.call('HGET', key, 'version')
+local h = {}
+local raw = redis.call('HGETALL', key)
+for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+local cur_model, cur_version = h['model'], h['version']
 if mode == 'rollback' then
-  local prev_model = redis.call('HGET', key, 'previous_model')
-  local prev_version = redis.call('HGET', key, 'previous_version')
-  if not prev_model or prev_model == '' then
-    return redis.error_reply('NOPREVIOUS no earlier version to roll back to')
+  local to_model, to_version = h['served_model'], h['served_version']
+  if not to_version or to_version == '' or to_version == cur_version then
+    to_model, to_version = h['served_before_model'], h['served_before_version']
   end
-  redis.call('HSET', key, 'model', prev_model, 'version', prev_version,
+  if not to_version or to_version == '' or to_version == cur_version then
+    return redis.error_reply('NOPREVIOUS no earlier version the fleet served to roll back to')
+  end
+  redis.call('HSET', key, 'model', to_model, 'version', to_version,
              'previous_model', cur_model, 'previous_version', cur_version, 'updated_ms', ARGV[4])
 else
-  if not cur_model then cur_model, cur_version = ARGV[5], ARGV[6] end
+  if not cur_model then
+    cur_model, cur_version = ARGV[5], ARGV[6]
+    if not h['served_version'] and ARGV[6] ~= '' then
+      redis.call('HSET', key, 'served_model', ARGV[5], 'served_version', ARGV[6])
+    end
+  end
   redis.call('HSET', key, 'model', ARGV[2], 'version', ARGV[3],
              'previous_model', cur_model, 'previous_version', cur_version, 'updated_ms', ARGV[4])
 end
 return redis.call('HINCRBY', key, 'seq', 1)
+"""
+
+#: KEYS = [model hash]; ARGV = [model, version]. If (model, version) is the published pair and not
+#: already the last served one, it becomes the last served (the one before moves to served_before).
+#: HGETALL and HSET only: commands the ``worker`` ACL user has. Returns 1 if it changed anything.
+SERVED_SCRIPT = """
+local h = {}
+local raw = redis.call('HGETALL', KEYS[1])
+for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+if h['model'] ~= ARGV[1] or h['version'] ~= ARGV[2] or h['served_version'] == ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'served_before_model', h['served_model'] or '',
+           'served_before_version', h['served_version'] or '', 'served_model', ARGV[1], 'served_version', ARGV[2])
+return 1
 """
 
 
@@ -74,6 +106,7 @@ class Published:
     previous_model: str = ""
     previous_version: str = ""
     updated_ms: int = 0
+    served_version: str = ""  # the last published version a worker served (the rollback target)
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> Published | None:
@@ -85,7 +118,8 @@ class Published:
             seq, updated = int(d.get("seq", "0")), int(d.get("updated_ms", "0"))
         except ValueError:
             return None
-        return cls(d["model"], d["version"], seq, d.get("previous_model", ""), d.get("previous_version", ""), updated)
+        return cls(d["model"], d["version"], seq, d.get("previous_model", ""), d.get("previous_version", ""), updated,
+                   d.get("served_version", ""))
 
 
 def read_published(client: redis.Redis, keys: QueueKeys) -> Published | None:
@@ -113,8 +147,14 @@ def publish(client: redis.Redis, keys: QueueKeys, model: str, version: str,
 
 
 def rollback(client: redis.Redis, keys: QueueKeys) -> Published:
-    """Make the previous published version current again."""
+    """Make the last version the fleet served (other than the current one) current again."""
     return _run(client, keys, "rollback", "", "", str(int(time.time() * 1000)), "", "")
+
+
+def mark_served(client: redis.Redis, keys: QueueKeys, published: Published) -> bool:
+    """Record that a worker serves ``published`` (if it is still the published version)."""
+    return bool(client.register_script(SERVED_SCRIPT)(keys=[model_key(keys)],
+                                                       args=[published.model, published.version]))
 
 
 Loader = Callable[[WorkerSettings], object]
@@ -183,4 +223,8 @@ class ModelWatcher:
             self.seen_seq = min(self.seen_seq, (current.seq - 1) if current else self.seen_seq)
             return "stale", published, outcome
         self.error = ""
+        try:
+            mark_served(self.client, self.keys, published)
+        except redis.exceptions.RedisError as exc:  # the switch goes ahead; only the rollback target is late
+            log.warning("model %s: cannot record version %s as served: %s", self.keys.name, published.version, exc)
         return "ok", published, outcome

@@ -8,6 +8,14 @@ merely busy. Such entries are *suspects*: the caller computes them one at a
 time, counting a delivery each time it starts one, so an input that keeps
 killing its workers is dead-lettered while its batch-mates are answered.
 
+Only deliveries to a worker that then died or hung count. A worker that
+replays its *own* pending entries because of its own trouble (a reply it
+could not write to a full Redis, a connection it lost) retries them without
+counting a delivery (XCLAIM JUSTID leaves the count alone): however long
+Redis stays full, an innocent request is never dead-lettered for it. The
+first replay after a start still counts, since the process that held the
+entries under this consumer name is gone.
+
 :class:`Recovery` is one consumer's side of it: its suspects, the replay of
 its own pending entries (after a start, a reconnect or a lost reply), and
 the housekeeping that trims the stream, finds orphans and takes over a dead
@@ -85,12 +93,13 @@ def own_pending(client: redis.Redis, keys: QueueKeys, me: str, count: int = 100_
     return _suspects(client, keys, rows) if rows else []
 
 
-def start_attempt(client: redis.Redis, keys: QueueKeys, me: str, entry_id: bytes) -> bool:
-    """Count one more delivery of ``entry_id`` (XCLAIM to ourselves) before computing it.
+def start_attempt(client: redis.Redis, keys: QueueKeys, me: str, entry_id: bytes, counted: bool = True) -> bool:
+    """Count one more delivery of ``entry_id`` (XCLAIM to ourselves) before computing it;
+    with ``counted`` False only make sure it is still ours (JUSTID: the count stays).
 
     False if the entry is no longer pending on us: another worker answered it.
     """
-    return bool(client.xclaim(keys.requests, GROUP, me, 0, [entry_id]))
+    return bool(client.xclaim(keys.requests, GROUP, me, 0, [entry_id], justid=not counted))
 
 
 def _id_key(entry_id: bytes | str) -> tuple[int, int]:
@@ -116,22 +125,40 @@ class Recovery:
         self.suspects: list[Delivery] = []  # replayed or taken over: computed one at a time
         self.replay_own = True  # first thing after start or reconnect
         self._next_housekeeping = 0.0
+        self._started = False  # the first replay (of a previous process's entries) counts deliveries
+        self._retries: set[bytes] = set()  # suspects replayed for our own trouble: no delivery counted
 
     def replay_own_pending(self) -> None:
-        """Replay what this consumer name holds but never answered (a restart or a lost reply)."""
-        self.suspects = own_pending(self.redis, self.keys, self.settings.consumer)
+        """Replay what this consumer name holds but never answered (a restart or a lost reply).
+
+        After the first replay of this process, a replay is this process's own
+        retry: its entries are computed again without counting a delivery.
+        """
+        owed = {entry_id for entry_id, _, _ in self.suspects if entry_id not in self._retries}  # taken over, not
+        self.suspects = own_pending(self.redis, self.keys, self.settings.consumer)  # started yet: they still count
+        self._retries = {entry_id for entry_id, _, _ in self.suspects} - owed if self._started else set()
         if self.suspects:
-            log.info("replaying %d pending entries of consumer %s, one at a time",
-                     len(self.suspects), self.settings.consumer)
+            log.info("replaying %d pending entries of consumer %s, one at a time%s",
+                     len(self.suspects), self.settings.consumer,
+                     " (our own retry: no delivery counted)" if self._started else "")
+        self._started = True
         self.replay_own = False
 
     def next_suspect(self) -> Delivery | None:
         """The oldest suspect still to compute, if any."""
         return self.suspects.pop(0) if self.suspects else None
 
-    def start_attempt(self, entry_id: bytes) -> bool:
-        """Count a delivery of ``entry_id`` before computing it; False if it is no longer ours."""
-        return start_attempt(self.redis, self.keys, self.settings.consumer, entry_id)
+    def start_attempt(self, entry_id: bytes, delivered: int) -> int | None:
+        """Count a delivery of ``entry_id`` (delivered ``delivered`` times so far) before computing it.
+
+        Returns the delivery this attempt is (``delivered`` again for our own
+        retry, which counts none), or None if the entry is no longer ours.
+        """
+        counted = entry_id not in self._retries
+        self._retries.discard(entry_id)
+        if not start_attempt(self.redis, self.keys, self.settings.consumer, entry_id, counted):
+            return None
+        return delivered + 1 if counted else delivered
 
     def housekeeping_due(self, now: float) -> bool:
         """True once every ``housekeeping_s`` of ``now`` (a monotonic clock); the next one is scheduled."""

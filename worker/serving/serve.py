@@ -10,22 +10,25 @@ import redis
 
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import worker_client
+from inferfleet.worker.counters import Counters
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.heartbeat import Heartbeat
 from inferfleet.worker.logs import bind as bind_log_fields
-from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics
+from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics, worker_metrics
 from inferfleet.worker.runtime.devices import peak_memory_mib
 from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
+from inferfleet.worker.serving.alerts import Alert
+from inferfleet.worker.serving.alerts import publish as publish_alerts
 from inferfleet.worker.serving.consumer import Consumer
-from inferfleet.worker.serving.lifecycle import ModelWatcher, read_published
-from inferfleet.worker.serving.stages import StageConsumer
+from inferfleet.worker.serving.lifecycle import ModelWatcher, Published, mark_served, read_published
+from inferfleet.worker.serving.stages import StageConsumer, stage_label
 
 __all__ = ["serve"]
 
 log = logging.getLogger(__name__)
 
 
-def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
+def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     """Load the model (before joining the group, so the first request is warm) and serve.
 
     With ``metrics_port``, /metrics is served from the start (so a scrape
@@ -43,12 +46,17 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
             stop_metrics()
 
 
-def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
-    client = worker_client(settings.redis_url, settings.cluster)
-    runtime, seen_seq, source = _load_current(settings, client)
+def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
+    client = worker_client(settings.redis_url, settings.cluster, block_s=settings.idle_block_ms / 1000.0)
+    label = settings.name if settings.stage is None else stage_label(settings)  # a stage's metrics are its own
+    counters = Counters(worker_metrics(label, settings.metrics_port))
+    loaded = _load_current(settings, client, counters, stop)
+    if loaded is None:
+        return None  # stopped while no version it can load was published
+    runtime, seen_seq, source = loaded
     watcher = ModelWatcher(client, settings.queue_keys, settings, load_runtime, seen_seq)
     kind = Consumer if settings.stage is None else StageConsumer  # one stage of a split model
-    consumer = kind(settings, runtime, client, watcher=watcher, model_source=source)
+    consumer = kind(settings, runtime, client, counters=counters, watcher=watcher, model_source=source)
     if stop.is_set():
         return consumer
     heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer,
@@ -73,26 +81,73 @@ def _log_peak_memory(consumer: Consumer) -> None:
                  consumer.settings.consumer, peak[0], peak[1], consumer.runtime.device)
 
 
-def _load_current(settings: WorkerSettings, client: redis.Redis) -> tuple[ModelRuntime, int, str]:
-    """Load the fleet's published model if ``inferfleet swap`` set one, else ``--model``.
-
-    So a worker started after a swap never serves an older version than the
-    fleet. If the published model cannot be loaded here, the worker says why
-    and falls back to its own ``--model`` rather than not serving at all.
-    """
+def _read_published(settings: WorkerSettings, client: redis.Redis) -> Published | None:
     try:
-        published = read_published(client, settings.queue_keys)
+        return read_published(client, settings.queue_keys)
     except redis.exceptions.RedisError as exc:
         log.warning("cannot read the published model version (%s): loading --model %s", exc, settings.model)
-        published = None
-    if published is None or (published.model, published.version) == (settings.model, settings.model_version):
-        return load_runtime(settings), published.seq if published else 0, settings.model
-    log.info("queue %s: the fleet serves version %s (%s), not --model %s: loading that",
-             settings.name, published.version, published.model, settings.model)
-    try:
-        runtime = load_runtime(replace(settings, model=published.model, model_version=published.version))
+        return None
+
+
+def _load_current(settings: WorkerSettings, client: redis.Redis, counters: Counters,
+                  stop: threading.Event) -> tuple[ModelRuntime, int, str] | None:
+    """Load the fleet's published model if ``inferfleet swap`` set one, else ``--model``.
+
+    So a worker started after a swap never serves another version than the
+    fleet. If the published model cannot be loaded here, the worker does not
+    fall back to its ``--model`` (the fleet would silently serve two
+    versions): it stays out of the group, says why (log, alert, heartbeat,
+    metric) and waits for a version it can load to be published. None if
+    ``stop`` is set meanwhile.
+    """
+    published = _read_published(settings, client)
+    while True:
+        if published is None or (published.model, published.version) == (settings.model, settings.model_version):
+            return load_runtime(settings), published.seq if published else 0, settings.model
+        log.info("queue %s: the fleet serves version %s (%s), not --model %s: loading that",
+                 settings.name, published.version, published.model, settings.model)
+        try:
+            runtime = load_runtime(replace(settings, model=published.model, model_version=published.version))
+        except ModelLoadError as exc:
+            published = _wait_for_loadable(settings, client, counters, published, exc, stop)
+            if stop.is_set():
+                return None
+            continue
+        try:
+            mark_served(client, settings.queue_keys, published)
+        except redis.exceptions.RedisError as exc:
+            log.warning("cannot record version %s as served: %s", published.version, exc)
         return runtime, published.seq, published.model
-    except ModelLoadError as exc:
-        log.error("cannot load the published version %s (%s): serving --model %s instead",
-                  published.version, exc, settings.model)
-        return load_runtime(settings), published.seq, settings.model
+
+
+def _wait_for_loadable(settings: WorkerSettings, client: redis.Redis, counters: Counters, published: Published,
+                       error: ModelLoadError, stop: threading.Event) -> Published | None:
+    """Out of the group, loudly, until another version is published (returned; None if the hash was deleted:
+    then ``--model`` is the fleet's version again) or ``stop`` is set."""
+    detail = f"version {published.version}: {error}"
+    log.error("CANNOT SERVE: the fleet's published version %s (%s) does not load here: %s. This worker stays out of "
+              "the group (it does not serve another version) until a version it can load is published "
+              "(inferfleet swap --rollback, or --model)", published.version, published.model, error)
+    counters.swap("failed")
+    counters.alert("swap_failed")
+    heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), settings.queue_keys,
+                          settings.consumer, counters, {"device": settings.device}, interval_s=settings.heartbeat_s,
+                          extra=lambda: {"version": "none", "model": published.model, "swap_error": detail})
+    heartbeat.state = "cannot-load"
+    try:
+        publish_alerts(client, settings.queue_keys, [Alert("swap_failed", detail, settings.consumer, "none")])
+    except redis.exceptions.RedisError as exc:
+        log.warning("cannot publish the swap_failed alert: %s", exc)
+    heartbeat.start()
+    try:
+        while not stop.wait(max(settings.housekeeping_s, 0.5)):
+            try:
+                current = read_published(client, settings.queue_keys)
+            except redis.exceptions.RedisError as exc:  # keep waiting: never fall back on a Redis error
+                log.warning("cannot read the published model version (%s): still waiting", exc)
+                continue
+            if current is None or current.seq != published.seq:
+                return current
+        return None
+    finally:
+        heartbeat.stop(remove=True)
