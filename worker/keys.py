@@ -14,6 +14,10 @@ key                           type    what
 ``PREFIX:{NAME}:alerts``      stream  result-check and swap alerts
 ``PREFIX:{NAME}:cache:HEX``   string  a fleet result-cache entry, with a TTL
 ``PREFIX:{NAME}:supervisor``  hash    a supervisor's last decision, with a TTL
+``PREFIX:{NAME}:shadow``      hash    the candidate version (``inferfleet shadow``)
+``PREFIX:{NAME}:shadow:pairs`` set    the comparison hashes of every (live, candidate) pair
+``PREFIX:{NAME}:shadow:L>C``  hash    the fleet's comparison of live L and candidate C
+``PREFIX:{NAME}:shadow:alerted`` hash  seq -> 1 once a candidate's divergence was alerted
 ============================  ======  =======================================
 """
 
@@ -22,7 +26,7 @@ from __future__ import annotations
 from inferfleet.producer.protocol import QueueKeys
 
 __all__ = ["HEARTBEAT_INDEX", "alerts_key", "cache_key", "heartbeat_index", "heartbeat_key", "model_key",
-           "supervisor_key"]
+           "shadow_alerted_key", "shadow_key", "shadow_pair_key", "shadow_pairs_key", "supervisor_key"]
 
 #: Suffix of the heartbeat index; each heartbeat hash is ``HEARTBEAT_INDEX:consumer``.
 HEARTBEAT_INDEX = "hb"
@@ -56,3 +60,23 @@ def cache_key(keys: QueueKeys, digest: bytes) -> str:
 def supervisor_key(keys: QueueKeys) -> str:
     """The hash where a supervisor publishes its latest scaling decision."""
     return keys.own("supervisor")
+
+
+def shadow_key(keys: QueueKeys) -> str:
+    """The hash naming the candidate version, its sample, canary share, thresholds and state."""
+    return keys.own("shadow")
+
+
+def shadow_pairs_key(keys: QueueKeys) -> str:
+    """The set of the comparison hashes written so far (one per (live, candidate) pair)."""
+    return keys.own("shadow:pairs")
+
+
+def shadow_pair_key(keys: QueueKeys, live: str, candidate: str) -> str:
+    """The fleet's totals comparing ``candidate`` with ``live`` (versions never hold ``>``)."""
+    return keys.own(f"shadow:{live}>{candidate}")
+
+
+def shadow_alerted_key(keys: QueueKeys) -> str:
+    """Which candidates' divergence was alerted (by publish sequence number): one alert per candidate."""
+    return keys.own("shadow:alerted")

@@ -1,7 +1,8 @@
 """The ``inferfleet`` click group, with every command family registered on it.
 
 One module per family: :mod:`.serving` (worker), :mod:`.supervise`, :mod:`.requests` (enqueue,
-result), :mod:`.admin` (status, dead), :mod:`.bench` and :mod:`.lifecycle` (swap, alerts); the
+result), :mod:`.admin` (status, dead), :mod:`.bench`, :mod:`.lifecycle` (swap, alerts) and
+:mod:`.rollout` (shadow); the
 options they share are in :mod:`.options`. Only the commands that need torch import it, when run.
 
 Every option has an environment variable (shown in ``--help``); bad input exits with a clear
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from inferfleet.worker.cli import admin, bench, lifecycle, requests, serving, supervise
+from inferfleet.worker.cli import admin, bench, lifecycle, requests, rollout, serving, supervise
 
 __all__ = ["main"]
 
@@ -25,5 +26,5 @@ def main() -> None:
 
 
 for _command in (serving.worker, supervise.supervise, requests.enqueue, requests.result, admin.status, admin.dead,
-                 bench.bench, lifecycle.swap, lifecycle.alerts):
+                 bench.bench, lifecycle.swap, lifecycle.alerts, rollout.shadow):
     main.add_command(_command)

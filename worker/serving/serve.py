@@ -15,8 +15,12 @@ from inferfleet.worker.heartbeat import Heartbeat
 from inferfleet.worker.logs import bind as bind_log_fields
 from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics
 from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
-from inferfleet.worker.serving.consumer import Consumer
+from inferfleet.worker.serving.alerts import Alert
+from inferfleet.worker.serving.alerts import publish as publish_alerts
+from inferfleet.worker.serving.consumer import Consumer, encode_answer
 from inferfleet.worker.serving.lifecycle import ModelWatcher, read_published
+from inferfleet.worker.serving.shadow import ShadowRunner
+from inferfleet.worker.serving.tracing import tracing_from_env
 
 __all__ = ["serve"]
 
@@ -46,6 +50,8 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
     runtime, seen_seq, source = _load_current(settings, client)
     watcher = ModelWatcher(client, settings.queue_keys, settings, load_runtime, seen_seq)
     consumer = Consumer(settings, runtime, client, watcher=watcher, model_source=source)
+    consumer.shadow = _shadow_runner(consumer, client)
+    consumer.tracing = tracing_from_env(settings.name)
     if stop.is_set():
         return consumer
     heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer,
@@ -58,7 +64,21 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
     finally:
         heartbeat.state = "stopped"
         heartbeat.stop(remove=True)
+        if consumer.tracing is not None:
+            consumer.tracing.shutdown()
     return consumer
+
+
+def _shadow_runner(consumer: Consumer, client: redis.Redis) -> ShadowRunner:
+    """The consumer's side of ``inferfleet shadow``; its alerts are counted and published like the consumer's."""
+
+    def alert(alerts: list[Alert]) -> None:
+        for each in alerts:
+            consumer.counters.alert(each.kind)
+        publish_alerts(client, consumer.keys, alerts)
+
+    return ShadowRunner(client, consumer.keys, consumer.settings, load_runtime, consumer.counters, alert,
+                        encode_answer, canary_allowed=not consumer.results.keyed)
 
 
 def _load_current(settings: WorkerSettings, client: redis.Redis) -> tuple[ModelRuntime, int, str]:
