@@ -25,9 +25,10 @@ def _trace_api() -> Any:
     if _api is None:
         try:
             from opentelemetry import trace
+
+            _api = trace
         except ImportError:
-            trace = False
-        _api = trace
+            _api = False
     return _api
 
 

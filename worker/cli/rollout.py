@@ -204,7 +204,7 @@ def _act(client: Any, shard_list: list, model: str | None, version: str | None, 
                        f"canary {cand.canary:g}%")
     else:
         for keys in shard_list:
-            cand = set_canary(client, keys, canary or 0.0)
-            if cand is None:
+            changed = set_canary(client, keys, canary or 0.0)
+            if changed is None:
                 raise click.ClickException(f"{keys.name}: no active candidate (publish one with --model)")
-            click.echo(f"{keys.name}: candidate {cand.version} now answers {cand.canary:g}% of requests")
+            click.echo(f"{keys.name}: candidate {changed.version} now answers {changed.canary:g}% of requests")

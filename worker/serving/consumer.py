@@ -39,14 +39,13 @@ from inferfleet.worker.serving.batching import (
     split_outputs,
 )
 from inferfleet.worker.serving.deadletter import dead_fields
+from inferfleet.worker.serving.hooks import Hooks
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
 from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 from inferfleet.worker.serving.recovery import Delivery, Recovery
 from inferfleet.worker.serving.replies import BatchEncoder, ReplyWriter
 from inferfleet.worker.serving.rowlimit import RowLimit
-from inferfleet.worker.serving.shadow import ShadowRunner
-from inferfleet.worker.serving.tracing import Tracing
 
 __all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
 
@@ -162,8 +161,7 @@ class Consumer:
         self.encoder = BatchEncoder(runtime.model_meta, encode_answer)
         self.watcher = watcher  # follows hot swaps
         self.model_source = settings.model if model_source is None else model_source  # the runtime's file or handler
-        self.shadow: ShadowRunner | None = None  # a candidate version beside the live one (serve.py sets it)
-        self.tracing: Tracing | None = None  # OpenTelemetry spans, when configured (serve.py sets it)
+        self.hooks: Hooks | None = None  # shadow/canary and tracing, one call per read, batch, round (serve.py)
 
     # -- the loop ----------------------------------------------------------
 
@@ -266,15 +264,10 @@ class Consumer:
         alerts = self.results.take_alerts()
         if alerts:  # before the replies: a client that sees its reply can see its alert
             self._alert(alerts)
-        tracing = self.tracing
-        if tracing is not None:
-            tracing.replying()
         self.replies.write(answers)
-        if tracing is not None:
-            tracing.replied()
         self.results.flush()  # after the replies: a cache write must never delay or block one
-        if self.shadow is not None and self.shadow.ready:
-            self.shadow.run_pending(self.runtime)  # after the replies: they never wait for a candidate
+        if self.hooks is not None:
+            self.hooks.replied(self.runtime)  # after the replies: they never wait for a candidate or spans
         self.counters.answered(len(items), sum(1 for a in answers if not a.ok))
 
     # -- reading -----------------------------------------------------------
@@ -295,9 +288,7 @@ class Consumer:
         entries = stream_entries(response)
         items = [admit(entry_id, fields if isinstance(fields, dict) else fields_of(fields), now_ms)
                  for entry_id, fields in entries]
-        if self.tracing is not None:
-            self.tracing.read(entries, items)
-        return items
+        return items if self.hooks is None else self.hooks.read(entries, items)
 
     def _run_suspect(self, delivery: Delivery) -> int:
         """Compute one entry whose previous holder died, alone, counting the attempt.
@@ -323,15 +314,11 @@ class Consumer:
         """Compute one batch; what it logs carries the batch number and its request ids."""
         self._batch_seq += 1
         with batch_context(self._batch_seq, batch):
-            if self.tracing is not None:
-                return self.tracing.forward(batch, self.runtime.version, lambda: self._infer_batch(batch))
+            if self.hooks is not None:
+                return self.hooks.infer(batch, self.runtime, self._infer_batch)
             return self._infer_batch(batch)
 
     def _infer_batch(self, batch: list[Request]) -> list[Answer]:
-        if self.shadow is not None and self.shadow.canary_due():
-            answered = self.shadow.canary(batch, self.runtime.version)
-            if answered is not None:
-                return answered
         rows_total = sum(r.rows for r in batch)
         started = time.perf_counter()
         suspicious = False
@@ -351,8 +338,8 @@ class Consumer:
         computed = predict_isolated(batch, predict)
         version = self.runtime.version
         results = [self.results.review(req, res, version, suspicious) for req, res in zip(batch, computed)]
-        if self.shadow is not None and self.shadow.ready:
-            self.shadow.offer(batch, results)
+        if self.hooks is not None:
+            self.hooks.computed(batch, results)
         if self.row_limit.batch_computed():
             log.info("consumer %s: row limit raised to %d", self.settings.consumer, self.row_limit.rows)
         every = self.settings.empty_cache_every
@@ -411,8 +398,7 @@ class Consumer:
     def heartbeat_fields(self) -> dict[str, Any]:
         """What the heartbeat publishes besides the counters: version, swap error, cache use."""
         return {"version": self.runtime.version, "model": self.model_source,
-                "swap_error": self.watcher.error if self.watcher else "", **self.results.cache_fields(),
-                **(self.shadow.heartbeat_fields() if self.shadow is not None else {})}
+                "swap_error": self.watcher.error if self.watcher else "", **self.results.cache_fields()}
 
     # -- housekeeping ------------------------------------------------------
 
@@ -421,8 +407,8 @@ class Consumer:
         if self.recovery.housekeeping_due(now):
             if self.watcher is not None:
                 self.watcher.poll(self.runtime.version)
-            if self.shadow is not None:
-                self.shadow.poll(self.runtime)
+            if self.hooks is not None:
+                self.hooks.housekeep(self.runtime)
             self.recovery.housekeep(read_ahead=len(self._prefetched))
         if now >= self._next_stats_log:
             self._next_stats_log = now + 10.0

@@ -18,6 +18,7 @@ from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
 from inferfleet.worker.serving.alerts import Alert
 from inferfleet.worker.serving.alerts import publish as publish_alerts
 from inferfleet.worker.serving.consumer import Consumer, encode_answer
+from inferfleet.worker.serving.hooks import Hooks
 from inferfleet.worker.serving.lifecycle import ModelWatcher, read_published
 from inferfleet.worker.serving.shadow import ShadowRunner
 from inferfleet.worker.serving.tracing import tracing_from_env
@@ -50,13 +51,13 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
     runtime, seen_seq, source = _load_current(settings, client)
     watcher = ModelWatcher(client, settings.queue_keys, settings, load_runtime, seen_seq)
     consumer = Consumer(settings, runtime, client, watcher=watcher, model_source=source)
-    consumer.shadow = _shadow_runner(consumer, client)
-    consumer.tracing = tracing_from_env(settings.name)
+    hooks = consumer.hooks = Hooks(_shadow_runner(consumer, client), tracing_from_env(settings.name))
     if stop.is_set():
         return consumer
     heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer,
                           consumer.counters, {"device": str(runtime.device)},
-                          interval_s=settings.heartbeat_s, extra=consumer.heartbeat_fields)
+                          interval_s=settings.heartbeat_s,
+                          extra=lambda: {**consumer.heartbeat_fields(), **hooks.heartbeat_fields()})
     heartbeat.state = "serving"
     heartbeat.start()
     try:
@@ -64,8 +65,7 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
     finally:
         heartbeat.state = "stopped"
         heartbeat.stop(remove=True)
-        if consumer.tracing is not None:
-            consumer.tracing.shutdown()
+        hooks.close()
     return consumer
 
 

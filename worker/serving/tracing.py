@@ -15,7 +15,8 @@ Per request, in the trace its entry's ``traceparent`` names (a new trace without
 * ``inferfleet.batch_formation`` (read to its forward pass),
 * ``inferfleet.forward`` (``inferfleet.batch.rows``, ``inferfleet.batch.requests``,
   ``inferfleet.model.version``), linked to the batch's own span, and
-* ``inferfleet.reply`` (the round's reply script call);
+* ``inferfleet.reply`` (from its forward pass to the round's replies written: encoding, the
+  other batches of the round, the reply script call);
 
 and per batch, ``inferfleet.batch`` (its own trace), linked to every request
 span it served. Spans are made after the round's replies are written, from
@@ -27,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from inferfleet.producer.tracing import TRACEPARENT_RE
@@ -65,7 +66,6 @@ class Tracing:
         self._Flags, self._consumer_kind = TraceFlags, SpanKind.CONSUMER
         self.tracer, self.name, self.provider = tracer, name, provider
         self._batches: list[tuple[list[Request], int, int, str]] = []  # (batch, start ns, end ns, version)
-        self._reply_start = 0
 
     def flush(self) -> None:
         """Export every span made so far (the SDK's processors batch them)."""
@@ -85,15 +85,14 @@ class Tracing:
                 if raw is not None:
                     item.extra["traceparent"] = raw
 
-    def forward(self, batch: list[Request], version: str, compute: Callable[[], Any]) -> Any:
-        """Run ``compute`` (one batch's forward pass and split), timing it."""
-        start = time.time_ns()
-        answers = compute()
-        self._batches.append((batch, start, time.time_ns(), version))
-        return answers
+    @staticmethod
+    def now() -> int:
+        """Wall-clock nanoseconds (span times)."""
+        return time.time_ns()
 
-    def replying(self) -> None:
-        self._reply_start = time.time_ns()
+    def forward(self, batch: list[Request], version: str, started_ns: int) -> None:
+        """``batch`` was computed (by ``version``) from ``started_ns`` until now."""
+        self._batches.append((batch, started_ns, time.time_ns(), version))
 
     def replied(self) -> None:
         """The round's replies are written: make its spans (never raises into the loop)."""
@@ -135,7 +134,7 @@ class Tracing:
                 ("inferfleet.queue_wait", enqueued, picked, {}, None),
                 ("inferfleet.batch_formation", picked, start, {}, None),
                 ("inferfleet.forward", start, stop, attrs, [self._Link(batch_ctx)]),
-                ("inferfleet.reply", max(stop, self._reply_start), replied, {}, None)):
+                ("inferfleet.reply", stop, replied, {}, None)):
             child = self.tracer.start_span(name, context=inside, start_time=min(begin, end), attributes=extra,
                                            links=links)
             child.end(end_time=end)
