@@ -129,6 +129,9 @@ class Tracing:
                                       start_time=min(enqueued, picked),
                                       attributes={"inferfleet.queue": self.name, "inferfleet.request.id": req.rid,
                                                   "inferfleet.model.version": attrs["inferfleet.model.version"]})
+        if not span.is_recording():  # not sampled: its children would not be either
+            span.end(end_time=replied)
+            return span.get_span_context()
         inside = self._trace.set_span_in_context(span)
         for name, begin, end, extra, links in (
                 ("inferfleet.queue_wait", enqueued, picked, {}, None),
