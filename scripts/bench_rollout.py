@@ -40,10 +40,11 @@ from inferfleet.worker.config import WorkerSettings  # noqa: E402
 from inferfleet.worker.connections import worker_client  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
 from inferfleet.worker.runtime.loading import load_runtime  # noqa: E402
+from inferfleet.worker.serving.comparison import Thresholds  # noqa: E402
 from inferfleet.worker.serving.consumer import Consumer, encode_answer  # noqa: E402
 from inferfleet.worker.serving.hooks import Hooks  # noqa: E402
 from inferfleet.worker.serving.replies import BatchEncoder  # noqa: E402
-from inferfleet.worker.serving.rollout import Candidate  # noqa: E402
+from inferfleet.worker.serving.rollout import publish_candidate, read_pairs  # noqa: E402
 from inferfleet.worker.serving.shadow import ShadowRunner  # noqa: E402
 from inferfleet.worker.serving.tracing import tracing_from_env  # noqa: E402
 
@@ -62,7 +63,9 @@ def _shadow_runner(consumer: Consumer, sample: float) -> ShadowRunner:
                           lambda alerts: None, encode_answer)
     runner.runtime = load_runtime(settings)
     runner.encoder = BatchEncoder(runner.runtime.model_meta, encode_answer)
-    runner.spec = Candidate(settings.model, "candidate", 1, "shadow", sample)
+    # published as `inferfleet shadow` would, so the runner's housekeeping keeps it loaded
+    runner.spec = publish_candidate(consumer.redis, consumer.keys, settings.model, "candidate", sample, 0.0,
+                                    Thresholds())
     return runner
 
 
@@ -106,9 +109,12 @@ def shadow_part(args: argparse.Namespace) -> None:
                     latency[before].append(took)
         stop.set()
         thread.join()
+        consumer.hooks.housekeep(consumer.runtime)  # flush the last comparisons
+        shadowed = sum(stats.compared for _, _, stats in read_pairs(consumer.redis, consumer.keys))
     for m in ("off", "on"):
         print(f"shadow {m:>3} (sample {args.sample:g}): {len(latency[m]):,} replies, {_percentiles(latency[m])}; "
               f"worker CPU {cpu[m] / max(served[m], 1) * 1e6:.1f} us/request")
+    print(f"requests compared with the candidate: {shadowed:,} of {len(latency['on']):,} served with the shadow on")
 
 
 _LABELS = {"none": "no hooks", "off": "hooks, tracing off", "on": "tracing on"}

@@ -175,7 +175,7 @@ class ShadowRunner:
         self._flush()
         current = read_candidate(self.client, self.keys)
         if current is None or not current.active or current.version == live.version:
-            if self.spec is not None and self.runtime is not None:
+            if self.spec is not None:  # loaded, or loading (then the copy is dropped when it arrives)
                 self._unload(current)
             return
         if self.spec is None or self.spec.seq != current.seq or self.spec.version != current.version:
