@@ -48,14 +48,14 @@ from inferfleet.worker.serving.replies import BatchEncoder, Encode
 from inferfleet.worker.serving.rollout import Candidate, end_candidate, flush_stats, read_candidate
 from inferfleet.worker.serving.validation import non_finite
 
-__all__ = ["ShadowRunner"]
+__all__ = ["EvenShare", "ShadowRunner"]
 
 log = logging.getLogger(__name__)
 
 Loader = Callable[[WorkerSettings], ModelRuntime]
 
 
-class _Credit:
+class EvenShare:
     """Picks ``share`` of calls, evenly (1 in 10 for 0.1), without randomness."""
 
     def __init__(self) -> None:
@@ -85,7 +85,7 @@ class ShadowRunner:
         self.error = ""  # why the last load failed, for the heartbeat
         self._done: tuple[Candidate, object] | None = None
         self._lock = threading.Lock()
-        self._sample, self._canary = _Credit(), _Credit()
+        self._sample, self._canary = EvenShare(), EvenShare()
         self._pending: list[tuple[list[Request], list[Any], bool]] = []
         self._stats: dict[str, PairStats] = {}  # live version -> this worker's totals since the last flush
         self._alerted = 0  # the seq whose divergence this worker has seen alerted
