@@ -41,7 +41,8 @@ from inferfleet.worker.connections import worker_client  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
 from inferfleet.worker.runtime.loading import load_runtime  # noqa: E402
 from inferfleet.worker.serving.comparison import Thresholds  # noqa: E402
-from inferfleet.worker.serving.consumer import Consumer, encode_answer  # noqa: E402
+from inferfleet.worker.serving.compute import encode_answer  # noqa: E402
+from inferfleet.worker.serving.consumer import Consumer  # noqa: E402
 from inferfleet.worker.serving.hooks import Hooks  # noqa: E402
 from inferfleet.worker.serving.replies import BatchEncoder  # noqa: E402
 from inferfleet.worker.serving.rollout import publish_candidate, read_pairs  # noqa: E402

@@ -28,6 +28,11 @@ class Hooks:
         self.shadow = shadow
         self.tracing = tracing
 
+    @property
+    def active(self) -> bool:
+        """Tracing is on or a candidate is loaded: reads take the per-request path, not the columnar one."""
+        return self.tracing is not None or (self.shadow is not None and self.shadow.ready)
+
     def read(self, entries: Sequence[tuple[bytes, Any]], items: list[Any]) -> list[Any]:
         """A read's entries were admitted as ``items`` (returned as they are)."""
         if self.tracing is not None:

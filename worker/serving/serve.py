@@ -14,10 +14,12 @@ from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.heartbeat import Heartbeat
 from inferfleet.worker.logs import bind as bind_log_fields
 from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics
+from inferfleet.worker.runtime.devices import peak_memory_mib
 from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
 from inferfleet.worker.serving.alerts import Alert
 from inferfleet.worker.serving.alerts import publish as publish_alerts
-from inferfleet.worker.serving.consumer import Consumer, encode_answer
+from inferfleet.worker.serving.compute import encode_answer
+from inferfleet.worker.serving.consumer import Consumer
 from inferfleet.worker.serving.hooks import Hooks
 from inferfleet.worker.serving.lifecycle import ModelWatcher, read_published
 from inferfleet.worker.serving.shadow import ShadowRunner
@@ -52,6 +54,7 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
     watcher = ModelWatcher(client, settings.queue_keys, settings, load_runtime, seen_seq)
     consumer = Consumer(settings, runtime, client, watcher=watcher, model_source=source)
     hooks = consumer.hooks = Hooks(_shadow_runner(consumer, client), tracing_from_env(settings.name))
+    consumer.computer.on_computed = hooks.computed
     if stop.is_set():
         return consumer
     heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer,
@@ -66,7 +69,16 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
         heartbeat.state = "stopped"
         heartbeat.stop(remove=True)
         hooks.close()
+    _log_peak_memory(consumer)
     return consumer
+
+
+def _log_peak_memory(consumer: Consumer) -> None:
+    """On a GPU, what torch's allocator held at most (scripts/gpu_bench.py reads this line)."""
+    peak = peak_memory_mib(consumer.runtime.device)
+    if peak is not None:
+        log.info("consumer %s: peak GPU memory %.0f MiB allocated, %.0f MiB reserved on %s",
+                 consumer.settings.consumer, peak[0], peak[1], consumer.runtime.device)
 
 
 def _shadow_runner(consumer: Consumer, client: redis.Redis) -> ShadowRunner:
