@@ -158,7 +158,8 @@ def test_a_candidate_that_fails_to_load_leaves_the_live_model_serving(redis_url,
     assert shadow_states(redis_client) == ["v9 failed"]
     with Producer(redis_url, "q") as producer:
         replies = send(producer, range(5))
-        assert all(r.ok and r.model_version == "scale-1" for _, r in replies), [(r.ok, r.model_version, r.error_message) for _, r in replies]
+        assert all(r.ok and r.model_version == "scale-1" for _, r in replies), \
+            [(r.ok, r.model_version, r.error_message) for _, r in replies]
     time.sleep(0.5)  # several housekeeping ticks: the load is not retried, the alert not repeated
     assert len(read_alerts(redis_client, KEYS, kind="shadow_failed")) == 1
 
