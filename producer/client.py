@@ -53,6 +53,7 @@ from inferfleet.producer.protocol import (
     validate_request_ids,
     workers_group,
 )
+from inferfleet.producer.tracing import current_traceparent, traceparent_fields
 from inferfleet.producer.transport import Round, arun, run
 
 __all__ = ["Producer", "AsyncProducer", "DEFAULT_REDIS_URL"]
@@ -149,7 +150,8 @@ class ProducerBase:
                 f"reply_to must be a key under {keys.inbox_prefix!r} (the shard of request {rid!r}), "
                 f"got {reply_to!r}"
             )
-        return rid, keys, request_fields(rid, encode_body(inputs, params), deadline_ms, reply_to)
+        return rid, keys, request_fields(rid, encode_body(inputs, params), deadline_ms, reply_to,
+                                         current_traceparent())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -175,13 +177,14 @@ class ProducerBase:
         return [f"{base}{next(rids):x}" for _ in range(count)]
 
     def deadline_fields(self, deadline_s: float | None) -> list[tuple[str, str]]:
-        """The ``deadline`` entry field of requests sent now (none without a deadline)."""
+        """The ``deadline`` entry field of requests sent now (none without a deadline), and the
+        ``traceparent`` of the caller's current OpenTelemetry span (asked once per round)."""
         deadline_s = self.default_deadline_s if deadline_s is None else deadline_s
         if deadline_s is None:
-            return []
+            return traceparent_fields()
         if deadline_s <= 0:
             raise errors.ProtocolError(f"deadline_s must be positive, got {deadline_s}")
-        return [("deadline", str(int((time.time() + deadline_s) * 1000)))]
+        return [("deadline", str(int((time.time() + deadline_s) * 1000))), *traceparent_fields()]
 
     def queue_xadds(self, round_: Round, rids: list[str], bodies: list[bytes], fields: list[tuple[str, str]],
                     to_inbox: bool) -> list[tuple[int, list[int]]]:

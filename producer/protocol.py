@@ -475,6 +475,7 @@ def request_fields(
     body: bytes,
     deadline_ms: int | None = None,
     reply_to: str | None = None,
+    traceparent: str | None = None,
 ) -> dict[str, bytes | str]:
     """The fields of one request stream entry (for ``XADD ... *``)."""
     fields: dict[str, bytes | str] = {"id": rid, "body": body}
@@ -482,6 +483,8 @@ def request_fields(
         fields["deadline"] = str(int(deadline_ms))
     if reply_to is not None:
         fields["reply_to"] = reply_to
+    if traceparent is not None:
+        fields["traceparent"] = traceparent
     return fields
 
 

@@ -165,6 +165,18 @@ class Noisy(Scale):
         return x + torch.rand_like(x)
 
 
+class Fragile(Scale):
+    """x * 2 like Scale (version fragile-1), but raises on rows whose first value is 1000 or more:
+    a candidate that starts failing on traffic the live model serves."""
+
+    version = "fragile-1"
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        if bool((x[:, 0] >= 1000).any()):
+            raise ValueError("fragile: value out of the range it was trained on")
+        return x * 2.0
+
+
 #: What torch raises on a GPU after an out-of-range embedding id (the device-side assert).
 DEVICE_ASSERT = ("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
                  "reported at some other API call, so the stacktrace below might be incorrect.")

@@ -18,6 +18,10 @@ key                           type    what
 ``PREFIX:{NAME}:stage:K:...`` (any)   stage K's own heartbeats and supervisor hash
 ``...:supervisor:lease:HOST`` hash    the lease of the one supervisor of the
                                       queue on HOST (token, pid), with a TTL
+``PREFIX:{NAME}:shadow``      hash    the candidate version (``inferfleet shadow``)
+``PREFIX:{NAME}:shadow:pairs`` set    the comparison hashes of every (live, candidate) pair
+``PREFIX:{NAME}:shadow:L>C``  hash    the fleet's comparison of live L and candidate C
+``PREFIX:{NAME}:shadow:alerted`` hash  seq -> 1 once a candidate's divergence was alerted
 ============================  ======  =======================================
 
 A pipelined model (``inferfleet split``) runs stage 0 on the request stream
@@ -34,7 +38,8 @@ from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import QueueKeys
 
 __all__ = ["HEARTBEAT_INDEX", "MAX_STAGES", "STAGE_PREFIX", "StageKeys", "alerts_key", "cache_key", "heartbeat_index",
-           "heartbeat_key", "model_key", "stage_keys", "supervisor_key", "supervisor_lease_key"]
+           "heartbeat_key", "model_key", "shadow_alerted_key", "shadow_key", "shadow_pair_key", "shadow_pairs_key",
+           "stage_keys", "supervisor_key", "supervisor_lease_key"]
 
 #: Pipeline stages one queue may have.
 MAX_STAGES = 64
@@ -108,3 +113,23 @@ def stage_keys(keys: QueueKeys, stage: int) -> QueueKeys:
 def supervisor_lease_key(keys: QueueKeys, host: str) -> str:
     """The lease one supervisor of the queue on ``host`` holds (:mod:`inferfleet.worker.fleet.succession`)."""
     return keys.own(f"supervisor:lease:{host}")
+
+
+def shadow_key(keys: QueueKeys) -> str:
+    """The hash naming the candidate version, its sample, canary share, thresholds and state."""
+    return keys.own("shadow")
+
+
+def shadow_pairs_key(keys: QueueKeys) -> str:
+    """The set of the comparison hashes written so far (one per (live, candidate) pair)."""
+    return keys.own("shadow:pairs")
+
+
+def shadow_pair_key(keys: QueueKeys, live: str, candidate: str) -> str:
+    """The fleet's totals comparing ``candidate`` with ``live`` (versions never hold ``>``)."""
+    return keys.own(f"shadow:{live}>{candidate}")
+
+
+def shadow_alerted_key(keys: QueueKeys) -> str:
+    """Which candidates' divergence was alerted (by publish sequence number): one alert per candidate."""
+    return keys.own("shadow:alerted")

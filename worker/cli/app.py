@@ -2,7 +2,7 @@
 
 One module per family: :mod:`.serving` (worker), :mod:`.supervise`, :mod:`.requests` (enqueue,
 result), :mod:`.admin` (status, dead), :mod:`.bench`, :mod:`.lifecycle` (swap, alerts) and
-:mod:`.pipeline` (split); the
+:mod:`.pipeline` (split), :mod:`.rollout` (shadow); the
 options they share are in :mod:`.options`. Only the commands that need torch import it, when run.
 
 Every option has an environment variable (shown in ``--help``); bad input exits with a clear
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from inferfleet.worker.cli import admin, bench, lifecycle, pipeline, requests, serving, supervise
+from inferfleet.worker.cli import admin, bench, lifecycle, pipeline, requests, rollout, serving, supervise
 
 __all__ = ["main"]
 
@@ -26,5 +26,5 @@ def main() -> None:
 
 
 for _command in (serving.worker, supervise.supervise, requests.enqueue, requests.result, admin.status, admin.dead,
-                 bench.bench, lifecycle.swap, lifecycle.alerts, pipeline.split):
+                 bench.bench, lifecycle.swap, lifecycle.alerts, pipeline.split, rollout.shadow):
     main.add_command(_command)

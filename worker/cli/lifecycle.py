@@ -12,12 +12,12 @@ import click
 
 from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
 
-__all__ = ["alerts", "swap"]
+__all__ = ["VERSION_RE", "alerts", "check_model", "serving_pair", "swap", "wait_for"]
 
-_VERSION_RE = re.compile(r"[A-Za-z0-9._:+-]{1,64}\Z")
+VERSION_RE = re.compile(r"[A-Za-z0-9._:+-]{1,64}\Z")
 
 
-def _check_model(model: str, version: str | None, check: bool, fleet_model: str) -> str:
+def check_model(model: str, version: str | None, check: bool, fleet_model: str = "") -> str:
     """Validate the model here before the fleet sees it; return its version.
 
     With ``check``: it must load, take the inputs of the version the fleet
@@ -136,7 +136,7 @@ def _check_outputs(outputs: Any, inputs: Any) -> None:
             raise click.BadParameter("on the example it returned NaN or Inf", param_hint="--model")
 
 
-def _serving(client: Any, keys: Any) -> tuple[str, str]:
+def serving_pair(client: Any, keys: Any) -> tuple[str, str]:
     """The (model, version) the live workers run, for a first publish's rollback target."""
     from inferfleet.worker.heartbeat import heartbeat_key, read_heartbeats
 
@@ -147,7 +147,7 @@ def _serving(client: Any, keys: Any) -> tuple[str, str]:
     return "", ""
 
 
-def _wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool:
+def wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool:
     """Until every live worker serves ``version`` or reports a failed load; print each."""
     from inferfleet.worker.heartbeat import read_heartbeats
 
@@ -197,22 +197,22 @@ def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: b
         raise click.UsageError("give either --model (to publish a version) or --rollback")
     if wait_s < 0:
         raise click.BadParameter("must be 0 or more", param_hint="--wait-s")
-    if version is not None and not _VERSION_RE.match(version):
+    if version is not None and not VERSION_RE.match(version):
         raise click.BadParameter(f"{version!r}: use 1 to 64 of A-Z a-z 0-9 . _ : + -", param_hint="--version")
     client, shard_list = queue.connect()
     try:
         if model is not None:
-            version = _check_model(model, version, check, _serving(client, shard_list[0])[0])
+            version = check_model(model, version, check, serving_pair(client, shard_list[0])[0])
         for keys in shard_list:  # one shard after another: each shard's switch is atomic, not all of them
             if rollback:
                 published = do_rollback(client, keys)
             else:
                 assert model is not None and version is not None
-                published = publish(client, keys, model, version, _serving(client, keys))
+                published = publish(client, keys, model, version, serving_pair(client, keys))
             click.echo(f"{keys.name}: version {published.version} ({published.model}) published as "
                        f"#{published.seq}; previous {published.previous_version or 'none'}")
         every_stage = [k for keys in shard_list for k in with_stages(client, keys)]  # a pipeline's stages too
-        if wait_s and not _wait_for(client, every_stage, published.version, wait_s):
+        if wait_s and not wait_for(client, every_stage, published.version, wait_s):
             sys.exit(1)
     except NoPreviousVersion as exc:
         raise click.ClickException(str(exc)) from exc
@@ -224,11 +224,13 @@ def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: b
 @pass_queue_config
 @click.option("--count", type=int, default=20, show_default=True, help="Most alerts to show.")
 @click.option("--kind", default=None,
-              type=click.Choice(["low_confidence", "non_finite", "inconsistent", "swap_failed", "many"]),
+              type=click.Choice(["low_confidence", "non_finite", "inconsistent", "swap_failed", "shadow_failed",
+                                 "shadow_divergence", "canary_rollback", "many"]),
               help="Only alerts of this kind.")
 @click.option("--follow", is_flag=True, help="Keep printing new alerts until interrupted.")
 def alerts(queue: QueueConfig, count: int, kind: str | None, follow: bool) -> None:
-    """Show a queue's alerts: low confidence, NaN/Inf outputs, inconsistent results, failed swaps."""
+    """Show a queue's alerts: low confidence, NaN/Inf outputs, inconsistent results, failed swaps,
+    candidates that failed to load, diverged or were rolled back."""
     import redis
 
     from inferfleet.worker.serving.alerts import Alert, alerts_key, read_alerts

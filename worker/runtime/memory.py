@@ -16,7 +16,7 @@ import ctypes.util
 import logging
 import sys
 
-__all__ = ["tune_allocator", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES"]
+__all__ = ["room_for_another_copy", "tune_allocator", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -41,3 +41,21 @@ def tune_allocator() -> bool:
     if not ok:
         log.warning("could not tune the allocator (mallopt refused): batch buffers may be re-mapped each time")
     return ok
+
+
+def room_for_another_copy(device: object, margin: float = 1.2) -> str | None:
+    """Why ``device`` cannot hold a second model copy as large as what is allocated on it now
+    (the live copy), or None if it can. On a CPU the answer is always None: host memory is the
+    operating system's to manage, and a load that does not fit fails with its own error."""
+    import torch
+
+    dev = torch.device(str(device))
+    if dev.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(dev)
+    needed = int(torch.cuda.memory_allocated(dev) * margin)
+    if free >= needed:
+        return None
+    mib = 1024 * 1024
+    return (f"{dev} has {free // mib} MiB free; a second copy beside the live one needs about "
+            f"{needed // mib} MiB (the live copy's {torch.cuda.memory_allocated(dev) // mib} MiB + 20%)")

@@ -80,6 +80,8 @@ class BatchComputer:
         self.counters = counters
         self.row_limit = row_limit
         self._batch_seq = 0  # numbers batches in the logs (record field ``batch``)
+        #: Called with each batch computed on the general path and its results (serve.py: the shadow's hook).
+        self.on_computed: Callable[[list[Request], list[Any]], None] | None = None
         self.use(runtime)
 
     def use(self, runtime: ModelRuntime) -> None:
@@ -149,6 +151,8 @@ class BatchComputer:
         infer_ms = (time.perf_counter() - started) * 1000.0
         self._batch_done(rows_total, infer_ms / 1000.0, lambda: [(r.picked_ms - r.enqueued_ms) / 1000.0
                                                                  for r in batch])
+        if self.on_computed is not None:  # the shadow keeps a sample of the live batches
+            self.on_computed(batch, results)
         self.cache_round.remember(batch, results, infer_ms, rows_total)
         return self.encoder.encode(batch, results, infer_ms, rows_total)
 

@@ -37,6 +37,7 @@ from inferfleet.worker.serving.batching import (
 from inferfleet.worker.serving.columns import Columns, admit_read, merge_columns
 from inferfleet.worker.serving.compute import BatchComputer, encode_answer
 from inferfleet.worker.serving.deadletter import dead_fields
+from inferfleet.worker.serving.hooks import Hooks
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
 from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
@@ -149,6 +150,7 @@ class Consumer:
                                       self.counters, self.row_limit)
         self.watcher = watcher  # follows hot swaps
         self.model_source = settings.model if model_source is None else model_source  # the runtime's file or handler
+        self.hooks: Hooks | None = None  # shadow/canary and tracing, one call per read, batch, round (serve.py)
 
     # -- the loop ----------------------------------------------------------
 
@@ -251,13 +253,16 @@ class Consumer:
         meta = self.runtime.model_meta
         answers.extend(encode_answer(meta, req, outputs, 0.0, 0) for req, outputs in hits)  # 0 rows: not computed
         for batch in form_batches(requests, self.row_limit.rows):
-            answers.extend(self.computer.infer(batch))
+            answers.extend(self.computer.infer(batch) if self.hooks is None else
+                           self.hooks.infer(batch, self.runtime, self.computer.infer))
         answers.extend(encode_answer(meta, *duplicate) for duplicate in self.cache_round.finish())
         alerts = self.results.take_alerts()
         if alerts:  # before the replies: a client that sees its reply can see its alert
             self._alert(alerts)
         self.replies.write(answers)
         self.results.flush()  # after the replies: a cache write must never delay or block one
+        if self.hooks is not None:
+            self.hooks.replied(self.runtime)  # after the replies: they never wait for a candidate or spans
         self.counters.answered(_entries(items), sum(1 for a in answers if not a.ok))
 
     # -- reading -----------------------------------------------------------
@@ -274,11 +279,13 @@ class Consumer:
             GROUP, self.settings.consumer, {self.keys.requests: ">"}, count=count, block=block,
         )
         now_ms = time.time() * 1000.0
-        if self.columnar:
+        if self.columnar and (self.hooks is None or not self.hooks.active):  # a shadow, tracing: per request
             return admit_read(self.intake, stream_entries(response), now_ms)
         admit = self.intake.admit_fast
-        return [admit(entry_id, fields if isinstance(fields, dict) else fields_of(fields), now_ms)
-                for entry_id, fields in stream_entries(response)]
+        entries = stream_entries(response)
+        items = [admit(entry_id, fields if isinstance(fields, dict) else fields_of(fields), now_ms)
+                 for entry_id, fields in entries]
+        return items if self.hooks is None else self.hooks.read(entries, items)
 
     def _run_suspect(self, delivery: Delivery) -> int:
         """Compute one entry whose previous holder died, alone, counting the attempt.
@@ -347,6 +354,8 @@ class Consumer:
         if self.recovery.housekeeping_due(now):
             if self.watcher is not None:
                 self.watcher.poll(self.runtime.version)
+            if self.hooks is not None:
+                self.hooks.housekeep(self.runtime)
             self.recovery.housekeep(read_ahead=_entries(self._prefetched))
         if now >= self._next_stats_log:
             self._next_stats_log = now + 10.0

@@ -19,9 +19,13 @@ from inferfleet.worker.runtime.devices import peak_memory_mib
 from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
 from inferfleet.worker.serving.alerts import Alert
 from inferfleet.worker.serving.alerts import publish as publish_alerts
+from inferfleet.worker.serving.compute import encode_answer
 from inferfleet.worker.serving.consumer import Consumer
+from inferfleet.worker.serving.hooks import Hooks
 from inferfleet.worker.serving.lifecycle import ModelWatcher, Published, mark_served, read_published
+from inferfleet.worker.serving.shadow import ShadowRunner
 from inferfleet.worker.serving.stages import StageConsumer, stage_label
+from inferfleet.worker.serving.tracing import tracing_from_env
 
 __all__ = ["serve"]
 
@@ -57,11 +61,14 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     watcher = ModelWatcher(client, settings.queue_keys, settings, load_runtime, seen_seq)
     kind = Consumer if settings.stage is None else StageConsumer  # one stage of a split model
     consumer = kind(settings, runtime, client, counters=counters, watcher=watcher, model_source=source)
+    hooks = consumer.hooks = Hooks(_shadow_runner(consumer, client), tracing_from_env(settings.name))
+    consumer.computer.on_computed = hooks.computed
     if stop.is_set():
         return consumer
     heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer,
                           consumer.counters, {"device": str(runtime.device)},
-                          interval_s=settings.heartbeat_s, extra=consumer.heartbeat_fields)
+                          interval_s=settings.heartbeat_s,
+                          extra=lambda: {**consumer.heartbeat_fields(), **hooks.heartbeat_fields()})
     heartbeat.state = "serving"
     heartbeat.start()
     try:
@@ -69,6 +76,7 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     finally:
         heartbeat.state = "stopped"
         heartbeat.stop(remove=True)
+        hooks.close()
     _log_peak_memory(consumer)
     return consumer
 
@@ -79,6 +87,18 @@ def _log_peak_memory(consumer: Consumer) -> None:
     if peak is not None:
         log.info("consumer %s: peak GPU memory %.0f MiB allocated, %.0f MiB reserved on %s",
                  consumer.settings.consumer, peak[0], peak[1], consumer.runtime.device)
+
+
+def _shadow_runner(consumer: Consumer, client: redis.Redis) -> ShadowRunner:
+    """The consumer's side of ``inferfleet shadow``; its alerts are counted and published like the consumer's."""
+
+    def alert(alerts: list[Alert]) -> None:
+        for each in alerts:
+            consumer.counters.alert(each.kind)
+        publish_alerts(client, consumer.keys, alerts)
+
+    return ShadowRunner(client, consumer.keys, consumer.settings, load_runtime, consumer.counters, alert,
+                        encode_answer, canary_allowed=not consumer.results.keyed)
 
 
 def _read_published(settings: WorkerSettings, client: redis.Redis) -> Published | None:

@@ -1,0 +1,210 @@
+"""Shadow and canary versions with real workers and a real redis-server (``inferfleet shadow``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from inferfleet.producer import Producer
+from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.heartbeat import heartbeat_key, read_heartbeats
+from inferfleet.worker.serving.alerts import read_alerts
+from inferfleet.worker.serving.lifecycle import read_published
+from inferfleet.worker.serving.rollout import read_candidate, read_pairs
+from tests.conftest import ROOT, worker_env
+
+SCALE, TRIPLE, FRAGILE = "tests.handlers:Scale", "tests.handlers:Triple", "tests.handlers:Fragile"
+FAST = ("--housekeeping-s", "0.1", "--heartbeat-s", "0.1", "--max-wait-ms", "1")
+KEYS = QueueKeys("q")
+
+#: Each test starts worker processes and several CLI processes, each importing the worker side
+#: (about 12 s apiece on the shared 2-core machine under load): more than the default 120 s in all.
+pytestmark = pytest.mark.timeout(300)
+
+
+def shadow_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "inferfleet", "shadow", "--name", "q", *args],
+                          env=worker_env(redis_url), cwd=ROOT, capture_output=True, text=True, timeout=90)
+
+
+def report(redis_url: str) -> dict:
+    done = shadow_cli(redis_url, "--report", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["q"]
+
+
+def wait_until(predicate, what: str, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def shadow_states(client) -> list[str]:
+    return [(client.hget(heartbeat_key(KEYS, w.consumer), "shadow") or b"").decode()
+            for w in read_heartbeats(client, KEYS)]
+
+
+def wait_loaded(client, version: str, workers: int) -> None:
+    wait_until(lambda: shadow_states(client).count(f"{version} loaded") == workers,
+               f"{workers} workers to load candidate {version}")
+
+
+def send(producer: Producer, values: range) -> list:
+    """One request at a time (a batch each), so every share is a share of requests too."""
+    replies = []
+    for v in values:
+        x = np.array([[float(v), 1.0, 2.0, 3.0]], dtype=np.float32)
+        replies.append((x, producer.result(producer.submit(x), 30, raise_errors=False)))
+    return replies
+
+
+def compared(redis_url: str, client, at_least: int) -> dict:
+    """The report's first pair once the fleet's totals hold ``at_least`` comparisons (polled in-process:
+    each CLI call imports the worker side, slow on a loaded machine)."""
+    def enough() -> bool:
+        pairs = read_pairs(client, KEYS)
+        return bool(pairs) and pairs[0][2].compared >= at_least
+    wait_until(enough, f"{at_least} requests compared")
+    return report(redis_url)["pairs"][0]
+
+
+def test_an_equal_candidate_agrees_fully_and_is_promoted(redis_url, redis_client, spawn_worker):
+    spawn_worker("q", SCALE, *FAST)
+    published = shadow_cli(redis_url, "--model", SCALE, "--version", "scale-2", "--sample", "1",
+                           "--min-compared", "20", "--no-check")
+    assert published.returncode == 0, published.stderr
+    wait_loaded(redis_client, "scale-2", 1)
+    with Producer(redis_url, "q") as producer:
+        replies = send(producer, range(40))
+        assert all(r.ok and r.model_version == "scale-1" for _, r in replies)  # the shadow never answers
+        pair = compared(redis_url, redis_client, 40)
+        assert (pair["live"], pair["candidate"]) == ("scale-1", "scale-2")
+        assert pair["agreement"] == 1.0 and pair["abs_error_max"] == 0.0 and pair["rel_error_max"] == 0.0
+        assert pair["candidate_errors"] == 0 and pair["verdict"] == "ok"
+        promoted = shadow_cli(redis_url, "--promote", "--wait-s", "30")
+        assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+        assert read_published(redis_client, KEYS).version == "scale-2"
+        assert read_candidate(redis_client, KEYS).state == "promoted"
+        x = np.ones((1, 4), dtype=np.float32)
+        assert producer.result(producer.submit(x), 30).model_version == "scale-2"
+    wait_until(lambda: shadow_states(redis_client) == [""], "the promoted candidate to be unloaded")
+    assert not read_alerts(redis_client, KEYS, kind="shadow_divergence")
+
+
+def test_a_scaled_candidate_diverges_alerts_and_is_refused_promotion(redis_url, redis_client, spawn_worker):
+    spawn_worker("q", SCALE, *FAST)
+    published = shadow_cli(redis_url, "--model", TRIPLE, "--sample", "0.5", "--min-compared", "10")
+    assert published.returncode == 0, published.stderr
+    wait_loaded(redis_client, "triple-1", 1)
+    with Producer(redis_url, "q") as producer:
+        replies = send(producer, range(1, 41))
+        assert all(r.ok and np.array_equal(r.outputs, x * 2) for x, r in replies)  # live answers, unchanged
+    pair = compared(redis_url, redis_client, 20)
+    assert pair["compared"] == 20  # half of the 40 batches, evenly
+    assert pair["rel_error_max"] == 0.5 and pair["agreement"] == 1.0  # 3x against 2x: same argmax
+    assert "relative error" in pair["verdict"]
+    alerts = wait_until(lambda: read_alerts(redis_client, KEYS, kind="shadow_divergence"), "the divergence alert")
+    assert len(alerts) == 1 and "triple-1 diverges from scale-1" in alerts[0].detail
+    refused = shadow_cli(redis_url, "--promote", "--wait-s", "0")
+    assert refused.returncode == 1 and "not promoted" in refused.stderr and "--force" in refused.stderr
+    assert read_published(redis_client, KEYS) is None and read_candidate(redis_client, KEYS).state == "shadow"
+    forced = shadow_cli(redis_url, "--promote", "--force", "--wait-s", "30")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert read_published(redis_client, KEYS).version == "triple-1"
+
+
+def test_the_canary_answers_its_share_then_rolls_back_when_it_fails(redis_url, redis_client, spawn_worker):
+    spawn_worker("q", SCALE, *FAST)
+    published = shadow_cli(redis_url, "--model", FRAGILE, "--version", "fragile-1", "--no-check", "--canary", "25",
+                           "--sample", "0.2", "--min-compared", "5", "--max-error-rate", "0.05")
+    assert published.returncode == 0, published.stderr
+    wait_loaded(redis_client, "fragile-1", 1)
+    with Producer(redis_url, "q") as producer:
+        healthy = send(producer, range(80))
+        by_version = Counter(r.model_version for _, r in healthy)
+        assert by_version == {"scale-1": 60, "fragile-1": 20}  # 25% of the requests, one batch each
+        assert all(r.ok and np.array_equal(r.outputs, x * 2) for x, r in healthy)
+        assert read_candidate(redis_client, KEYS).state == "canary"
+        failing = send(producer, range(1000, 1040))  # traffic the candidate fails on
+        assert all(r.ok and r.model_version == "scale-1" for _, r in failing)  # recomputed on the live model
+        cand = wait_until(lambda: (c := read_candidate(redis_client, KEYS)).state == "rolled_back" and c,
+                          "the automatic rollback")
+        assert "canary failed" in cand.reason
+        wait_until(lambda: shadow_states(redis_client) == [""], "the candidate to be unloaded")
+        after = send(producer, range(20))
+        assert {r.model_version for _, r in after} == {"scale-1"}
+    rollback = read_alerts(redis_client, KEYS, kind="canary_rollback")
+    assert len(rollback) == 1 and rollback[0].version == "fragile-1"
+    pair = report(redis_url)["pairs"][0]
+    assert pair["canary_requests"] >= 22 and pair["canary_failed"] >= 1 and pair["compared"] >= 4
+
+
+def test_a_candidate_that_fails_to_load_leaves_the_live_model_serving(redis_url, redis_client, spawn_worker):
+    spawn_worker("q", SCALE, *FAST)
+    published = shadow_cli(redis_url, "--model", "tests.handlers:NoSuchHandler", "--version", "v9", "--no-check")
+    assert published.returncode == 0, published.stderr
+    alerts = wait_until(lambda: read_alerts(redis_client, KEYS, kind="shadow_failed"), "the shadow_failed alert")
+    assert "v9" in alerts[0].detail
+    assert shadow_states(redis_client) == ["v9 failed"]
+    with Producer(redis_url, "q") as producer:
+        replies = send(producer, range(5))
+        assert all(r.ok and r.model_version == "scale-1" for _, r in replies), \
+            [(r.ok, r.model_version, r.error_message) for _, r in replies]
+    time.sleep(0.5)  # several housekeeping ticks: the load is not retried, the alert not repeated
+    assert len(read_alerts(redis_client, KEYS, kind="shadow_failed")) == 1
+
+
+@pytest.mark.slow
+def test_a_worker_started_later_loads_the_candidate_and_stop_unloads_it(redis_url, redis_client, spawn_worker):
+    spawn_worker("q", SCALE, *FAST)
+    assert shadow_cli(redis_url, "--model", SCALE, "--version", "scale-2", "--sample", "1",
+                      "--no-check").returncode == 0
+    wait_loaded(redis_client, "scale-2", 1)
+    spawn_worker("q", SCALE, *FAST)
+    wait_loaded(redis_client, "scale-2", 2)
+    stopped = shadow_cli(redis_url, "--stop")
+    assert stopped.returncode == 0 and "candidate stopped" in stopped.stdout
+    wait_until(lambda: shadow_states(redis_client) == ["", ""], "every worker to unload the candidate")
+    assert read_candidate(redis_client, KEYS).state == "stopped"
+
+
+@pytest.mark.slow
+def test_a_swap_during_a_shadow_compares_against_the_new_live_version(redis_url, redis_client, spawn_worker):
+    spawn_worker("q", SCALE, *FAST)
+    assert shadow_cli(redis_url, "--model", SCALE, "--version", "scale-2", "--sample", "1",
+                      "--no-check").returncode == 0
+    wait_loaded(redis_client, "scale-2", 1)
+    with Producer(redis_url, "q") as producer:
+        send(producer, range(5))
+        swapped = subprocess.run([sys.executable, "-m", "inferfleet", "swap", "--name", "q", "--model", TRIPLE,
+                                  "--no-check", "--version", "triple-1", "--wait-s", "30"],
+                                 env=worker_env(redis_url), cwd=ROOT, capture_output=True, text=True, timeout=90)
+        assert swapped.returncode == 0, swapped.stdout + swapped.stderr
+        send(producer, range(5))
+    wait_until(lambda: sorted(s.compared for _, _, s in read_pairs(redis_client, KEYS)) == [5, 5],
+               "5 comparisons with each live version")
+    by_live = {p["live"]: p for p in report(redis_url)["pairs"]}
+    assert by_live["scale-1"]["rel_error_max"] == 0.0 and by_live["scale-1"]["compared"] == 5
+    assert by_live["triple-1"]["rel_error_max"] > 0.3 and by_live["triple-1"]["compared"] == 5
+    assert shadow_states(redis_client) == ["scale-2 loaded"]  # the candidate stays through the swap
+
+
+def test_bad_input_is_refused_clearly(redis_url, redis_client):
+    assert "give one of" in shadow_cli(redis_url).stderr
+    assert "from 0 to 1" in shadow_cli(redis_url, "--model", SCALE, "--sample", "2").stderr
+    assert "percent" in shadow_cli(redis_url, "--model", SCALE, "--canary", "101").stderr
+    assert "min_agreement" in shadow_cli(redis_url, "--model", SCALE, "--min-agreement", "3").stderr
+    nothing = shadow_cli(redis_url, "--promote")
+    assert nothing.returncode == 1 and "no active candidate" in nothing.stderr
+    assert "no candidate published" in shadow_cli(redis_url, "--report").stdout
+    assert shadow_cli(redis_url, "--canary", "10").returncode == 1

@@ -1,0 +1,210 @@
+"""``inferfleet shadow``: publish a candidate version, report on it, promote, canary, stop."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+import click
+
+from inferfleet.worker.cli.lifecycle import VERSION_RE, check_model, serving_pair, wait_for
+from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
+
+__all__ = ["shadow"]
+
+_D = "INFERFLEET_SHADOW_"
+
+
+def _env(name: str) -> dict[str, Any]:
+    return {"envvar": _D + name, "show_envvar": True}
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:.4g}"
+    return str(value)
+
+
+_COLUMNS = [("live", "live"), ("candidate", "candidate"), ("compared", "compared"), ("agreement", "agree"),
+            ("abs_error_max", "max abs"), ("rel_error_max", "max rel"), ("rank_corr", "rank corr"),
+            ("nonfinite_rows", "NaN/Inf"), ("candidate_errors", "cand err"),
+            ("live_ms_per_batch", "live ms"), ("candidate_ms_per_batch", "cand ms"),
+            ("canary_requests", "canary"), ("canary_failed", "canary fail"), ("verdict", "verdict")]
+
+
+def _report(client: Any, shard_list: list, as_json: bool) -> dict[str, Any]:
+    """Every shard's candidate, pairs and workers; printed as a table or JSON."""
+    from inferfleet.worker.heartbeat import heartbeat_key, read_heartbeats
+    from inferfleet.worker.serving.comparison import verdict
+    from inferfleet.worker.serving.rollout import read_candidate, read_pairs
+
+    report: dict[str, Any] = {}
+    for keys in shard_list:
+        cand = read_candidate(client, keys)
+        pairs = []
+        for live, version, stats in read_pairs(client, keys, cand.version if cand else None):
+            reasons = verdict(stats, cand.thresholds) if cand else []
+            pairs.append({"live": live, "candidate": version, **stats.summary(),
+                          "verdict": "ok" if not reasons else "; ".join(reasons)})
+        workers = {info.consumer: (client.hget(heartbeat_key(keys, info.consumer), "shadow") or b"").decode()
+                   for info in read_heartbeats(client, keys)}
+        report[keys.name] = {"candidate": None if cand is None else {
+            "model": cand.model, "version": cand.version, "state": cand.state, "sample": cand.sample,
+            "canary_percent": cand.canary, "reason": cand.reason, "thresholds": cand.thresholds.__dict__},
+            "pairs": pairs, "workers": workers}
+    if as_json:
+        click.echo(json.dumps(report, indent=2, default=str))
+    else:
+        _print_report(report)
+    return report
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    for name, shard in report.items():
+        cand = shard["candidate"]
+        if cand is None:
+            click.echo(f"{name}: no candidate published")
+            continue
+        click.echo(f"{name}: candidate {cand['version']} ({cand['model']}) {cand['state']}, sample {cand['sample']:g}, "
+                   f"canary {cand['canary_percent']:g}%" + (f" -- {cand['reason']}" if cand["reason"] else ""))
+        rows = [[_fmt(p[key]) for key, _ in _COLUMNS] for p in shard["pairs"]]
+        table = [[title for _, title in _COLUMNS], *rows]
+        widths = [max(len(r[i]) for r in table) for i in range(len(_COLUMNS) - 1)]
+        for row in table:
+            click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+        if not rows:
+            click.echo("  nothing compared yet")
+        for consumer, state in sorted(shard["workers"].items()):
+            click.echo(f"  worker {consumer}: {state or 'no candidate'}")
+
+
+def _promote(client: Any, shard_list: list, force: bool, wait_s: float) -> None:
+    """Swap every shard to its candidate if the evidence meets the thresholds (or ``force``)."""
+    from inferfleet.worker.serving.comparison import verdict
+    from inferfleet.worker.serving.lifecycle import publish, read_published
+    from inferfleet.worker.serving.rollout import end_candidate, read_candidate, read_pairs
+
+    candidates = []
+    for keys in shard_list:
+        cand = read_candidate(client, keys)
+        if cand is None or not cand.active:
+            raise click.ClickException(f"{keys.name}: no active candidate to promote")
+        published = read_published(client, keys)
+        live = published.version if published else serving_pair(client, keys)[1]
+        stats = [s for lv, _, s in read_pairs(client, keys, cand.version) if not live or lv == live]
+        reasons = [r for s in stats for r in verdict(s, cand.thresholds)] if stats else ["nothing compared yet"]
+        if reasons and not force:
+            raise click.ClickException(f"{keys.name}: candidate {cand.version} not promoted: {'; '.join(reasons)} "
+                                       f"(--force promotes it anyway)")
+        candidates.append((keys, cand, reasons))
+    for keys, cand, reasons in candidates:
+        swapped = publish(client, keys, cand.model, cand.version, serving_pair(client, keys))
+        end_candidate(client, keys, "promoted", "forced: " + "; ".join(reasons) if reasons else "evidence met")
+        click.echo(f"{keys.name}: candidate {cand.version} promoted: published as #{swapped.seq}"
+                   + (" (forced)" if reasons else ""))
+    if wait_s and not wait_for(client, shard_list, candidates[0][1].version, wait_s):
+        sys.exit(1)
+
+
+@click.command()
+@pass_queue_config
+@click.option("--model", default=None, **_env("MODEL"),
+              help="Publish this candidate: a file every worker can read, or module:Handler.")
+@click.option("--version", "version", default=None, **_env("VERSION"), help="Its version (default: the file's hash).")
+@click.option("--sample", type=float, default=0.1, show_default=True, **_env("SAMPLE"),
+              help="Share of each worker's batches the candidate also computes, after their replies are written.")
+@click.option("--canary", type=float, default=None, **_env("CANARY"),
+              help="Percent of requests the candidate answers (0: shadow only); alone, changes the running one's.")
+@click.option("--report", is_flag=True, help="Print the comparison of the candidate with the live version.")
+@click.option("--json", "as_json", is_flag=True, help="With --report: as JSON.")
+@click.option("--promote", is_flag=True, help="Swap to the candidate if the comparison meets the thresholds.")
+@click.option("--force", is_flag=True, help="With --promote: promote even if it does not.")
+@click.option("--stop", is_flag=True, help="Unload the candidate from every worker.")
+@click.option("--check/--no-check", default=True, show_default=True, **_env("CHECK"),
+              help="Load the candidate here first, so a broken file never reaches the fleet.")
+@click.option("--min-agreement", type=float, default=0.99, show_default=True, **_env("MIN_AGREEMENT"),
+              help="Least share of rows whose top-1 class (or decision) agrees.")
+@click.option("--max-rel-error", type=float, default=1e-3, show_default=True, **_env("MAX_REL_ERROR"),
+              help="Largest relative error of any request (over its largest live output).")
+@click.option("--min-rank-corr", type=float, default=0.95, show_default=True, **_env("MIN_RANK_CORR"),
+              help="Least mean Spearman correlation of the scores.")
+@click.option("--decision-threshold", type=float, default=0.5, show_default=True, **_env("DECISION_THRESHOLD"),
+              help="Decision threshold of one-score outputs, for agreement.")
+@click.option("--max-error-rate", type=float, default=0.01, show_default=True, **_env("MAX_ERROR_RATE"),
+              help="Largest share of requests the candidate may fail (raise, NaN/Inf); a canary over it rolls back.")
+@click.option("--min-compared", type=int, default=100, show_default=True, **_env("MIN_COMPARED"),
+              help="Requests compared before a promotion, a divergence alert or a rollback on divergence.")
+@click.option("--wait-s", type=float, default=60.0, show_default=True, **_env("WAIT_S"),
+              help="With --promote: wait this long for every live worker to switch (0: do not wait).")
+def shadow(queue: QueueConfig, model: str | None, version: str | None, sample: float, canary: float | None,
+           report: bool, as_json: bool, promote: bool, force: bool, stop: bool, check: bool, min_agreement: float,
+           max_rel_error: float, min_rank_corr: float, decision_threshold: float, max_error_rate: float,
+           min_compared: int, wait_s: float) -> None:
+    """Run a candidate model version beside the live one, compare, then promote or stop it.
+
+    --model publishes a candidate: every worker loads it in the background and
+    runs it on --sample of its batches after their replies are written;
+    --canary makes it answer that percent of requests, rolled back
+    automatically past the thresholds. --report shows the comparison,
+    --promote swaps to it (through inferfleet swap) when the thresholds are
+    met, --stop unloads it.
+    """
+    import redis
+
+    from inferfleet.worker.serving.comparison import Thresholds
+
+    actions = [model is not None, report, promote, stop, canary is not None and model is None]
+    if sum(actions) != 1:
+        raise click.UsageError("give one of --model, --report, --promote, --stop or --canary alone")
+    if force and not promote:
+        raise click.UsageError("--force goes with --promote")
+    if not 0.0 <= sample <= 1.0:
+        raise click.BadParameter("must be from 0 to 1", param_hint="--sample")
+    if canary is not None and not 0.0 <= canary <= 100.0:
+        raise click.BadParameter("must be a percent from 0 to 100", param_hint="--canary")
+    if wait_s < 0:
+        raise click.BadParameter("must be 0 or more", param_hint="--wait-s")
+    if version is not None and not VERSION_RE.match(version):
+        raise click.BadParameter(f"{version!r}: use 1 to 64 of A-Z a-z 0-9 . _ : + -", param_hint="--version")
+    try:
+        thresholds = Thresholds(min_agreement, max_rel_error, min_rank_corr, decision_threshold, max_error_rate,
+                                min_compared)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    client, shard_list = queue.connect()
+    try:
+        _act(client, shard_list, model, version, check, sample, canary, thresholds,
+             (report, as_json, promote, force, stop, wait_s))
+    except redis.exceptions.RedisError as exc:
+        raise click.ClickException(f"Redis error: {exc}") from exc
+
+
+def _act(client: Any, shard_list: list, model: str | None, version: str | None, check: bool, sample: float,
+         canary: float | None, thresholds: Any, flags: tuple) -> None:
+    from inferfleet.worker.serving.rollout import end_candidate, publish_candidate, set_canary
+
+    report, as_json, promote, force, stop, wait_s = flags
+    if report:
+        _report(client, shard_list, as_json)
+    elif promote:
+        _promote(client, shard_list, force, wait_s)
+    elif stop:
+        for keys in shard_list:
+            ended = end_candidate(client, keys, "stopped", "stopped by inferfleet shadow --stop")
+            click.echo(f"{keys.name}: " + ("candidate stopped" if ended else "no active candidate"))
+    elif model is not None:
+        version = check_model(model, version, check)
+        for keys in shard_list:
+            cand = publish_candidate(client, keys, model, version, sample, canary or 0.0, thresholds)
+            click.echo(f"{keys.name}: candidate {cand.version} ({cand.model}) published: sample {cand.sample:g}, "
+                       f"canary {cand.canary:g}%")
+    else:
+        for keys in shard_list:
+            changed = set_canary(client, keys, canary or 0.0)
+            if changed is None:
+                raise click.ClickException(f"{keys.name}: no active candidate (publish one with --model)")
+            click.echo(f"{keys.name}: candidate {changed.version} now answers {changed.canary:g}% of requests")
