@@ -23,7 +23,7 @@ from redis.retry import Retry
 
 from inferfleet.producer import errors
 
-__all__ = ["DEFAULT_REDIS_URL", "connect", "connect_async", "redis_url", "translate_errors"]
+__all__ = ["DEFAULT_REDIS_URL", "connect", "connect_async", "redis_url", "refusal", "translate_errors"]
 
 #: Where clients connect when neither an argument nor ``$REDIS_URL`` says otherwise.
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -50,6 +50,24 @@ def connect_async(url: str, cluster: bool = False) -> Any:
     return factory(url, retry=AsyncRetry(NoBackoff(), 0), **_client_options())
 
 
+def refusal(message: str) -> errors.InferfleetError | None:
+    """The SDK error for a refusal of the admission function (``inferfleet_enqueue``), else None.
+
+    ``OVERLOADED backlog max ...`` is :class:`~inferfleet.producer.errors.QueueFull`,
+    ``RATELIMITED retry_ms tenant ...`` is :class:`~inferfleet.producer.errors.RateLimited`.
+    """
+    word, _, rest = message.partition(" ")
+    parts = rest.split(" ", 2)
+    if word == "OVERLOADED" and len(parts) == 3 and parts[0].isdigit():
+        return errors.QueueFull(f"the queue's backlog of {parts[0]} is over its fleet-wide max_backlog "
+                                f"{parts[1]}: back off and retry", int(parts[0]))
+    if word == "RATELIMITED" and len(parts) == 3 and parts[0].isdigit():
+        retry_s = int(parts[0]) / 1000
+        return errors.RateLimited(f"tenant {parts[1]!r} is over its fleet-wide rate: retry in {retry_s:.3f} s",
+                                  parts[1], retry_s)
+    return None
+
+
 @contextmanager
 def translate_errors() -> Iterator[None]:
     """The one seam where redis-py exceptions become the SDK's own (``raise ... from``)."""
@@ -57,6 +75,8 @@ def translate_errors() -> Iterator[None]:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise errors.ConnectionError(f"Redis connection failed: {exc}") from exc
+    except redis.exceptions.ResponseError as exc:
+        raise refusal(str(exc)) or errors.InferfleetError(f"Redis error: {exc}") from exc
     except redis.exceptions.RedisError as exc:
         raise errors.InferfleetError(f"Redis error: {exc}") from exc
     except redis.exceptions.RedisClusterException as exc:  # not a RedisError: cross-slot and the like

@@ -22,8 +22,8 @@ from typing import Any
 import redis
 
 from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error, encode_reply_ok
+from inferfleet.producer.sharing import lane_keys
 from inferfleet.worker.config import WorkerSettings
-from inferfleet.worker.connections import stream_entries
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.logs import batch_context
 from inferfleet.worker.metrics import worker_metrics
@@ -40,11 +40,13 @@ from inferfleet.worker.serving.batching import (
 )
 from inferfleet.worker.serving.deadletter import dead_fields
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
+from inferfleet.worker.serving.lanes import NORMAL, LaneReader
 from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 from inferfleet.worker.serving.recovery import Delivery, Recovery
 from inferfleet.worker.serving.replies import BatchEncoder, ReplyWriter
 from inferfleet.worker.serving.rowlimit import RowLimit
+from inferfleet.worker.serving.sharing import Cancelled, LaneWork
 
 __all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
 
@@ -98,13 +100,16 @@ def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: fl
     if not isinstance(result, Exception):
         try:
             return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True,
-                          rid=req.rid)
+                          rid=req.rid, lane=req.lane)
         except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
             result = exc
+    if isinstance(result, Cancelled):
+        return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "cancelled", str(result), meta, timing),
+                      rid=req.rid, code="cancelled", lane=req.lane)
     log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, result)
     message = f"{type(result).__name__}: {result}"
     return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
-                  rid=req.rid, code="model_error")
+                  rid=req.rid, code="model_error", lane=req.lane)
 
 
 def dead_letter(intake: Intake, entry_id: bytes, fields: Any, delivered: int, settings: WorkerSettings) -> Answer:
@@ -158,6 +163,8 @@ class Consumer:
         self.cache_round = CacheRound(self.results, self.counters)
         self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
         self.encoder = BatchEncoder(runtime.model_meta, encode_answer)
+        self.lanes = LaneReader(self.keys)
+        self.work = LaneWork(client, self.keys, settings, self.counters, self.replies, self.recovery)
         self.watcher = watcher  # follows hot swaps
         self.model_source = settings.model if model_source is None else model_source  # the runtime's file or handler
 
@@ -174,7 +181,8 @@ class Consumer:
                 backoff = 0.1
             except _RETRYABLE as exc:
                 log.warning("%s (%s); retrying in %.1f s", _describe_outage(exc), exc, backoff)
-                self.recovery.replay_own = True
+                self.work.replay_own()
+                self.lanes.drop_held()
                 self._prefetched = []  # still pending on us: the replay brings them back
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -205,10 +213,11 @@ class Consumer:
 
     def prepare(self) -> None:
         """Join the group (creating it if needed) and load the reply script."""
-        ensure_group(self.redis, self.keys.requests)
-        # Redis 7.0 lists a consumer only once it has been handed an entry; make it visible now
-        self.redis.xgroup_createconsumer(self.keys.requests, GROUP, self.settings.consumer)
-        self.replies.load()
+        for stream in lane_keys(self.keys):  # every lane; the normal one is the contract's stream
+            ensure_group(self.redis, stream)
+            # Redis 7.0 lists a consumer only once it has been handed an entry; make it visible now
+            self.redis.xgroup_createconsumer(stream, GROUP, self.settings.consumer)
+        self.work.prepare()
         self._ready = True
         log.info("consumer %s serving %s (max %d rows, wait %.1f ms)", self.settings.consumer,
                  self.keys.requests, self.settings.max_batch_rows, self.settings.max_wait_ms)
@@ -217,13 +226,14 @@ class Consumer:
         """One round: collect entries, answer them, acknowledge. Returns entries handled."""
         if self.watcher is not None:
             self._maybe_switch()
-        if self.recovery.replay_own:
+        if self.work.replay_due():
             self._prefetched = []  # pending on us too: they come back among the suspects
-            self.recovery.replay_own_pending()
-        suspect = self.recovery.next_suspect()
+            self.lanes.drop_held()
+            self.work.replay_own_pending()
+        suspect, lane = self.work.next_suspect()
         if suspect is not None:
             started = time.perf_counter()
-            handled = self._run_suspect(suspect)
+            handled = self._run_suspect(suspect, lane)
             self.counters.busy(time.perf_counter() - started)
             return handled
         items = collect(self._read, self.row_limit.rows, self.settings.max_wait_s,
@@ -252,8 +262,11 @@ class Consumer:
     def _answer(self, items: list[Request | Answer]) -> None:
         """Compute and reply to one round of items."""
         answers = [item for item in items if isinstance(item, Answer)]
-        requests, hits = self.cache_round.start([item for item in items if isinstance(item, Request)],
-                                                self.runtime.version)
+        requests = [item for item in items if isinstance(item, Request)]
+        if self.work.cancels_pending() and requests:
+            requests = self.work.drop_cancelled(requests, answers, lambda req: encode_answer(
+                self.runtime.model_meta, req, Cancelled(), 0.0, 0))
+        requests, hits = self.cache_round.start(requests, self.runtime.version)
         meta = self.runtime.model_meta
         answers.extend(encode_answer(meta, req, outputs, 0.0, 0) for req, outputs in hits)  # 0 rows: not computed
         for batch in form_batches(requests, self.row_limit.rows):
@@ -262,7 +275,7 @@ class Consumer:
         alerts = self.results.take_alerts()
         if alerts:  # before the replies: a client that sees its reply can see its alert
             self._alert(alerts)
-        self.replies.write(answers)
+        self.work.write(answers)
         self.results.flush()  # after the replies: a cache write must never delay or block one
         self.counters.answered(len(items), sum(1 for a in answers if not a.ok))
 
@@ -276,15 +289,16 @@ class Consumer:
         # never block in Redis, which ends a short BLOCK only at its next timer tick
         # (up to 100 ms with the default hz 10); collect() sleeps between polls instead.
         block = self.settings.idle_block_ms if timeout_s is None else None
-        response = self.redis.xreadgroup(
-            GROUP, self.settings.consumer, {self.keys.requests: ">"}, count=count, block=block,
-        )
+        entries, lanes = self.lanes.read(self.redis, self.settings.consumer, count, block)
         now_ms = time.time() * 1000.0
         admit = self.intake.admit_fast
-        return [admit(entry_id, fields if isinstance(fields, dict) else fields_of(fields), now_ms)
-                for entry_id, fields in stream_entries(response)]
+        items = [admit(entry_id, fields if isinstance(fields, dict) else fields_of(fields), now_ms)
+                 for entry_id, fields in entries]
+        if lanes is not None or self.work.limits.active:
+            self.work.after_read(self.intake, entries, items, lanes)
+        return items
 
-    def _run_suspect(self, delivery: Delivery) -> int:
+    def _run_suspect(self, delivery: Delivery, lane: int = NORMAL) -> int:
         """Compute one entry whose previous holder died, alone, counting the attempt.
 
         Alone, so a request that kills its worker takes no batch-mates with it;
@@ -292,14 +306,15 @@ class Consumer:
         """
         entry_id, fields, delivered = delivery
         if not fields:
-            self.replies.write([Answer(entry_id, None, None)])  # deleted while pending: acknowledge only
+            self.work.write([Answer(entry_id, None, None, lane=lane)])  # deleted while pending: acknowledge only
             return 1
-        if not self.recovery.start_attempt(entry_id):
+        if not self.work.recoveries[lane].start_attempt(entry_id):
             return 0  # no longer ours: answered elsewhere
         if delivered + 1 > self.settings.max_deliveries:
-            self.replies.write([dead_letter(self.intake, entry_id, fields, delivered + 1, self.settings)])
+            self.work.write(self.work.on_lane(
+                [dead_letter(self.intake, entry_id, fields, delivered + 1, self.settings)], lane))
         else:
-            self._answer([self.intake.admit(entry_id, fields, time.time() * 1000.0)])
+            self._answer(self.work.on_lane([self.intake.admit(entry_id, fields, time.time() * 1000.0)], lane))
         return 1
 
     # -- computing ---------------------------------------------------------
@@ -327,7 +342,7 @@ class Consumer:
             suspicious = suspicious or self.results.batch_suspicious(outputs)
             return parts
 
-        computed = predict_isolated(batch, predict)
+        computed = predict_isolated(batch, self.work.recheck_cancels(predict))
         version = self.runtime.version
         results = [self.results.review(req, res, version, suspicious) for req, res in zip(batch, computed)]
         if self.row_limit.batch_computed():
@@ -340,7 +355,7 @@ class Consumer:
         log.debug("consumer %s: batch of %d rows, %d requests, %.2f ms",
                   self.settings.consumer, rows_total, len(batch), infer_ms)
         self.cache_round.remember(batch, results, infer_ms, rows_total)
-        return self.encoder.encode(batch, results, infer_ms, rows_total)
+        return self.work.carry_lanes(self.encoder.encode(batch, results, infer_ms, rows_total), batch)
 
     def _out_of_memory(self, rows: int) -> None:
         """Halve the row limit below the batch that did not fit; bisection retries the halves."""
@@ -377,6 +392,7 @@ class Consumer:
         self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params)
         self.results.model_changed()
         self.replies.model_meta = new.model_meta
+        self.work.model_changed(new.model_meta)
         self.encoder = BatchEncoder(new.model_meta, encode_answer)
         self.counters.model_version(new.version)
         log.info("consumer %s switched model %s from version %s to %s", self.settings.consumer,
@@ -397,7 +413,7 @@ class Consumer:
         if self.recovery.housekeeping_due(now):
             if self.watcher is not None:
                 self.watcher.poll(self.runtime.version)
-            self.recovery.housekeep(read_ahead=len(self._prefetched))
+            self.work.housekeep(read_ahead=len(self._prefetched) + self.lanes.holding)
         if now >= self._next_stats_log:
             self._next_stats_log = now + 10.0
             totals = self.counters.snapshot()

@@ -25,6 +25,7 @@ import redis
 
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import GROUP, QueueKeys, ReplyTemplate, encode_reply_error
+from inferfleet.producer.sharing import cancels_key
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.serving.deadletter import DEAD_MAXLEN
 from inferfleet.worker.serving.intake import Answer
@@ -33,7 +34,7 @@ __all__ = ["REPLY_SCRIPT", "BatchEncoder", "ReplyWriter"]
 
 log = logging.getLogger(__name__)
 
-#: KEYS = [stream, reply_key...]; ARGV = [group, ttl_ms, (entry_id, payload)...].
+#: KEYS = [stream, cancels, reply_key...]; ARGV = [group, ttl_ms, (entry_id, payload)...].
 #: An empty payload means "acknowledge only". The reply is pushed first and
 #: taken back if the XACK finds the entry already answered (so exactly one
 #: reply stands); a push that fails (the key holds another type) leaves the
@@ -42,7 +43,8 @@ log = logging.getLogger(__name__)
 #: Each reply key gets its TTL once, after its replies (a shared inbox takes
 #: many in one call; the state the atomic call leaves is the same), also when
 #: the call stops early on an error.
-#: Returns {pushed, {failed 0-based indexes}}.
+#: Returns {pushed, {failed 0-based indexes}, whether the queue's cancels set exists}: a round
+#: checks its requests' cancel marks only while some exist (no round trip of its own otherwise).
 REPLY_SCRIPT = """
 local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
 local pushed, failed, answered = 0, {}, {}
@@ -51,8 +53,8 @@ local function expire_answered()
     redis.call('PEXPIRE', key, ttl)
   end
 end
-for i = 2, #KEYS do
-  local id, payload = ARGV[2 * i - 1], ARGV[2 * i]
+for i = 3, #KEYS do
+  local id, payload = ARGV[2 * i - 3], ARGV[2 * i - 2]
   if payload == '' then
     redis.call('XACK', stream, group, id)
   else
@@ -62,7 +64,7 @@ for i = 2, #KEYS do
         expire_answered()  -- what this call answered keeps its TTL
         return redis.error_reply(res.err)  -- out of memory and the like: retry the round later
       end
-      table.insert(failed, i - 2)
+      table.insert(failed, i - 3)
     elseif redis.call('XACK', stream, group, id) == 1 then
       answered[KEYS[i]] = true
       pushed = pushed + 1
@@ -72,7 +74,7 @@ for i = 2, #KEYS do
   end
 end
 expire_answered()
-return {pushed, failed}
+return {pushed, failed, redis.call('EXISTS', KEYS[2])}
 """
 
 
@@ -92,6 +94,9 @@ class ReplyWriter:
         self.model_meta = model_meta
         self.counters = counters
         self._script = client.register_script(REPLY_SCRIPT)
+        self.cancels_key = cancels_key(keys)
+        #: whether the queue had cancel marks at the last reply call (true at start: check once)
+        self.cancels_pending = True
 
     def load(self) -> None:
         """Load the script now (at start: a missing permission shows before the first reply)."""
@@ -118,13 +123,14 @@ class ReplyWriter:
             self._reply_elsewhere([answers[i] for i in failed])
 
     def _run_script(self, answers: list[Answer]) -> tuple[int, list[int]]:
-        keys = [self.keys.requests]
+        keys = [self.keys.requests, self.cancels_key]
         args: list[Any] = [GROUP, self.reply_ttl_ms]
         for answer in answers:
             keys.append(answer.reply_key or self.keys.requests)
             args.append(answer.entry_id)
             args.append(answer.payload or b"")
-        pushed, failed = self._script(keys=keys, args=args)
+        pushed, failed, cancels = self._script(keys=keys, args=args)
+        self.cancels_pending = bool(cancels)
         return int(pushed), [int(i) for i in failed]
 
     def _reply_elsewhere(self, answers: list[Answer]) -> None:
