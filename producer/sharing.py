@@ -1,11 +1,12 @@
 """Sharing a fleet (contract 1.1): priority lanes, tenants, fleet-wide limits and cancellation.
 
-No I/O: the key names, the checks of what a caller passes, and the Redis
-Function library (:data:`LIBRARY`) that every producer, every worker and any
-raw client calls, so that the admission check and the XADD are one atomic
-step in Redis. The library is loaded (``FUNCTION LOAD REPLACE``) by every
-worker when it starts, by ``inferfleet limit`` and by a producer that finds
-limits in force.
+No I/O but :func:`read_lanes` (what status and the supervisor read): the key
+names, the checks of what a caller passes, and the Redis Function library
+(:data:`LIBRARY`) that every producer, every worker and any raw client
+calls, so that the admission check and the XADD are one atomic step in
+Redis. The library is loaded (``FUNCTION LOAD REPLACE``) by every worker
+when it starts, by ``inferfleet limit`` and by a producer that finds limits
+in force.
 
 Keys, all under the queue's ``PREFIX:{NAME}:`` base (one cluster slot):
 
@@ -24,13 +25,16 @@ key                         type    what
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
+from typing import Any
 
 from inferfleet.producer.errors import ProtocolError
-from inferfleet.producer.protocol import QueueKeys, is_tenant
+from inferfleet.producer.protocol import QueueKeys, entry_time_ms, is_tenant, workers_group
 
-__all__ = ["CANCEL_TTL_S", "LIBRARY", "MAX_TENANTS", "PRIORITIES", "cancel_keys", "cancels_key", "check_keys",
-           "enqueue_keys", "is_tenant", "lane_keys", "lane_of", "limits_key", "tenants_key", "validate_priority",
-           "validate_rate", "validate_tenant"]
+__all__ = ["CANCEL_TTL_S", "LIBRARY", "LaneState", "MAX_TENANTS", "PRIORITIES", "cancel_keys", "cancels_key",
+           "check_keys", "enqueue_keys", "is_tenant", "lane_keys", "lane_of", "limits_key", "read_lanes",
+           "tenants_key", "validate_priority", "validate_rate", "validate_tenant"]
 
 #: The priorities, highest first; ``normal`` is the contract's own stream.
 PRIORITIES = ("high", "normal", "low")
@@ -300,3 +304,35 @@ redis.register_function('inferfleet_check', check)
 redis.register_function('inferfleet_cancel', cancel)
 redis.register_function('inferfleet_take_cancels', take_cancels)
 """
+
+
+@dataclass(frozen=True)
+class LaneState:
+    """One lane as Redis shows it now: entries, undelivered (lag), pending, and how long its oldest
+    undelivered entry has waited (0 when none)."""
+
+    name: str
+    length: int
+    lag: int | None
+    pending: int
+    wait_s: float
+
+
+def read_lanes(client: Any, keys: QueueKeys, now_ms: float | None = None) -> list[LaneState]:
+    """The three lanes of a queue (or shard), highest first (a few commands a lane: status and scaling)."""
+    now_ms = time.time() * 1000 if now_ms is None else now_ms
+    states = []
+    for name, stream in zip(PRIORITIES, lane_keys(keys)):
+        length = int(client.xlen(stream))
+        group = workers_group(client.xinfo_groups(stream)) if length else None
+        if group is None:
+            first = client.xrange(stream, count=1) if length else []
+            states.append(LaneState(name, length, length, 0, _waited(first, now_ms)))
+            continue
+        after = client.xrange(stream, min="(" + group.last_delivered_id, count=1) if group.lag != 0 else []
+        states.append(LaneState(name, length, group.lag, group.pending, _waited(after, now_ms)))
+    return states
+
+
+def _waited(entries: list, now_ms: float) -> float:
+    return max(0.0, (now_ms - entry_time_ms(entries[0][0])) / 1000) if entries else 0.0

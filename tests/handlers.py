@@ -127,3 +127,18 @@ class Noisy(Scale):
 
     def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         return x + torch.rand_like(x)
+
+
+#: First value of every row a Recorder computed, in order (in-process consumers: the tests read it).
+COMPUTED: list[float] = []
+
+
+class Recorder(Scale):
+    """x * 2, recording each computed row's first value in COMPUTED; each batch takes RECORDER_BATCH_S."""
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        import time
+
+        COMPUTED.extend(float(v) for v in x[:, 0])
+        time.sleep(float(os.environ.get("RECORDER_BATCH_S", "0")))
+        return x * 2.0

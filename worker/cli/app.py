@@ -1,8 +1,9 @@
 """The ``inferfleet`` click group, with every command family registered on it.
 
 One module per family: :mod:`.serving` (worker), :mod:`.supervise`, :mod:`.requests` (enqueue,
-result), :mod:`.admin` (status, dead), :mod:`.bench` and :mod:`.lifecycle` (swap, alerts); the
-options they share are in :mod:`.options`. Only the commands that need torch import it, when run.
+result), :mod:`.admin` (status, dead), :mod:`.sharing` (limit, cancel), :mod:`.bench` and
+:mod:`.lifecycle` (swap, alerts); the options they share are in :mod:`.options`. Only the
+commands that need torch import it, when run.
 
 Every option has an environment variable (shown in ``--help``); bad input exits with a clear
 message and status 2, a failed request with status 1. The command line is the only part of
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from inferfleet.worker.cli import admin, bench, lifecycle, requests, serving, supervise
+from inferfleet.worker.cli import admin, bench, lifecycle, requests, serving, sharing, supervise
 
 __all__ = ["main"]
 
@@ -25,5 +26,5 @@ def main() -> None:
 
 
 for _command in (serving.worker, supervise.supervise, requests.enqueue, requests.result, admin.status, admin.dead,
-                 bench.bench, lifecycle.swap, lifecycle.alerts):
+                 bench.bench, lifecycle.swap, lifecycle.alerts, sharing.limit, sharing.cancel):
     main.add_command(_command)

@@ -290,6 +290,7 @@ class Consumer:
         # (up to 100 ms with the default hz 10); collect() sleeps between polls instead.
         block = self.settings.idle_block_ms if timeout_s is None else None
         entries, lanes = self.lanes.read(self.redis, self.settings.consumer, count, block)
+        self.work.read_said(self.lanes.cancels)
         now_ms = time.time() * 1000.0
         admit = self.intake.admit_fast
         items = [admit(entry_id, fields if isinstance(fields, dict) else fields_of(fields), now_ms)
@@ -413,7 +414,7 @@ class Consumer:
         if self.recovery.housekeeping_due(now):
             if self.watcher is not None:
                 self.watcher.poll(self.runtime.version)
-            self.work.housekeep(read_ahead=len(self._prefetched) + self.lanes.holding)
+            self.work.housekeep(len(self._prefetched) + self.lanes.holding, self.lanes.taken)
         if now >= self._next_stats_log:
             self._next_stats_log = now + 10.0
             totals = self.counters.snapshot()

@@ -17,6 +17,10 @@ A read returns up to ``n`` entries from each lane it names; what it does not
 use now is *held* (pending on this consumer, like read-ahead entries) and a
 lane with held entries is not read again until they are used: at most ``2n``
 entries are held, and the weighting stays what :data:`WEIGHTS` says.
+
+The same round trip asks ``EXISTS PREFIX:{NAME}:cancels`` right after the
+read, so a round knows, at no extra round trip, whether any request may be
+cancelled (and only then looks its requests up).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any
 import redis
 
 from inferfleet.producer.protocol import GROUP, QueueKeys
-from inferfleet.producer.sharing import PRIORITIES, lane_keys
+from inferfleet.producer.sharing import PRIORITIES, cancels_key, lane_keys
+from inferfleet.producer.transport import Round, run
 
 __all__ = ["NORMAL", "WEIGHTS", "LaneReader", "favoured_order", "lane_view", "pick"]
 
@@ -88,11 +93,14 @@ class LaneReader:
     """Reads one consumer's entries from the three lanes of one queue (or shard).
 
     :meth:`read` returns the entries and their lanes (None when every one is
-    from the normal lane: the common case costs nothing more).
+    from the normal lane: the common case costs nothing more); ``cancels``
+    says whether the queue had cancel marks right after the read.
     """
 
     def __init__(self, keys: QueueKeys) -> None:
         self.streams = lane_keys(keys)
+        self.cancels_key = cancels_key(keys)
+        self.cancels = True  # whether cancel marks existed at the last read
         self._lane_of = {stream.encode(): lane for lane, stream in enumerate(self.streams)}
         self.held: list[list[Entry]] = [[], [], []]
         self.reads = 0
@@ -111,9 +119,15 @@ class LaneReader:
         wanted = [stream for lane, stream in enumerate(self.streams) if not self.held[lane]]
         if self.holding:
             block = None  # something is ready now
-        response = client.xreadgroup(GROUP, consumer, dict.fromkeys(wanted, ">"), count=count,
-                                     block=block) if wanted else None
-        found = _by_stream(response)
+        round_ = Round()
+        if wanted:
+            blocking = ("BLOCK", block) if block is not None else ()
+            round_.command(("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count, *blocking, "STREAMS", *wanted,
+                            *(">" for _ in wanted)))
+        round_.command(("EXISTS", self.cancels_key))
+        *response, cancels = run(client, round_)
+        self.cancels = bool(cancels)
+        found = _by_stream(response[0] if response else None)
         if not self.holding and (not found or (len(found) == 1 and self._lane_of[found[0][0]] == NORMAL)):
             entries = found[0][1] if found else []
             self.taken[NORMAL] += len(entries)

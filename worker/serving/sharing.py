@@ -6,10 +6,11 @@
   ``admitted`` stamp: a raw producer, or a producer that has not seen the
   limits yet) are checked in one ``FCALL inferfleet_check`` per read and
   answered ``rate_limited`` or ``overloaded`` without compute.
-- **Cancels**: the reply script tells, at no extra round trip, whether the
-  queue's ``cancels`` set exists; only then does a round take its requests'
-  marks in one ``FCALL inferfleet_take_cancels`` (and again before a bisect
-  retry), and the marked ones are answered ``cancelled``, never computed.
+- **Cancels**: the read tells, at no extra round trip (an EXISTS sent with
+  the XREADGROUP), whether the queue's ``cancels`` set exists; only then does
+  a round take its requests' marks in one ``FCALL inferfleet_take_cancels``
+  (and again before a bisect retry), and the marked ones are answered
+  ``cancelled``, never computed.
 """
 
 from __future__ import annotations
@@ -142,8 +143,10 @@ class LaneWork:
         self.recoveries = [Recovery(client, views[0], settings, cast(Counters, self.depths[0])), recovery,
                            Recovery(client, views[2], settings, cast(Counters, self.depths[2]))]
         self.limits = FleetLimits(keys)
+        self.counters = counters
+        self._taken = [0, 0, 0]  # entries read per lane at the last housekeeping
         self.tagged = False  # set once an entry of another lane was read: answers then carry their lane
-        self._cancels = True  # whether cancel marks may exist (the reply script says; checked once at start)
+        self._cancels = True  # whether cancel marks existed right after the last read (read_said)
 
     def prepare(self) -> None:
         """At start: load the reply script and the function library; read the limits in force."""
@@ -176,15 +179,25 @@ class LaneWork:
                 return recovery.next_suspect(), lane
         return None, NORMAL
 
-    def housekeep(self, read_ahead: int) -> None:
-        """Every lane's housekeeping (high and low only once their stream has entries), the limits
-        and whether cancel marks exist."""
+    def read_said(self, cancels: bool) -> None:
+        """What the last read said of cancel marks (its EXISTS, in the same round trip)."""
+        self._cancels = cancels
+
+    def housekeep(self, read_ahead: int, taken: Sequence[int]) -> None:
+        """Every lane's housekeeping (high and low only once their stream has entries), the limits,
+        whether cancel marks exist, and the lane and tenant metrics (``taken``: entries read per lane)."""
         self.recoveries[NORMAL].housekeep(read_ahead=read_ahead)
         for lane in (0, 2):
             if self.redis.xlen(self.recoveries[lane].keys.requests):
                 self.recoveries[lane].housekeep(read_ahead=read_ahead)
         self.limits.refresh(self.redis)
-        self._cancels = bool(self.redis.exists(cancels_key(self.keys)))
+        metrics = self.counters.metrics
+        metrics.lanes([now - before for now, before in zip(taken, self._taken)],
+                      {"high": self.depths[0].lag, "low": self.depths[2].lag})
+        self._taken = list(taken)
+        for (tenant, code), count in self.limits.refused.items():
+            metrics.tenant_refused(tenant, code, count)
+        self.limits.refused.clear()
 
     # -- answers --
 
@@ -217,7 +230,6 @@ class LaneWork:
         """Reply and XACK each answer on its own lane's stream (one script call a lane)."""
         if not self.tagged:
             self.writers[NORMAL].write(answers)
-            self._cancels = self.writers[NORMAL].cancels_pending
             return
         by_lane: list[list[Answer]] = [[], [], []]
         for answer in answers:
@@ -225,7 +237,6 @@ class LaneWork:
         for lane, mine in enumerate(by_lane):
             if mine:
                 self.writers[lane].write(mine)
-                self._cancels = self.writers[lane].cancels_pending
 
     def refuse_over_limits(self, intake: Intake, entries: Sequence[tuple[bytes, Any]],
                            items: list[Request | Answer]) -> None:
@@ -241,7 +252,7 @@ class LaneWork:
     # -- cancel marks --
 
     def cancels_pending(self) -> bool:
-        """Whether the queue had cancel marks when last seen (the last reply script call or housekeeping)."""
+        """Whether a round must check its requests' cancel marks: the queue had some right after the read."""
         return self._cancels
 
     def take_cancels(self, rids: Sequence[str]) -> set[str]:
