@@ -14,6 +14,11 @@ Three parts, each run ``--runs`` times with its cases interleaved (figures are m
   single ``submit`` calls, with no limits and with limits in force (a backlog
   limit and the producer's tenant's quota, both too high to refuse: the
   function runs in full). No worker.
+* ``read``: the worker's read alone, in this process: ``--requests`` entries
+  in the normal lane read 256 at a time by the one-stream XREADGROUP the
+  worker made before lanes (``client.xreadgroup``), and by ``LaneReader.read``
+  (the three lanes and the cancel marks' EXISTS in one round trip). Reported:
+  this process's and redis-server's CPU per entry.
 * ``cancel``: a worker draining ``--requests`` one-row affine requests (paused
   while they are written, as ``bench_cpu.py --kind drain``): its CPU per
   request with no cancel marks, and with one mark of an unrelated id standing
@@ -42,7 +47,9 @@ sys.path.insert(0, str(ROOT))
 from inferfleet import Producer  # noqa: E402
 from inferfleet.producer.protocol import QueueKeys, encode_body  # noqa: E402
 from inferfleet.producer.sharing import cancels_key, limits_key  # noqa: E402
+from inferfleet.worker.connections import stream_entries, worker_client  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
+from inferfleet.worker.serving.lanes import LaneReader  # noqa: E402
 from scripts.bench_cpu import NAME, cpu_s, fill, start_worker, wait_drained, wait_joined  # noqa: E402
 
 KEYS = QueueKeys(NAME)
@@ -106,6 +113,29 @@ def admission_run(limited: bool, args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
+def read_run(lanes: bool, args: argparse.Namespace) -> dict[str, float]:
+    body = encode_body(np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32))
+    with EmbeddedRedis() as server:
+        client = worker_client(server.url)
+        for stream in (KEYS.requests + ":high", KEYS.requests, KEYS.requests + ":low"):
+            client.xgroup_create(stream, "workers", id="0", mkstream=True)
+        fill(client, body, args.requests)
+        reader = LaneReader(KEYS)
+        read = 0
+        client0, redis0 = time.process_time(), cpu_s(server.pid)
+        while read < args.requests:
+            if lanes:
+                entries, _ = reader.read(client, "c", 256, None)
+            else:
+                response = client.xreadgroup("workers", "c", {KEYS.requests: ">"}, count=256)
+                entries = stream_entries(response)
+            read += len(entries)
+        out = {"client_us": (time.process_time() - client0) / read * 1e6,
+               "redis_us": (cpu_s(server.pid) - redis0) / read * 1e6}
+        client.close()
+    return out
+
+
 def cancel_run(marked: bool, args: argparse.Namespace) -> dict[str, float]:
     body = encode_body(np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32))
     with EmbeddedRedis() as server:
@@ -134,6 +164,7 @@ def cancel_run(marked: bool, args: argparse.Namespace) -> dict[str, float]:
 PARTS: dict[str, tuple[Any, dict[str, bool]]] = {
     "latency": (latency_run, {"no lanes (interactive on the normal lane)": False, "lanes (interactive on high)": True}),
     "admission": (admission_run, {"no limits": False, "limits in force": True}),
+    "read": (read_run, {"one-stream XREADGROUP (before lanes)": False, "LaneReader.read": True}),
     "cancel": (cancel_run, {"no cancel marks": False, "a cancel mark standing": True}),
 }
 
