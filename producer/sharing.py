@@ -129,8 +129,6 @@ def cancel_keys(keys: QueueKeys, rids: list[str]) -> list[str]:
 #: inferfleet_cancel KEYS: cancels high normal low reply_key... ARGV: bound_ms, then one id per reply key.
 #:   For each id: ``answered`` (a reply waits: it stands), ``unknown`` (in no lane: nothing written) or
 #:   ``cancelled`` (marked until its deadline + 60 s, at most bound_ms).
-#: inferfleet_take_cancels KEYS: cancels. ARGV: ids. Removes expired marks; returns, for each id,
-#:   1 if it was marked (and removes the mark) else 0.
 LIBRARY = r"""#!lua name=inferfleet
 
 local function now_ms()
@@ -290,19 +288,9 @@ local function cancel(keys, args)
   return out
 end
 
-local function take_cancels(keys, args)
-  redis.call('ZREMRANGEBYSCORE', keys[1], '-inf', now_ms())
-  local out = {}
-  for i, rid in ipairs(args) do
-    out[i] = redis.call('ZREM', keys[1], rid)
-  end
-  return out
-end
-
 redis.register_function('inferfleet_enqueue', enqueue)
 redis.register_function('inferfleet_check', check)
 redis.register_function('inferfleet_cancel', cancel)
-redis.register_function('inferfleet_take_cancels', take_cancels)
 """
 
 

@@ -17,8 +17,10 @@ Three parts, each run ``--runs`` times with its cases interleaved (figures are m
 * ``read``: the worker's read alone, in this process: ``--requests`` entries
   in the normal lane read 256 at a time by the one-stream XREADGROUP the
   worker made before lanes (``client.xreadgroup``), and by ``LaneReader.read``
-  (the three lanes and the cancel marks' EXISTS in one round trip). Reported:
-  this process's and redis-server's CPU per entry.
+  (the three lanes and the cancel marks' EXISTS in one round trip), and by
+  ``LaneReader.read`` with a cancel mark standing, so that each read also
+  looks its entries' marks up (``take_cancels``: one ZMSCORE for the read).
+  Reported: this process's and redis-server's CPU per entry.
 * ``cancel``: a worker draining ``--requests`` one-row affine requests (paused
   while they are written, as ``bench_cpu.py --kind drain``): its CPU per
   request with no cancel marks, and with one mark of an unrelated id standing
@@ -50,6 +52,7 @@ from inferfleet.producer.sharing import cancels_key, limits_key  # noqa: E402
 from inferfleet.worker.connections import stream_entries, worker_client  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
 from inferfleet.worker.serving.lanes import LaneReader  # noqa: E402
+from inferfleet.worker.serving.sharing import load_library, take_cancels  # noqa: E402
 from scripts.bench_cpu import NAME, cpu_s, fill, start_worker, wait_drained, wait_joined  # noqa: E402
 
 KEYS = QueueKeys(NAME)
@@ -113,7 +116,7 @@ def admission_run(limited: bool, args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
-def read_run(lanes: bool, args: argparse.Namespace) -> dict[str, float]:
+def read_run(mode: str, args: argparse.Namespace) -> dict[str, float]:
     body = encode_body(np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32))
     with EmbeddedRedis() as server:
         client = worker_client(server.url)
@@ -121,11 +124,16 @@ def read_run(lanes: bool, args: argparse.Namespace) -> dict[str, float]:
             client.xgroup_create(stream, "workers", id="0", mkstream=True)
         fill(client, body, args.requests)
         reader = LaneReader(KEYS)
+        load_library(client)
+        if mode == "take":  # an unrelated request's mark stands: every read looks its entries up
+            client.zadd(cancels_key(KEYS), {"someone-else": int(time.time() * 1000) + 600_000})
         read = 0
         client0, redis0 = time.process_time(), cpu_s(server.pid)
         while read < args.requests:
-            if lanes:
+            if mode != "old":
                 entries, _ = reader.read(client, "c", 256, None)
+                if reader.cancels:  # the consumer has each request's id decoded already: so does this
+                    take_cancels(client, KEYS, [f"r{read + i}" for i in range(len(entries))])
             else:
                 response = client.xreadgroup("workers", "c", {KEYS.requests: ">"}, count=256)
                 entries = stream_entries(response)
@@ -161,10 +169,11 @@ def cancel_run(marked: bool, args: argparse.Namespace) -> dict[str, float]:
     return {"worker_us": worker_s / args.requests * 1e6, "drain_rps": args.requests / wall}
 
 
-PARTS: dict[str, tuple[Any, dict[str, bool]]] = {
+PARTS: dict[str, tuple[Any, dict[str, Any]]] = {
     "latency": (latency_run, {"no lanes (interactive on the normal lane)": False, "lanes (interactive on high)": True}),
     "admission": (admission_run, {"no limits": False, "limits in force": True}),
-    "read": (read_run, {"one-stream XREADGROUP (before lanes)": False, "LaneReader.read": True}),
+    "read": (read_run, {"one-stream XREADGROUP (before lanes)": "old", "LaneReader.read": "lanes",
+                        "LaneReader.read + take_cancels (a mark standing)": "take"}),
     "cancel": (cancel_run, {"no cancel marks": False, "a cancel mark standing": True}),
 }
 

@@ -271,3 +271,15 @@ def test_limit_show_and_clear(redis_url, redis_client):
     assert '"tenants": {}' in limit(redis_url, "--show")
     limit(redis_url, "--clear")
     assert redis_client.exists(limits_key(Producer(redis_url, "q").keys)) == 0
+
+
+def test_a_bisect_retry_checks_the_cancel_marks_again(redis_url):
+    consumer = make_consumer(redis_url, "tests.handlers:CancelOnPoison", idle_block_ms=50, max_batch_rows=ROWS,
+                             max_wait_ms=0.0)
+    handlers.COMPUTED.clear()
+    producer = Producer(redis_url, "q")
+    rids = producer.submit_many([row(1.0), row(2.0), row(handlers.POISON), row(4.0)])
+    handlers.ON_POISON.append(lambda: producer.cancel(rids[1]))  # cancelled while its batch is computed
+    drain(consumer)
+    assert codes(producer, rids) == ["ok", "cancelled", "model_error", "ok"]
+    assert sorted(handlers.COMPUTED) == [1.0, 4.0]  # the retries never computed the cancelled one

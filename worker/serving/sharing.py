@@ -8,7 +8,7 @@
   answered ``rate_limited`` or ``overloaded`` without compute.
 - **Cancels**: the read tells, at no extra round trip (an EXISTS sent with
   the XREADGROUP), whether the queue's ``cancels`` set exists; only then does
-  a round take its requests' marks in one ``FCALL inferfleet_take_cancels``
+  a round look its requests' marks up in one ``ZMSCORE``
   (and again before a bisect retry), and the marked ones are answered
   ``cancelled``, never computed.
 """
@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -23,6 +24,7 @@ import redis
 
 from inferfleet.producer.protocol import QueueKeys, is_tenant
 from inferfleet.producer.sharing import LIBRARY, cancels_key, check_keys, limits_key
+from inferfleet.producer.transport import Round, run
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.serving.batching import Request
@@ -47,11 +49,16 @@ def load_library(client: redis.Redis) -> None:
 
 
 def take_cancels(client: redis.Redis, keys: QueueKeys, rids: Sequence[str]) -> set[str]:
-    """The ids among ``rids`` that are marked cancelled; their marks are taken (one round trip)."""
+    """The ids among ``rids`` with a live cancel mark (one ZMSCORE); their marks are removed."""
     if not rids:
         return set()
-    marked = client.fcall("inferfleet_take_cancels", 1, cancels_key(keys), *rids)
-    return {rid for rid, hit in zip(rids, marked) if hit}
+    round_ = Round()
+    round_.command(("ZMSCORE", cancels_key(keys), *rids))
+    now_ms = time.time() * 1000
+    marked = [rid for rid, score in zip(rids, run(client, round_)[0]) if score is not None and float(score) > now_ms]
+    if marked:
+        client.zrem(cancels_key(keys), *marked)
+    return set(marked)
 
 
 def _tenant_of(fields: Mapping[bytes, bytes]) -> str:
@@ -191,6 +198,8 @@ class LaneWork:
             if self.redis.xlen(self.recoveries[lane].keys.requests):
                 self.recoveries[lane].housekeep(read_ahead=read_ahead)
         self.limits.refresh(self.redis)
+        if self._cancels:  # expired marks go (the key itself expires with its last one)
+            self.redis.zremrangebyscore(cancels_key(self.keys), "-inf", int(time.time() * 1000))
         metrics = self.counters.metrics
         metrics.lanes([now - before for now, before in zip(taken, self._taken)],
                       {"high": self.depths[0].lag, "low": self.depths[2].lag})
@@ -269,15 +278,16 @@ class LaneWork:
         return [req for req in requests if req.rid not in marked]
 
     def recheck_cancels(self, predict: Predict) -> Predict:
-        """``predict`` that, on a bisect retry (every call after the first), first takes the part's
-        cancel marks: the marked requests get a :class:`Cancelled` result and are not computed."""
+        """``predict`` that, on a bisect retry (every call after the first: a model error, rare), first
+        looks the part's cancel marks up (one round trip): the marked requests get a :class:`Cancelled`
+        result and are not computed."""
         calls = 0
         cancelled: set[str] = set()
 
         def guarded(part: Sequence[Request]) -> list[Any]:
             nonlocal calls
             calls += 1
-            if calls > 1 and self._cancels:
+            if calls > 1:
                 cancelled.update(self.take_cancels([req.rid for req in part]))
             if not cancelled or not any(req.rid in cancelled for req in part):
                 return predict(part)
