@@ -179,3 +179,19 @@ def test_fleet_metrics_collect_the_supervisors_view(registry):
     assert value(registry, "inferfleet_worker_restarts_total") == 1
     assert value(registry, "inferfleet_queue_lag") == 40
     assert value(registry, "inferfleet_queue_pending") == 7
+
+
+def test_lanes_and_tenant_refusals_are_counted_with_bounded_labels(registry):
+    metrics = WorkerMetrics("q", registry)
+    metrics.lanes([5, 100, 0], {"high": 7, "low": None})
+    metrics.lanes([1, 0, 2], {"high": 0, "low": 3})
+    assert value(registry, "inferfleet_lane_requests_total", lane="high") == 6
+    assert value(registry, "inferfleet_lane_requests_total", lane="normal") == 100
+    assert value(registry, "inferfleet_lane_requests_total", lane="low") == 2
+    assert value(registry, "inferfleet_lane_lag", lane="high") == 0
+    assert value(registry, "inferfleet_lane_lag", lane="low") == 3
+    metrics.tenant_refused("nightly", "rate_limited", 3)
+    metrics.tenant_refused("*", "overloaded", 1)
+    assert value(registry, "inferfleet_tenant_refused_total", tenant="nightly", code="rate_limited") == 3
+    assert value(registry, "inferfleet_tenant_refused_total", tenant="*", code="overloaded") == 1
+    assert value(registry, "inferfleet_requests_total", code="cancelled") == 0  # the 1.1 codes exported at 0

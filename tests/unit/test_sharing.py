@@ -119,3 +119,11 @@ def test_bad_high_wait_settings_are_refused() -> None:
         PolicySettings(target_high_wait_s=-1)
     with pytest.raises(ValueError, match="high_wait_s"):
         Observation(now_s=0.0, workers=1, lag=0, pending=0, rate_rps=0.0, capacity_rps=None, high_wait_s=-1.0)
+
+
+def test_the_tenant_label_is_bounded_to_the_tenants_with_a_quota() -> None:
+    from inferfleet.worker.serving.sharing import FleetLimits
+
+    limits = FleetLimits(QueueKeys("q"))
+    limits.quota_tenants = {"nightly"}
+    assert [limits.label(t) for t in ("nightly", "anyone-else", "")] == ["nightly", "*", "-"]
