@@ -572,7 +572,7 @@ class Producer(ProducerBase):
     # -- queue state and lifecycle -----------------------------------------
 
     def lag(self) -> int | None:
-        """Requests waiting to be picked up (summed over the shards), or None when Redis cannot tell."""
+        """Requests waiting to be picked up (summed over the shards and lanes), or None when Redis cannot tell."""
         return self._lag_and_backlog()[0]
 
     def backlog(self) -> int:
@@ -582,10 +582,11 @@ class Producer(ProducerBase):
     def _lag_and_backlog(self) -> tuple[int | None, int]:
         with translate_errors():
             pipe = self.redis.pipeline(transaction=False)
-            for keys in self.shard_keys:
-                pipe.xlen(keys.requests)
+            streams = [stream for lanes in self.lanes for stream in lanes]  # every lane of every shard
+            for stream in streams:
+                pipe.xlen(stream)
             lengths = [int(n) for n in pipe.execute()]
-            busy = [keys.requests for keys, n in zip(self.shard_keys, lengths) if n]
+            busy = [stream for stream, n in zip(streams, lengths) if n]
             pipe = self.redis.pipeline(transaction=False)
             for stream in busy:
                 pipe.xinfo_groups(stream)
@@ -756,7 +757,7 @@ class AsyncProducer(ProducerBase):
         return replies
 
     async def lag(self) -> int | None:
-        """Requests waiting to be picked up (summed over the shards), or None when Redis cannot tell."""
+        """Requests waiting to be picked up (summed over the shards and lanes), or None when Redis cannot tell."""
         return (await self._lag_and_backlog())[0]
 
     async def backlog(self) -> int:
@@ -766,10 +767,11 @@ class AsyncProducer(ProducerBase):
     async def _lag_and_backlog(self) -> tuple[int | None, int]:
         with translate_errors():
             pipe = self.redis.pipeline(transaction=False)
-            for keys in self.shard_keys:
-                pipe.xlen(keys.requests)
+            streams = [stream for lanes in self.lanes for stream in lanes]  # every lane of every shard
+            for stream in streams:
+                pipe.xlen(stream)
             lengths = [int(n) for n in await pipe.execute()]
-            busy = [keys.requests for keys, n in zip(self.shard_keys, lengths) if n]
+            busy = [stream for stream, n in zip(streams, lengths) if n]
             pipe = self.redis.pipeline(transaction=False)
             for stream in busy:
                 pipe.xinfo_groups(stream)

@@ -283,3 +283,14 @@ def test_a_bisect_retry_checks_the_cancel_marks_again(redis_url):
     drain(consumer)
     assert codes(producer, rids) == ["ok", "cancelled", "model_error", "ok"]
     assert sorted(handlers.COMPUTED) == [1.0, 4.0]  # the retries never computed the cancelled one
+
+
+def test_the_producers_lag_and_backlog_count_every_lane(recorder, redis_url):
+    producer = Producer(redis_url, "q", max_backlog=5)
+    producer.submit_many([row(1.0)] * 3)
+    producer.submit_many([row(1.0)] * 2, priority="high")
+    assert producer.lag() == 5 and producer.backlog() == 5
+    with pytest.raises(errors.QueueFull):  # the producer's own limit counts every lane too
+        producer.submit(row(1.0), priority="low")
+    drain(recorder)
+    assert producer.lag() == 0
