@@ -381,8 +381,11 @@ class Producer(ProducerBase):
             with translate_errors():
                 in_force = bool(self.redis.exists(limits_key(self.keys)))
                 if in_force and not self._library_loaded:
-                    self.redis.function_load(LIBRARY, replace=True)
                     self._library_loaded = True
+                    try:  # every worker loads it too: a producer user without FUNCTION LOAD does without
+                        self.redis.function_load(LIBRARY, replace=True)
+                    except redis.exceptions.ResponseError:
+                        pass
             self._limits_read(in_force)
         return self._admitting()
 
@@ -424,8 +427,11 @@ class Producer(ProducerBase):
         found: dict[str, str] = {}
         with translate_errors():
             if not self._library_loaded:
-                self.redis.function_load(LIBRARY, replace=True)
                 self._library_loaded = True
+                try:  # every worker loads it too
+                    self.redis.function_load(LIBRARY, replace=True)
+                except redis.exceptions.ResponseError:
+                    pass
             for args in self._cancel_args(request_ids):
                 found.update(self._cancel_found(args, self.redis.execute_command("FCALL", *args)))
         return [found[rid] for rid in request_ids]
@@ -649,8 +655,11 @@ class AsyncProducer(ProducerBase):
             with translate_errors():
                 in_force = bool(await self.redis.exists(limits_key(self.keys)))
                 if in_force and not self._library_loaded:
-                    await self.redis.function_load(LIBRARY, replace=True)
                     self._library_loaded = True
+                    try:  # every worker loads it too: a producer user without FUNCTION LOAD does without
+                        await self.redis.function_load(LIBRARY, replace=True)
+                    except redis.exceptions.ResponseError:
+                        pass
             self._limits_read(in_force)
         return self._admitting()
 
@@ -685,8 +694,11 @@ class AsyncProducer(ProducerBase):
         found: dict[str, str] = {}
         with translate_errors():
             if not self._library_loaded:
-                await self.redis.function_load(LIBRARY, replace=True)
                 self._library_loaded = True
+                try:  # every worker loads it too
+                    await self.redis.function_load(LIBRARY, replace=True)
+                except redis.exceptions.ResponseError:
+                    pass
             for args in self._cancel_args(request_ids):
                 found.update(self._cancel_found(args, await self.redis.execute_command("FCALL", *args)))
         return [found[rid] for rid in request_ids]
