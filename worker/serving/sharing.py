@@ -210,7 +210,7 @@ class LaneWork:
 
     # -- answers --
 
-    def after_read(self, intake: Intake, entries: Sequence[tuple[bytes, Any]], items: list[Request | Answer],
+    def after_read(self, intake: Intake, entries: Sequence[tuple[bytes, Any]], items: list[Any],
                    lanes: Sequence[int] | None) -> None:
         """Give each item of a read its entry's lane; refuse those over the fleet-wide limits."""
         if lanes is not None:
