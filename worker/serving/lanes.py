@@ -33,7 +33,6 @@ import redis
 
 from inferfleet.producer.protocol import GROUP, QueueKeys
 from inferfleet.producer.sharing import PRIORITIES, cancels_key, lane_keys
-from inferfleet.producer.transport import Round, run
 
 __all__ = ["NORMAL", "WEIGHTS", "LaneReader", "favoured_order", "lane_view", "pick"]
 
@@ -119,13 +118,11 @@ class LaneReader:
         wanted = [stream for lane, stream in enumerate(self.streams) if not self.held[lane]]
         if self.holding:
             block = None  # something is ready now
-        round_ = Round()
+        pipe = client.pipeline(transaction=False)  # one round trip; replies in the client's own XREADGROUP form
         if wanted:
-            blocking = ("BLOCK", block) if block is not None else ()
-            round_.command(("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count, *blocking, "STREAMS", *wanted,
-                            *(">" for _ in wanted)))
-        round_.command(("EXISTS", self.cancels_key))
-        *response, cancels = run(client, round_)
+            pipe.xreadgroup(GROUP, consumer, dict.fromkeys(wanted, ">"), count=count, block=block)
+        pipe.exists(self.cancels_key)
+        *response, cancels = pipe.execute()
         self.cancels = bool(cancels)
         found = _by_stream(response[0] if response else None)
         if not self.holding and (not found or (len(found) == 1 and self._lane_of[found[0][0]] == NORMAL)):
