@@ -13,15 +13,19 @@ from __future__ import annotations
 from inferfleet.producer.client import DEFAULT_REDIS_URL, AsyncProducer, Producer
 from inferfleet.producer.errors import (
     BadRequest,
+    Cancelled,
     ConnectionError,
     DeadLetter,
     Expired,
     InferfleetError,
     ModelError,
+    Overloaded,
     ProtocolError,
     QueueFull,
+    RateLimited,
     ReplyError,
     ReplyTimeout,
+    Throttled,
     TooLarge,
 )
 from inferfleet.producer.protocol import CONTRACT_VERSION, DEFAULT_PREFIX, QueueKeys, Reply
@@ -30,6 +34,7 @@ __all__ = [
     "AsyncProducer",
     "BadRequest",
     "CONTRACT_VERSION",
+    "Cancelled",
     "ConnectionError",
     "DEFAULT_PREFIX",
     "DEFAULT_REDIS_URL",
@@ -37,12 +42,15 @@ __all__ = [
     "Expired",
     "InferfleetError",
     "ModelError",
+    "Overloaded",
     "Producer",
     "ProtocolError",
     "QueueFull",
     "QueueKeys",
+    "RateLimited",
     "Reply",
     "ReplyError",
     "ReplyTimeout",
+    "Throttled",
     "TooLarge",
 ]

@@ -39,7 +39,7 @@ class Sender(Protocol):
     def deadline_fields(self, deadline_s: float | None) -> list[tuple[str, str]]: ...
 
     def queue_xadds(self, round_: Round, rids: list[str], bodies: list[bytes], fields: list[tuple[str, str]],
-                    to_inbox: bool) -> list[tuple[int, list[int]]]: ...
+                    to_inbox: bool, lane: int = 1) -> list[tuple[int, list[int]]]: ...
 
 
 def group_by_shard(rids: Sequence[str], shards: int) -> list[tuple[int, list[int]]]:
@@ -96,7 +96,7 @@ class MapRun:
     """One map/imap call between round trips: what to send next, what is still owed."""
 
     def __init__(self, sender: Sender, inputs: Iterable[Any], params: Mapping[str, Any] | None,
-                 window: int, deadline_s: float | None) -> None:
+                 window: int, deadline_s: float | None, lane: int = 1) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
         self.sender = sender
@@ -104,6 +104,7 @@ class MapRun:
         self.encoder = BodyEncoder(params)
         self.window = window
         self.deadline_s = deadline_s
+        self.lane = lane  # 0 high, 1 normal, 2 low
         self.in_flight = InFlight(sender.shards)
         self._inbox_shard = {inbox.encode(): shard for shard, inbox in enumerate(sender.inboxes)}
         self._tail: tuple[list[int], bool] = ([], False)
@@ -130,7 +131,7 @@ class MapRun:
         bodies = [self.encoder.encode(one) for one in batch]
         rids = self.sender.new_request_ids(len(batch))
         fields = self.sender.deadline_fields(self.deadline_s)
-        for shard, positions in self.sender.queue_xadds(round_, rids, bodies, fields, True):
+        for shard, positions in self.sender.queue_xadds(round_, rids, bodies, fields, True, self.lane):
             self.in_flight.add_many(shard, [rids[p] for p in positions], [self.sent + p for p in positions])
         self.sent += len(batch)
         return rids

@@ -16,7 +16,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import count, islice
+from itertools import chain, count, islice
 from typing import Any
 
 import redis
@@ -53,6 +53,15 @@ from inferfleet.producer.protocol import (
     validate_request_ids,
     workers_group,
 )
+from inferfleet.producer.sharing import (
+    LIBRARY,
+    cancel_keys,
+    enqueue_keys,
+    lane_keys,
+    limits_key,
+    validate_priority,
+    validate_tenant,
+)
 from inferfleet.producer.tracing import current_traceparent, traceparent_fields
 from inferfleet.producer.transport import Round, arun, run
 
@@ -60,6 +69,8 @@ __all__ = ["Producer", "AsyncProducer", "DEFAULT_REDIS_URL"]
 
 _POLL_S = 0.05  # longest blocking wait between rounds of a map
 _WAIT_S = 1.0  # longest wait of a results() round for the last reply it names (it returns when that comes)
+_LIMITS_S = 1.0  # how often a producer looks whether fleet-wide limits are in force (one EXISTS)
+_CANCEL_BOUND_MS = 3_600_000  # a cancel mark of a request without a deadline lives at most this long
 
 
 def sum_shards(lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[int | None, int]:
@@ -84,7 +95,7 @@ class ProducerBase:
 
     def __init__(self, name: str, prefix: str = DEFAULT_PREFIX, default_deadline_s: float | None = 60.0,
                  max_backlog: int | None = None, on_full: str = "raise", full_wait_s: float = 30.0,
-                 shards: int = 1) -> None:
+                 shards: int = 1, tenant: str | None = None) -> None:
         if default_deadline_s is not None and default_deadline_s <= 0:
             raise ValueError(f"default_deadline_s must be positive or None, got {default_deadline_s}")
         if max_backlog is not None and max_backlog < 1:
@@ -94,6 +105,11 @@ class ProducerBase:
         #: every shard's keys, shard 0 first; ``keys`` is shard 0 (the queue's own when unsharded)
         self.shard_keys = shard_keys(name, shards, prefix)
         self.keys = self.shard_keys[0]
+        #: each shard's lane streams: high, normal, low
+        self.lanes = tuple(lane_keys(keys) for keys in self.shard_keys)
+        self.tenant = validate_tenant(tenant) if tenant is not None else None
+        self._limits_seen = (-_LIMITS_S, False)  # (monotonic time, limits in force): re-read every _LIMITS_S
+        self._library_loaded = False
         self.shards = shards
         self.name = name
         self.default_deadline_s = default_deadline_s
@@ -150,8 +166,54 @@ class ProducerBase:
                 f"reply_to must be a key under {keys.inbox_prefix!r} (the shard of request {rid!r}), "
                 f"got {reply_to!r}"
             )
-        return rid, keys, request_fields(rid, encode_body(inputs, params), deadline_ms, reply_to,
-                                         current_traceparent())
+        fields = request_fields(rid, encode_body(inputs, params), deadline_ms, reply_to, current_traceparent())
+        if self.tenant is not None:
+            fields["tenant"] = self.tenant
+        return rid, keys, fields
+
+    # -- sharing a fleet: lanes, admission, cancellation (no I/O) --
+
+    def _limits_due(self) -> bool:
+        return time.monotonic() - self._limits_seen[0] > _LIMITS_S
+
+    def _limits_read(self, in_force: bool) -> None:
+        self._limits_seen = (time.monotonic(), in_force)
+
+    def _admitting(self) -> bool:
+        """True while the queue has fleet-wide limits: entries then go through ``inferfleet_enqueue``."""
+        return self._limits_seen[1]
+
+    def _fcall_args(self, keys: QueueKeys, lane: str, rids: Sequence[str], bodies: Sequence[bytes],
+                    fields: Iterable[tuple[str, Any]]) -> list[Any]:
+        """``FCALL inferfleet_enqueue`` arguments that send ``rids`` with ``bodies`` (one shard's) at once;
+        ``fields`` are the other fields every entry carries."""
+        common = [part for name, value in fields if name not in ("id", "body", "tenant") for part in (name, value)]
+        tenant = self.tenant or ""
+        args: list[Any] = ["FCALL", "inferfleet_enqueue", 7, *enqueue_keys(keys, lane, tenant), tenant,
+                           len(common) // 2, *common]
+        args += chain.from_iterable(zip(rids, bodies))
+        return args
+
+    @staticmethod
+    def _cancel_found(args: list[Any], statuses: list[bytes]) -> dict[str, str]:
+        return dict(zip(args[-len(statuses):], (status.decode() for status in statuses)))
+
+    @staticmethod
+    def _one_cancelled(request_id: str, status: str) -> str:
+        if status == "unknown":
+            raise errors.ProtocolError(f"request {request_id!r} is in no lane of this queue (never sent, "
+                                       f"or answered and trimmed): nothing to cancel")
+        return status
+
+    def _cancel_args(self, request_ids: Sequence[str]) -> list[list[Any]]:
+        """One ``FCALL inferfleet_cancel`` argument list per shard of ``request_ids``."""
+        rids = validate_request_ids(request_ids)
+        calls = []
+        for shard, positions in group_by_shard(rids, self.shards):
+            mine = [rids[p] for p in positions]
+            keys = cancel_keys(self.shard_keys[shard], mine)
+            calls.append(["inferfleet_cancel", len(keys), *keys, _CANCEL_BOUND_MS, *mine])
+        return calls
 
     def _check_open(self) -> None:
         if self._closed:
@@ -187,30 +249,36 @@ class ProducerBase:
         return [("deadline", str(int((time.time() + deadline_s) * 1000))), *traceparent_fields()]
 
     def queue_xadds(self, round_: Round, rids: list[str], bodies: list[bytes], fields: list[tuple[str, str]],
-                    to_inbox: bool) -> list[tuple[int, list[int]]]:
+                    to_inbox: bool, lane: int = 1) -> list[tuple[int, list[int]]]:
         """Queue the XADDs of ``rids`` on ``round_``, a shard at a time; return (shard, positions in rids).
 
-        ``to_inbox``: each entry names this producer's inbox in its shard as ``reply_to``.
+        ``to_inbox``: each entry names this producer's inbox in its shard as ``reply_to``. ``lane``:
+        0 high, 1 normal, 2 low. With fleet-wide limits in force, each shard's entries are one
+        ``FCALL inferfleet_enqueue`` instead: admitted all together, or refused with none written.
         """
         groups = group_by_shard(rids, self.shards)
+        if self.tenant is not None:
+            fields = [*fields, ("tenant", self.tenant)]
         for shard, positions in groups:
             extra = [*fields, ("reply_to", self.inboxes[shard])] if to_inbox else fields
-            if len(groups) == 1:
-                round_.xadd(self.shard_keys[shard].requests, rids, bodies, extra)
+            mine = (rids, bodies) if len(groups) == 1 else ([rids[p] for p in positions],
+                                                            [bodies[p] for p in positions])
+            stream = self.lanes[shard][lane]
+            if self._admitting():
+                round_.command(self._fcall_args(self.shard_keys[shard], stream, *mine, extra))
             else:
-                round_.xadd(self.shard_keys[shard].requests, [rids[p] for p in positions],
-                            [bodies[p] for p in positions], extra)
+                round_.xadd(stream, *mine, extra)
         return groups
 
     def _submit_round(self, batch: list[Any], encoder: BodyEncoder,
-                      deadline_s: float | None) -> tuple[list[str], Round]:
+                      deadline_s: float | None, lane: int = 1) -> tuple[list[str], Round]:
         """(ids, Round of XADDs) for one chunk of submit_many, every input encoded first."""
         self._check_open()
         fields = self.deadline_fields(deadline_s)
         bodies = [encoder.encode(one) for one in batch]
         rids = self.new_request_ids(len(batch))
         round_ = Round()
-        self.queue_xadds(round_, rids, bodies, fields, False)
+        self.queue_xadds(round_, rids, bodies, fields, False, lane)
         return rids, round_
 
     def _reply_scan(self, request_ids: Sequence[str]) -> ReplyScan:
@@ -266,6 +334,13 @@ class Producer(ProducerBase):
     ``redis_url`` defaults to ``$REDIS_URL``; pass ``client`` to reuse an
     existing ``redis.Redis`` or ``RedisCluster`` (its ``decode_responses``
     must be False).
+
+    ``tenant`` names the caller in every entry (fleet-wide quotas apply to
+    it); ``priority`` on the sending calls picks the lane (``high``,
+    ``normal``, ``low``). While the queue has fleet-wide limits
+    (``inferfleet limit``), entries go through the admission function:
+    over the backlog limit a call raises QueueFull, over the tenant's quota
+    RateLimited, with nothing written.
     """
 
     __doc__ = (__doc__ or "") + _LIMITS_DOC
@@ -283,8 +358,9 @@ class Producer(ProducerBase):
         full_wait_s: float = 30.0,
         shards: int = 1,
         cluster: bool = False,
+        tenant: str | None = None,
     ) -> None:
-        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards)
+        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards, tenant)
         self._owns_client = client is None
         self.cluster = cluster or isinstance(client, RedisCluster)
         with translate_errors():
@@ -307,6 +383,20 @@ class Producer(ProducerBase):
                 raise self._queue_full(backlog)
             time.sleep(0.02)
 
+    def _check_limits(self) -> bool:
+        """Whether fleet-wide limits are in force (one EXISTS a second at most; loads the functions once)."""
+        if self._limits_due():
+            with translate_errors():
+                in_force = bool(self.redis.exists(limits_key(self.keys)))
+                if in_force and not self._library_loaded:
+                    self._library_loaded = True
+                    try:  # every worker loads it too: a producer user without FUNCTION LOAD does without
+                        self.redis.function_load(LIBRARY, replace=True)
+                    except redis.exceptions.ResponseError:
+                        pass
+            self._limits_read(in_force)
+        return self._admitting()
+
     # -- one request -------------------------------------------------------
 
     def submit(
@@ -317,13 +407,42 @@ class Producer(ProducerBase):
         *,
         request_id: str | None = None,
         reply_to: str | None = None,
+        priority: str = "normal",
     ) -> str:
-        """Enqueue one request and return its request id."""
+        """Enqueue one request on the lane of ``priority`` and return its request id."""
         rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
+        lane = self.lanes[self.shard_of(rid)][validate_priority(priority)]
         self._make_room(1)
         with translate_errors():
-            self.redis.xadd(keys.requests, fields)
+            if self._check_limits():
+                self.redis.execute_command(*self._fcall_args(keys, lane, [rid], [fields["body"]], fields.items()))
+            else:
+                self.redis.xadd(lane, fields)
         return rid
+
+    def cancel(self, request_id: str) -> str:
+        """Cancel a request no worker has computed yet: it is answered ``cancelled``, never computed.
+
+        Returns ``cancelled`` (marked: the reply says whether a worker got to it first) or
+        ``answered`` (its reply waits: it stands). An id in no lane of the queue raises
+        ProtocolError, with nothing written.
+        """
+        return self._one_cancelled(request_id, self.cancel_many([request_id])[0])
+
+    def cancel_many(self, request_ids: Sequence[str]) -> list[str]:
+        """Cancel many requests, one round trip a shard; ``cancelled``, ``answered`` or ``unknown``
+        (in no lane: nothing written) for each, in order."""
+        found: dict[str, str] = {}
+        with translate_errors():
+            if not self._library_loaded:
+                self._library_loaded = True
+                try:  # every worker loads it too
+                    self.redis.function_load(LIBRARY, replace=True)
+                except redis.exceptions.ResponseError:
+                    pass
+            for args in self._cancel_args(request_ids):
+                found.update(self._cancel_found(args, self.redis.execute_command("FCALL", *args)))
+        return [found[rid] for rid in request_ids]
 
     def result(self, request_id: str, timeout_s: float = 30.0, *, raise_errors: bool = True) -> Reply:
         """Wait up to ``timeout_s`` for the reply to ``request_id``.
@@ -343,9 +462,10 @@ class Producer(ProducerBase):
             raise errors.ReplyTimeout(f"no reply to {request_id!r} within {timeout_s} s")
         return self._finish(popped[1], raise_errors)
 
-    def infer(self, inputs: Any, params: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
+    def infer(self, inputs: Any, params: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
+              *, priority: str = "normal") -> Any:
         """Submit (with the timeout as deadline), wait and return the outputs (raises on an error reply)."""
-        return self.result(self.submit(inputs, params, deadline_s=timeout_s), timeout_s).outputs
+        return self.result(self.submit(inputs, params, deadline_s=timeout_s, priority=priority), timeout_s).outputs
 
     # -- many requests -----------------------------------------------------
 
@@ -356,14 +476,17 @@ class Producer(ProducerBase):
         deadline_s: float | None = None,
         *,
         chunk: int = 1000,
+        priority: str = "normal",
     ) -> list[str]:
         """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order."""
         rids: list[str] = []
         encoder = BodyEncoder(params)
         items = iter(inputs)
+        lane = validate_priority(priority)
         while batch := list(islice(items, chunk)):
             self._make_room(len(batch))
-            sent, round_ = self._submit_round(batch, encoder, deadline_s)
+            self._check_limits()
+            sent, round_ = self._submit_round(batch, encoder, deadline_s, lane)
             with translate_errors():
                 run(self.redis, round_)
             rids += sent
@@ -400,6 +523,7 @@ class Producer(ProducerBase):
         window: int = 2000,
         deadline_s: float | None = None,
         raise_errors: bool = False,
+        priority: str = "normal",
     ) -> list[Reply]:
         """Run every input through the fleet and return the replies in input order.
 
@@ -408,7 +532,7 @@ class Producer(ProducerBase):
         of requests cost a handful of round trips. ``timeout_s`` is the longest
         wait for any next reply; on a stall ReplyTimeout is raised.
         """
-        calls = MapRun(self, inputs, params, window, deadline_s)
+        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
         replies: list[Any] = []
         while calls.active:
             taken = self._map_round(calls, timeout_s, raise_errors, None)
@@ -428,13 +552,14 @@ class Producer(ProducerBase):
         raise_errors: bool = False,
         ordered: bool = False,
         on_send: Callable[[list[str]], None] | None = None,
+        priority: str = "normal",
     ) -> Iterator[Reply]:
         """Like :meth:`map`, but yields replies as they come (or in order).
 
         ``on_send``, if given, is called with the ids of each pipeline of
         requests just before it is sent (benchmarks time requests with it).
         """
-        calls = MapRun(self, inputs, params, window, deadline_s)
+        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
         ready: dict[int, Reply] = {}
         next_out = 0
         while calls.active:
@@ -451,6 +576,7 @@ class Producer(ProducerBase):
                    on_send: Callable[[list[str]], None] | None) -> list[tuple[int, Reply]]:
         """One round trip of a map/imap call: send what the window allows, wait for and pop replies."""
         round_ = Round()
+        self._check_limits()
         batch = calls.fill(round_)
         calls.queue_pops(round_, self._block_keys, _POLL_S)
         if on_send is not None and batch:
@@ -464,7 +590,7 @@ class Producer(ProducerBase):
     # -- queue state and lifecycle -----------------------------------------
 
     def lag(self) -> int | None:
-        """Requests waiting to be picked up (summed over the shards), or None when Redis cannot tell."""
+        """Requests waiting to be picked up (summed over the shards and lanes), or None when Redis cannot tell."""
         return self._lag_and_backlog()[0]
 
     def backlog(self) -> int:
@@ -474,10 +600,11 @@ class Producer(ProducerBase):
     def _lag_and_backlog(self) -> tuple[int | None, int]:
         with translate_errors():
             pipe = self.redis.pipeline(transaction=False)
-            for keys in self.shard_keys:
-                pipe.xlen(keys.requests)
+            streams = [stream for lanes in self.lanes for stream in lanes]  # every lane of every shard
+            for stream in streams:
+                pipe.xlen(stream)
             lengths = [int(n) for n in pipe.execute()]
-            busy = [keys.requests for keys, n in zip(self.shard_keys, lengths) if n]
+            busy = [stream for stream, n in zip(streams, lengths) if n]
             pipe = self.redis.pipeline(transaction=False)
             for stream in busy:
                 pipe.xinfo_groups(stream)
@@ -513,8 +640,9 @@ class AsyncProducer(ProducerBase):
         full_wait_s: float = 30.0,
         shards: int = 1,
         cluster: bool = False,
+        tenant: str | None = None,
     ) -> None:
-        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards)
+        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards, tenant)
         self._owns_client = client is None
         self.cluster = cluster or isinstance(client, AsyncRedisCluster)
         with translate_errors():
@@ -533,6 +661,20 @@ class AsyncProducer(ProducerBase):
                 raise self._queue_full(backlog)
             await asyncio.sleep(0.02)
 
+    async def _check_limits(self) -> bool:
+        """Whether fleet-wide limits are in force (one EXISTS a second at most; loads the functions once)."""
+        if self._limits_due():
+            with translate_errors():
+                in_force = bool(await self.redis.exists(limits_key(self.keys)))
+                if in_force and not self._library_loaded:
+                    self._library_loaded = True
+                    try:  # every worker loads it too: a producer user without FUNCTION LOAD does without
+                        await self.redis.function_load(LIBRARY, replace=True)
+                    except redis.exceptions.ResponseError:
+                        pass
+            self._limits_read(in_force)
+        return self._admitting()
+
     async def submit(
         self,
         inputs: Any,
@@ -541,13 +683,37 @@ class AsyncProducer(ProducerBase):
         *,
         request_id: str | None = None,
         reply_to: str | None = None,
+        priority: str = "normal",
     ) -> str:
-        """Enqueue one request and return its request id."""
+        """Enqueue one request on the lane of ``priority`` and return its request id."""
         rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
+        lane = self.lanes[self.shard_of(rid)][validate_priority(priority)]
         await self._make_room(1)
         with translate_errors():
-            await self.redis.xadd(keys.requests, fields)
+            if await self._check_limits():
+                await self.redis.execute_command(*self._fcall_args(keys, lane, [rid], [fields["body"]],
+                                                                   fields.items()))
+            else:
+                await self.redis.xadd(lane, fields)
         return rid
+
+    async def cancel(self, request_id: str) -> str:
+        """Cancel a request no worker has computed yet (see Producer.cancel)."""
+        return self._one_cancelled(request_id, (await self.cancel_many([request_id]))[0])
+
+    async def cancel_many(self, request_ids: Sequence[str]) -> list[str]:
+        """Cancel many requests (see Producer.cancel_many)."""
+        found: dict[str, str] = {}
+        with translate_errors():
+            if not self._library_loaded:
+                self._library_loaded = True
+                try:  # every worker loads it too
+                    await self.redis.function_load(LIBRARY, replace=True)
+                except redis.exceptions.ResponseError:
+                    pass
+            for args in self._cancel_args(request_ids):
+                found.update(self._cancel_found(args, await self.redis.execute_command("FCALL", *args)))
+        return [found[rid] for rid in request_ids]
 
     async def result(self, request_id: str, timeout_s: float = 30.0, *, raise_errors: bool = True) -> Reply:
         """Wait up to ``timeout_s`` for the reply to ``request_id``."""
@@ -562,9 +728,11 @@ class AsyncProducer(ProducerBase):
             raise errors.ReplyTimeout(f"no reply to {request_id!r} within {timeout_s} s")
         return self._finish(popped[1], raise_errors)
 
-    async def infer(self, inputs: Any, params: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
+    async def infer(self, inputs: Any, params: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
+                    *, priority: str = "normal") -> Any:
         """Submit (with the timeout as deadline), wait and return the outputs (raises on an error reply)."""
-        return (await self.result(await self.submit(inputs, params, deadline_s=timeout_s), timeout_s)).outputs
+        rid = await self.submit(inputs, params, deadline_s=timeout_s, priority=priority)
+        return (await self.result(rid, timeout_s)).outputs
 
     async def submit_many(
         self,
@@ -573,14 +741,17 @@ class AsyncProducer(ProducerBase):
         deadline_s: float | None = None,
         *,
         chunk: int = 1000,
+        priority: str = "normal",
     ) -> list[str]:
         """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order."""
         rids: list[str] = []
         encoder = BodyEncoder(params)
         items = iter(inputs)
+        lane = validate_priority(priority)
         while batch := list(islice(items, chunk)):
             await self._make_room(len(batch))
-            sent, round_ = self._submit_round(batch, encoder, deadline_s)
+            await self._check_limits()
+            sent, round_ = self._submit_round(batch, encoder, deadline_s, lane)
             with translate_errors():
                 await arun(self.redis, round_)
             rids += sent
@@ -595,12 +766,14 @@ class AsyncProducer(ProducerBase):
         window: int = 2000,
         deadline_s: float | None = None,
         raise_errors: bool = False,
+        priority: str = "normal",
     ) -> list[Reply]:
         """Run every input through the fleet; replies in input order (see Producer.map)."""
-        calls = MapRun(self, inputs, params, window, deadline_s)
+        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
         replies: list[Any] = []
         while calls.active:
             round_ = Round()
+            await self._check_limits()
             calls.fill(round_)
             calls.queue_pops(round_, self._block_keys, _POLL_S)
             with translate_errors():
@@ -612,7 +785,7 @@ class AsyncProducer(ProducerBase):
         return replies
 
     async def lag(self) -> int | None:
-        """Requests waiting to be picked up (summed over the shards), or None when Redis cannot tell."""
+        """Requests waiting to be picked up (summed over the shards and lanes), or None when Redis cannot tell."""
         return (await self._lag_and_backlog())[0]
 
     async def backlog(self) -> int:
@@ -622,10 +795,11 @@ class AsyncProducer(ProducerBase):
     async def _lag_and_backlog(self) -> tuple[int | None, int]:
         with translate_errors():
             pipe = self.redis.pipeline(transaction=False)
-            for keys in self.shard_keys:
-                pipe.xlen(keys.requests)
+            streams = [stream for lanes in self.lanes for stream in lanes]  # every lane of every shard
+            for stream in streams:
+                pipe.xlen(stream)
             lengths = [int(n) for n in await pipe.execute()]
-            busy = [keys.requests for keys, n in zip(self.shard_keys, lengths) if n]
+            busy = [stream for stream, n in zip(streams, lengths) if n]
             pipe = self.redis.pipeline(transaction=False)
             for stream in busy:
                 pipe.xinfo_groups(stream)

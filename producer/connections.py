@@ -52,6 +52,7 @@ __all__ = [
     "connect",
     "connect_async",
     "redis_url",
+    "refusal",
     "socket_timeout_for",
     "translate_errors",
 ]
@@ -123,6 +124,24 @@ def connect_async(url: str, cluster: bool = False) -> Any:
     return factory(url, retry=AsyncRetry(NoBackoff(), 0), **client_options(MAX_BLOCK_S))
 
 
+def refusal(message: str) -> errors.InferfleetError | None:
+    """The SDK error for a refusal of the admission function (``inferfleet_enqueue``), else None.
+
+    ``OVERLOADED backlog max ...`` is :class:`~inferfleet.producer.errors.QueueFull`,
+    ``RATELIMITED retry_ms tenant ...`` is :class:`~inferfleet.producer.errors.RateLimited`.
+    """
+    word, _, rest = message.partition(" ")
+    parts = rest.split(" ", 2)
+    if word == "OVERLOADED" and len(parts) == 3 and parts[0].isdigit():
+        return errors.QueueFull(f"the queue's backlog of {parts[0]} is over its fleet-wide max_backlog "
+                                f"{parts[1]}: back off and retry", int(parts[0]))
+    if word == "RATELIMITED" and len(parts) == 3 and parts[0].isdigit():
+        retry_s = int(parts[0]) / 1000
+        return errors.RateLimited(f"tenant {parts[1]!r} is over its fleet-wide rate: retry in {retry_s:.3f} s",
+                                  parts[1], retry_s)
+    return None
+
+
 @contextmanager
 def translate_errors() -> Iterator[None]:
     """The one seam where redis-py exceptions become the SDK's own (``raise ... from``)."""
@@ -130,6 +149,8 @@ def translate_errors() -> Iterator[None]:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise errors.ConnectionError(f"Redis connection failed: {exc}") from exc
+    except redis.exceptions.ResponseError as exc:
+        raise refusal(str(exc)) or errors.InferfleetError(f"Redis error: {exc}") from exc
     except redis.exceptions.RedisError as exc:
         raise errors.InferfleetError(f"Redis error: {exc}") from exc
     except redis.exceptions.RedisClusterException as exc:  # not a RedisError: cross-slot and the like

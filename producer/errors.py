@@ -8,13 +8,17 @@ caller can catch the whole family at once::
     │                            (``.code`` is ``bad_request`` or ``too_large``)
     ├── ConnectionError          Redis could not be reached or dropped us
     ├── ReplyTimeout             no reply arrived within the timeout
-    ├── QueueFull                the queue's backlog is over the producer's max_backlog
+    ├── QueueFull                the queue's backlog is over max_backlog (the producer's or the fleet's)
+    ├── RateLimited              the producer's tenant is over its fleet-wide quota
     └── ReplyError               a worker answered ``ok: false``
         ├── BadRequest           code ``bad_request``
         ├── TooLarge             code ``too_large``
         ├── Expired              code ``expired``
         ├── ModelError           code ``model_error``
-        └── DeadLetter           code ``dead_letter``
+        ├── DeadLetter           code ``dead_letter``
+        ├── Cancelled            code ``cancelled``
+        ├── Overloaded           code ``overloaded``
+        └── Throttled            code ``rate_limited``
 
 redis-py's own exceptions never escape the SDK: they are translated into
 :class:`ConnectionError` (or :class:`InferfleetError`) at one seam,
@@ -35,12 +39,16 @@ __all__ = [
     "ConnectionError",
     "ReplyTimeout",
     "QueueFull",
+    "RateLimited",
     "ReplyError",
     "BadRequest",
     "TooLarge",
     "Expired",
     "ModelError",
     "DeadLetter",
+    "Cancelled",
+    "Overloaded",
+    "Throttled",
     "reply_error_for",
 ]
 
@@ -85,6 +93,19 @@ class QueueFull(InferfleetError):
     def __init__(self, message: str, backlog: int) -> None:
         super().__init__(message)
         self.backlog = backlog
+
+
+class RateLimited(InferfleetError):
+    """The producer's tenant is over its fleet-wide quota (``inferfleet limit --tenant``): back off.
+
+    Nothing was enqueued. ``tenant`` is the tenant, ``retry_after_s`` about
+    how long until the quota admits the refused requests.
+    """
+
+    def __init__(self, message: str, tenant: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.tenant = tenant
+        self.retry_after_s = retry_after_s
 
 
 class ReplyError(InferfleetError):
@@ -133,8 +154,27 @@ class DeadLetter(ReplyError):
     code = "dead_letter"
 
 
+class Cancelled(ReplyError):
+    """The request was cancelled before a worker computed it."""
+
+    code = "cancelled"
+
+
+class Overloaded(ReplyError):
+    """Written past the admission check while the queue was over its fleet-wide backlog limit."""
+
+    code = "overloaded"
+
+
+class Throttled(ReplyError):
+    """Written past the admission check while its tenant was over its quota (code ``rate_limited``)."""
+
+    code = "rate_limited"
+
+
 _BY_CODE: dict[str, type[ReplyError]] = {
-    cls.code: cls for cls in (BadRequest, TooLarge, Expired, ModelError, DeadLetter)
+    cls.code: cls for cls in (BadRequest, TooLarge, Expired, ModelError, DeadLetter, Cancelled, Overloaded,
+                              Throttled)
 }
 
 

@@ -65,6 +65,7 @@ __all__ = [
     "workers_group",
     "is_request_id",
     "shown",
+    "is_tenant",
     "BodyTemplate",
     "ReplyTemplate",
 ]
@@ -74,7 +75,8 @@ DEFAULT_PREFIX = "inferfleet"
 GROUP = "workers"
 DEFAULT_REPLY_TTL_S = 300
 MAX_SHARDS = 1024
-ERROR_CODES = ("bad_request", "too_large", "expired", "model_error", "dead_letter")
+ERROR_CODES = ("bad_request", "too_large", "expired", "model_error", "dead_letter",
+               "cancelled", "rate_limited", "overloaded")  # the last three: contract 1.1
 
 #: Contract dtype name -> numpy dtype, always little-endian.
 DTYPES: dict[str, np.dtype] = {
@@ -95,6 +97,8 @@ _BODY_KEYS = frozenset({"inputs", "params"})
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 _RID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
+#: Tenant names (contract 1.1): 1 to 64 printable ASCII characters of this set.
+_TENANT_RE = re.compile(rb"[A-Za-z0-9._:@-]{1,64}\Z")
 
 #: A numpy array, a list of them (positional model arguments) or a dict of
 #: them (keyword arguments).
@@ -150,6 +154,11 @@ def shown(value: object, limit: int = 64) -> str:
         return f"{value[:limit]!r}... ({len(value)} long)"
     text = repr(value)
     return text if len(text) <= 4 * limit else f"{text[:4 * limit]}... ({len(text)} characters)"
+
+
+def is_tenant(raw: bytes) -> bool:
+    """True if ``raw`` is a valid ``tenant`` field value (contract 1.1)."""
+    return _TENANT_RE.match(raw) is not None
 
 
 def is_request_id(raw: bytes) -> bool:
@@ -519,6 +528,9 @@ def parse_entry(fields: Mapping[bytes, bytes]) -> Envelope:
         body = _field(fields, b"body")
         if body is None:
             raise ProtocolError("entry has no 'body' field")
+        tenant = fields.get(b"tenant")
+        if tenant is not None and not (isinstance(tenant, bytes) and is_tenant(tenant)):
+            raise ProtocolError(f"tenant must be 1 to 64 characters of A-Z a-z 0-9 . _ : @ -, got {tenant!r:.80}")
         return Envelope(rid, body, _parse_deadline(_field(fields, b"deadline")),
                         _parse_reply_to(fields))
     except ProtocolError as exc:

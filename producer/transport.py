@@ -69,6 +69,11 @@ class Round:
             self._ops.append(("xadd", stream, rids, bodies, tuple(fields)))
             self.replies += len(rids)
 
+    def command(self, args: Sequence[Any]) -> None:
+        """Any one command (``FCALL inferfleet_enqueue ...``): one reply."""
+        self._ops.append(("command", tuple(args)))
+        self.replies += 1
+
     def lpop(self, key: str, count: int | None = None) -> None:
         """``LPOP key [count]``."""
         self._ops.append(("lpop", key, count))
@@ -98,6 +103,8 @@ class Round:
                 out.append(_pack_xadds(*op[1:]))
             elif op[0] == "lpop":
                 out.append(_pack_lpop(op[1], op[2]))
+            elif op[0] == "command":
+                out.append(_pack_command(op[1]))
             elif op[0] == "blpop":
                 parts = [b"BLPOP", *(key.encode() for key in op[1]), op[2].encode()]
                 out.append(b"*%d\r\n%s" % (len(parts), b"".join(_bulk(part) for part in parts)))
@@ -117,6 +124,8 @@ class Round:
                 yield ("LPOP", op[1]) if op[2] is None else ("LPOP", op[1], op[2])
             elif op[0] == "blpop":
                 yield ("BLPOP", *op[1], op[2])
+            elif op[0] == "command":
+                yield op[1]
             else:
                 yield from (("LPOP", key) for key in op[1])
 
@@ -133,6 +142,11 @@ def _pack_xadds(stream: str, rids: Sequence[str], bodies: Sequence[bytes], field
         return b"".join([fixed % pair for pair in zip(raw_ids, bodies)])
     template = head + b"$%d\r\n%s\r\n$4\r\nbody\r\n$%d\r\n%s\r\n" + tail
     return b"".join([template % (len(rid), rid, len(body), body) for rid, body in zip(map(str.encode, rids), bodies)])
+
+
+def _pack_command(args: Sequence[Any]) -> bytes:
+    parts = [arg if isinstance(arg, bytes) else str(arg).encode() for arg in args]
+    return b"*%d\r\n%s" % (len(parts), b"".join([_bulk(part) for part in parts]))
 
 
 def _pack_lpop(key: str, count: int | None) -> bytes:

@@ -196,3 +196,32 @@ class BreaksDevice(Scale):
             BreaksDevice.broken = True
             raise RuntimeError(DEVICE_ASSERT)
         return x * 2.0
+
+#: First value of every row a Recorder computed, in order (in-process consumers: the tests read it).
+COMPUTED: list[float] = []
+
+
+class Recorder(Scale):
+    """x * 2, recording each computed row's first value in COMPUTED; each batch takes RECORDER_BATCH_S."""
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        import time
+
+        COMPUTED.extend(float(v) for v in x[:, 0])
+        time.sleep(float(os.environ.get("RECORDER_BATCH_S", "0")))
+        return x * 2.0
+
+
+#: Called once (then cleared) by CancelOnPoison on the first batch holding a POISON row.
+ON_POISON: list = []
+
+
+class CancelOnPoison(Recorder):
+    """Recorder that, on a batch holding a POISON row, first runs (and clears) the ON_POISON hooks, then raises."""
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        if bool((x[:, 0] == POISON).any()):
+            while ON_POISON:
+                ON_POISON.pop()()
+            raise ValueError("poison row in batch")
+        return super().predict(x, params)

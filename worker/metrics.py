@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 #: prometheus-client's switch into multiprocess mode; read when it is first imported.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-REPLY_CODES = ("ok", "bad_request", "too_large", "expired", "model_error", "dead_letter")
+REPLY_CODES = ("ok", "bad_request", "too_large", "expired", "model_error", "dead_letter",
+               "cancelled", "rate_limited", "overloaded")
+LANES = ("high", "normal", "low")
 ALERT_KINDS = ("low_confidence", "non_finite", "inconsistent")
 SWAP_RESULTS = ("ok", "failed", "stale")
 CACHE_TIERS = ("local", "fleet", "batch")
@@ -172,6 +174,12 @@ class _Families:
                                ("version",), multiprocess_mode="liveall")
         self.alerts = make(Counter, "inferfleet_alerts_total", "Result-check alerts, by kind.", ("kind",))
         self.swaps = make(Counter, "inferfleet_swaps_total", "Model hot swaps, by result.", ("result",))
+        self.lane_reads = make(Counter, "inferfleet_lane_requests_total", "Entries read, by lane.", ("lane",))
+        self.lane_lag = make(Gauge, "inferfleet_lane_lag", "Entries of a lane not yet delivered.", ("lane",),
+                             multiprocess_mode="livemax")
+        self.tenant_refused = make(Counter, "inferfleet_tenant_refused_total",
+                                   "Entries past the admission check refused by a worker, by tenant and code.",
+                                   ("tenant", "code"))
 
 
 _FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
@@ -258,6 +266,22 @@ class WorkerMetrics:
             self._f.model_info.labels(self.queue, old).set(0)
             if not self._multiprocess:  # multiprocess mode cannot remove a series (it warns): 0 stays
                 self._f.model_info.remove(self.queue, old)
+
+    def lanes(self, read: Sequence[int], lags: Mapping[str, int | None]) -> None:
+        """Entries read per lane since the last call (high, normal, low) and each lane's lag, from housekeeping."""
+        if not self.enabled:
+            return
+        for lane, count in zip(LANES, read):
+            if count:
+                self._f.lane_reads.labels(self.queue, lane).inc(count)
+        for lane, lag in lags.items():
+            if lag is not None and self.report_depth:
+                self._f.lane_lag.labels(self.queue, lane).set(lag)
+
+    def tenant_refused(self, tenant: str, code: str, count: int) -> None:
+        """Entries of ``tenant`` (a label of bounded cardinality) refused with ``code`` by the limits check."""
+        if self.enabled and count:
+            self._f.tenant_refused.labels(self.queue, tenant, code).inc(count)
 
     def queue_depth(self, lag: int | None, pending: int) -> None:
         """The group's lag (None: unknown before Redis 7) and pending count, from housekeeping."""

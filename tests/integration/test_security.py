@@ -60,14 +60,21 @@ WORKER_RULES = (
     "+hset", "+zadd", "+zrange", "+hgetall", "+zrem", "+del", "+multi", "+exec", "+xlen",
     # redis-py's health check on a worker connection idle for 30 s (a long batch)
     "+ping",
+    # sharing a fleet (worker/serving/lanes.py, sharing.py): the function library loaded at start,
+    # the cancel marks (EXISTS with each read, ZMSCORE while some exist), the limits check of
+    # unstamped entries (FCALL inferfleet_check and the commands it calls)
+    "+function|load", "+fcall", "+exists", "+zmscore", "+zremrangebyscore", "+hget", "+hmget", "+hexists",
+    "+hincrby", "+time",
 )
-#: XADD to the request stream and read its length and groups (lag, max_backlog);
-#: pop replies from the queue's reply keys and inboxes. The second selector keeps
-#: XADD off the reply keys: a stream there would make the worker's RPUSH fail.
+#: XADD to the request streams (the three lanes) and read their length and groups (lag,
+#: max_backlog); pop replies from the queue's reply keys and inboxes; see whether fleet-wide
+#: limits are in force (EXISTS limits, once a second). The selectors keep XADD off the reply
+#: keys (a stream there would make the worker's RPUSH fail) and off the limits.
 PRODUCER_RULES = (
     "reset", "on", ">producer-pw", "-@all",
-    "+xadd", "+xlen", "+xinfo|groups", "~inferfleet:{q}:requests",
+    "+xadd", "+xlen", "+xinfo|groups", "~inferfleet:{q}:requests*",
     "(+blpop +lpop ~inferfleet:{q}:reply:* ~inferfleet:{q}:inbox:*)",
+    "(+exists ~inferfleet:{q}:limits)",
 )
 #: ``inferfleet status --name q`` and ``inferfleet dead list|show|replay|purge``.
 OPERATOR_RULES = (

@@ -207,6 +207,27 @@ def test_every_metric_the_docs_and_deploy_files_name_is_exported():
     exported = set(metric_names())
     named = {(path.name, re.sub(r"_(bucket|sum|count|created)$", "", m))
              for path in files for m in re.findall(r"\binferfleet_[a-z_]+", path.read_text(errors="replace"))}
-    unknown = {(name, m) for name, m in named if m not in exported and m != "inferfleet_example"}  # an ONNX key
+    from inferfleet.producer.sharing import LIBRARY
+
+    functions = set(re.findall(r"register_function\('(inferfleet_[a-z_]+)'", LIBRARY))  # Redis Functions, not metrics
+    assert functions == {"inferfleet_enqueue", "inferfleet_check", "inferfleet_cancel"}
+    unknown = {(name, m) for name, m in named
+               if m not in exported and m != "inferfleet_example" and m not in functions}  # an ONNX key
     assert not unknown
     assert {m for _, m in named} >= {"inferfleet_queue_lag", "inferfleet_model_info", "inferfleet_requests_total"}
+
+
+def test_lanes_and_tenant_refusals_are_counted_with_bounded_labels(registry):
+    metrics = WorkerMetrics("q", registry)
+    metrics.lanes([5, 100, 0], {"high": 7, "low": None})
+    metrics.lanes([1, 0, 2], {"high": 0, "low": 3})
+    assert value(registry, "inferfleet_lane_requests_total", lane="high") == 6
+    assert value(registry, "inferfleet_lane_requests_total", lane="normal") == 100
+    assert value(registry, "inferfleet_lane_requests_total", lane="low") == 2
+    assert value(registry, "inferfleet_lane_lag", lane="high") == 0
+    assert value(registry, "inferfleet_lane_lag", lane="low") == 3
+    metrics.tenant_refused("nightly", "rate_limited", 3)
+    metrics.tenant_refused("*", "overloaded", 1)
+    assert value(registry, "inferfleet_tenant_refused_total", tenant="nightly", code="rate_limited") == 3
+    assert value(registry, "inferfleet_tenant_refused_total", tenant="*", code="overloaded") == 1
+    assert value(registry, "inferfleet_requests_total", code="cancelled") == 0  # the 1.1 codes exported at 0

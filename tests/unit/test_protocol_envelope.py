@@ -289,7 +289,8 @@ def test_encode_reply_error_refuses_unknown_codes(code: str) -> None:
 
 
 def test_error_codes_are_the_contract_codes() -> None:
-    assert set(ERROR_CODES) == {"bad_request", "too_large", "expired", "model_error", "dead_letter"}
+    assert set(ERROR_CODES) == {"bad_request", "too_large", "expired", "model_error", "dead_letter",
+                                "cancelled", "rate_limited", "overloaded"}  # version 1.1 adds the last three
 
 
 @pytest.mark.parametrize(
@@ -298,6 +299,9 @@ def test_error_codes_are_the_contract_codes() -> None:
         ("bad_request", errors.BadRequest),
         ("too_large", errors.TooLarge),
         ("expired", errors.Expired),
+        ("cancelled", errors.Cancelled),
+        ("overloaded", errors.Overloaded),
+        ("rate_limited", errors.Throttled),
         ("model_error", errors.ModelError),
         ("dead_letter", errors.DeadLetter),
     ],

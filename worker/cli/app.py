@@ -1,8 +1,8 @@
 """The ``inferfleet`` click group, with every command family registered on it.
 
 One module per family: :mod:`.serving` (worker), :mod:`.supervise`, :mod:`.requests` (enqueue,
-result), :mod:`.admin` (status, dead), :mod:`.bench`, :mod:`.lifecycle` (swap, alerts) and
-:mod:`.pipeline` (split), :mod:`.rollout` (shadow); the
+result), :mod:`.admin` (status, dead), :mod:`.sharing` (limit, cancel), :mod:`.bench`,
+:mod:`.lifecycle` (swap, alerts), :mod:`.pipeline` (split) and :mod:`.rollout` (shadow); the
 options they share are in :mod:`.options`. Only the commands that need torch import it, when run.
 
 Every option has an environment variable (shown in ``--help``); bad input exits with a clear
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from inferfleet.worker.cli import admin, bench, lifecycle, pipeline, requests, rollout, serving, supervise
+from inferfleet.worker.cli import admin, bench, lifecycle, pipeline, requests, rollout, serving, sharing, supervise
 
 __all__ = ["main"]
 
@@ -26,5 +26,6 @@ def main() -> None:
 
 
 for _command in (serving.worker, supervise.supervise, requests.enqueue, requests.result, admin.status, admin.dead,
-                 bench.bench, lifecycle.swap, lifecycle.alerts, pipeline.split, rollout.shadow):
+                 bench.bench, lifecycle.swap, lifecycle.alerts, pipeline.split, rollout.shadow, sharing.limit,
+                 sharing.cancel):
     main.add_command(_command)

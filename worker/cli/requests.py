@@ -14,10 +14,11 @@ import numpy as np
 
 from inferfleet.producer import Producer, errors
 from inferfleet.producer.protocol import Reply
+from inferfleet.producer.sharing import PRIORITIES
 from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
 from inferfleet.worker.npfiles import load_inputs, save_outputs
 
-__all__ = ["enqueue", "result"]
+__all__ = ["enqueue", "producer_for", "result"]
 
 
 def _parse_params(pairs: tuple[str, ...]) -> dict:
@@ -59,9 +60,11 @@ def _show_reply(reply: Reply, output: str | None) -> None:
         sys.exit(1)
 
 
-def _producer(queue: QueueConfig) -> Producer:
+def producer_for(queue: QueueConfig, tenant: str | None = None) -> Producer:
+    """A Producer on the queue the options name (bad options exit with status 2)."""
     try:
-        return Producer(queue.redis_url, queue.name, prefix=queue.prefix, shards=queue.shards, cluster=queue.cluster)
+        return Producer(queue.redis_url, queue.name, prefix=queue.prefix, shards=queue.shards, cluster=queue.cluster,
+                        tenant=tenant)
     except errors.ProtocolError as exc:
         raise click.BadParameter(str(exc)) from exc
     except errors.InferfleetError as exc:  # a cluster client connects at once
@@ -75,19 +78,24 @@ def _producer(queue: QueueConfig) -> Producer:
 @click.option("--param", "params", multiple=True, help="KEY=VALUE (VALUE parsed as JSON if it can be).")
 @click.option("--deadline-s", type=float, default=None, help="Answer 'expired' if not picked up in time.")
 @click.option("--request-id", default=None, help="Choose the request id (default: a fresh one).")
+@click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True,
+              envvar="INFERFLEET_PRIORITY", show_envvar=True, help="The lane: high, normal or low.")
+@click.option("--tenant", default=None, envvar="INFERFLEET_TENANT", show_envvar=True,
+              help="The caller's name, which fleet-wide quotas apply to.")
 @click.option("--wait/--no-wait", default=False, help="Wait for the reply and print it.")
 @click.option("--timeout-s", type=float, default=30.0, show_default=True, help="With --wait: longest wait.")
 @click.option("--output", default=None, help="With --wait: save outputs to this .npy/.npz file.")
 def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadline_s: float | None,
-            request_id: str | None, wait: bool, timeout_s: float, output: str | None) -> None:
+            request_id: str | None, priority: str, tenant: str | None, wait: bool, timeout_s: float,
+            output: str | None) -> None:
     """Enqueue one request from a .npy/.npz file; print its request id (or, with --wait, the reply)."""
     try:
         inputs = load_inputs(input_path)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--input") from exc
-    with _producer(queue) as producer:
+    with producer_for(queue, tenant) as producer:
         try:
-            rid = producer.submit(inputs, _parse_params(params), deadline_s, request_id=request_id)
+            rid = producer.submit(inputs, _parse_params(params), deadline_s, request_id=request_id, priority=priority)
             if not wait:
                 click.echo(rid)
                 return
@@ -105,7 +113,7 @@ def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadli
 @click.option("--output", default=None, help="Save outputs to this .npy/.npz file.")
 def result(queue: QueueConfig, request_id: str, timeout_s: float, output: str | None) -> None:
     """Wait for the reply to REQUEST_ID and print it (exit 1 if it failed)."""
-    with _producer(queue) as producer:
+    with producer_for(queue) as producer:
         try:
             reply = producer.result(request_id, timeout_s, raise_errors=False)
         except errors.ProtocolError as exc:

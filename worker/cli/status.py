@@ -19,6 +19,8 @@ from rich.console import Group
 from rich.table import Table
 
 from inferfleet.producer.protocol import GROUP, QueueKeys, workers_group
+from inferfleet.producer.sharing import LaneState, read_lanes
+from inferfleet.worker.cli.sharing import read_limits
 from inferfleet.worker.heartbeat import HeartbeatInfo, read_heartbeats
 from inferfleet.worker.keys import MAX_STAGES, StageKeys, stage_keys, supervisor_key
 
@@ -37,6 +39,8 @@ class QueueStatus:
     consumers: list[dict[str, Any]] = field(default_factory=list)
     workers: list[HeartbeatInfo] = field(default_factory=list)
     supervisor: dict[str, str] = field(default_factory=dict)
+    lanes: list[LaneState] = field(default_factory=list)  # high, normal, low
+    limits: dict[str, Any] = field(default_factory=dict)  # read_limits(): limits in force, per-tenant counts
 
 
 def find_queues(client: redis.Redis, prefix: str) -> list[str]:
@@ -78,7 +82,36 @@ def gather(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
         except redis.exceptions.ResponseError:
             pass
     status.workers = read_heartbeats(client, keys)
+    try:
+        status.lanes = read_lanes(client, keys)
+    except redis.exceptions.ResponseError:  # a lane without its group yet
+        status.lanes = []
+    status.limits = read_limits(client, keys)
     return status
+
+
+def _sharing_tables(status: QueueStatus) -> list[Table]:
+    """The lanes (backlog, wait), the limits in force and the per-tenant counts."""
+    lanes = Table(title="lanes", show_header=True, title_justify="left")
+    for column in ("lane", "length", "waiting", "pending", "oldest wait"):
+        lanes.add_column(column, justify="left" if column == "lane" else "right")
+    for lane in status.lanes:
+        lanes.add_row(lane.name, str(lane.length), "unknown" if lane.lag is None else str(lane.lag),
+                      str(lane.pending), _age(lane.wait_s * 1000))
+    limits = status.limits or {}
+    quotas = limits.get("tenants", {})
+    counts = limits.get("counts", {})
+    backlog = limits.get("max_backlog")
+    tenants = Table(title=f"limits: max_backlog {backlog if backlog else 'none'}", show_header=True,
+                    title_justify="left")
+    for column in ("tenant", "rate/s", "burst", "accepted", "refused"):
+        tenants.add_column(column, justify="left" if column == "tenant" else "right")
+    for name in sorted(set(quotas) | set(counts)):
+        quota, count = quotas.get(name, {}), counts.get(name, {})
+        tenants.add_row(name, f"{quota['rate']:g}" if "rate" in quota else "-",
+                        f"{quota['burst']:g}" if "burst" in quota else "-",
+                        str(count.get("accepted", 0)), str(count.get("refused", 0)))
+    return [lanes, tenants]
 
 
 def _consumer(raw: dict) -> dict[str, Any]:
@@ -123,4 +156,4 @@ def render(status: QueueStatus) -> Group:
     for name, c in sorted(consumers.items()):  # in the group, but no heartbeat: gone or foreign
         workers.add_row(f"[yellow]{name}[/yellow]", "-", "-", "-", "-", "no heartbeat", "-", "-", "-", "-",
                         str(c["pending"]), _age(c["idle_ms"]), "-")
-    return Group(summary, workers)
+    return Group(summary, *_sharing_tables(status), workers)

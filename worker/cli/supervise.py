@@ -42,6 +42,7 @@ log = logging.getLogger("inferfleet")
 @setting_option(SupervisorSettings, "workers_per_device", "--workers-per-device", type=int)
 @setting_option(PolicySettings, "kind", "--policy", type=click.Choice(POLICY_KINDS))
 @setting_option(PolicySettings, "target_drain_s", "--target-drain-s", type=float)
+@setting_option(PolicySettings, "target_high_wait_s", "--target-high-wait-s", type=float)
 @setting_option(PolicySettings, "up_cooldown_s", "--up-cooldown-s", type=float)
 @setting_option(PolicySettings, "down_cooldown_s", "--down-cooldown-s", type=float)
 @setting_option(PolicySettings, "max_step", "--max-step", type=int)
@@ -50,7 +51,8 @@ log = logging.getLogger("inferfleet")
 @setting_option(SupervisorSettings, "crash_loop_deaths", "--crash-loop-deaths", type=int)
 @setting_option(SupervisorSettings, "crash_loop_window_s", "--crash-loop-window-s", type=float)
 def supervise(log_level: str, log_format: str, min_workers: int, max_workers: int | None, devices: str,
-              workers_per_device: int, policy: str, target_drain_s: float, up_cooldown_s: float,
+              workers_per_device: int, policy: str, target_drain_s: float, target_high_wait_s: float,
+              up_cooldown_s: float,
               down_cooldown_s: float, max_step: int, interval_s: float, drain_timeout_s: float,
               crash_loop_deaths: int, crash_loop_window_s: float, **options: Any) -> None:
     """Run and size a fleet of workers for one queue from the stream's lag."""
@@ -64,7 +66,8 @@ def supervise(log_level: str, log_format: str, min_workers: int, max_workers: in
         default_max = len(gpus) * workers_per_device if gpus else (os.cpu_count() or 1)
         policy_settings = PolicySettings(kind=policy, min_workers=min_workers,
                                          max_workers=max_workers or max(default_max, min_workers),
-                                         target_drain_s=target_drain_s, up_cooldown_s=up_cooldown_s,
+                                         target_drain_s=target_drain_s, target_high_wait_s=target_high_wait_s,
+                                         up_cooldown_s=up_cooldown_s,
                                          down_cooldown_s=down_cooldown_s, max_step=max_step)
         settings = SupervisorSettings(worker=worker_settings(options), policy=policy_settings,
                                       devices=tuple(device_list), workers_per_device=workers_per_device,

@@ -106,6 +106,7 @@ class Observation:
     pending: int  # delivered but not yet acknowledged entries
     rate_rps: float  # fleet throughput over the last interval
     capacity_rps: float | None  # what ONE worker does flat out; None = unknown
+    high_wait_s: float | None = None  # how long the high lane's oldest waiting request has waited
 
     def __post_init__(self) -> None:
         _require(_is_number(self.now_s) and math.isfinite(self.now_s), "now_s", self.now_s, "a finite number")
@@ -116,6 +117,9 @@ class Observation:
         _require(rate_ok, "rate_rps", self.rate_rps, "a finite number >= 0")
         _require(self.capacity_rps is None or _is_number(self.capacity_rps), "capacity_rps",
                  self.capacity_rps, "None or a number")
+        wait_ok = self.high_wait_s is None or (_is_number(self.high_wait_s) and math.isfinite(self.high_wait_s)
+                                               and self.high_wait_s >= 0)
+        _require(wait_ok, "high_wait_s", self.high_wait_s, "None or a finite number >= 0")
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,8 @@ class PolicySettings:
     down_cooldown_s: float = field(default=20.0, metadata={  # after ANY change
         "help": "Least time after a change before scaling down."})
     max_step: int = field(default=2, metadata={"help": "Most workers added or removed at once."})
+    target_high_wait_s: float = field(default=0.0, metadata={
+        "help": "Scale up while the high lane's oldest request has waited longer than this (0: off)."})
     default_capacity_rps: float = 500.0  # per-worker capacity until one is measured
     article_up_queue: float = 50.0  # article: average queue per worker over this -> +1
     article_down_queue: float = 10.0  # article: under this -> -1
@@ -149,6 +155,7 @@ class PolicySettings:
         self._check_counts()
         self._check_fractions()
         _check_range("target_drain_s", self.target_drain_s, 0.0, 86400.0, low_open=True)
+        _check_range("target_high_wait_s", self.target_high_wait_s, 0.0, 86400.0)
         _check_range("up_cooldown_s", self.up_cooldown_s, 0.0, 86400.0)
         _check_range("down_cooldown_s", self.down_cooldown_s, 0.0, 86400.0)
         _check_range("default_capacity_rps", self.default_capacity_rps, 0.0, 1e9, low_open=True)
@@ -222,13 +229,23 @@ class _Load:
 def _lag_policy(obs: Observation, settings: PolicySettings, state: PolicyState) -> Decision:
     load, state = _observe(obs, settings, state)
     up_target = _desired(load.arrivals_rps, load, settings)
+    high = high_lane_waits(obs, settings)
+    if high:  # the high lane's requests wait too long: one more worker at least
+        up_target = max(up_target, _clamp(obs.workers + 1, settings))
     if up_target > obs.workers:
         workers, reason = _scale_up(obs, settings, state, load, up_target)
+        if high:
+            reason = f"high lane waited {obs.high_wait_s:.1f} s > {settings.target_high_wait_s:g} s; {reason}"
     elif _desired(load.peak_arrivals_rps, load, settings) < obs.workers:
         workers, reason = _scale_down(obs, settings, state, load)
     else:
         workers, reason = obs.workers, _steady_text(obs.workers, load, settings)
     return _finish(obs, settings, state, workers, reason)
+
+
+def high_lane_waits(obs: Observation, settings: PolicySettings) -> bool:
+    """True when a high-lane wait target is set and the high lane's oldest request waited longer."""
+    return bool(settings.target_high_wait_s) and (obs.high_wait_s or 0.0) > settings.target_high_wait_s
 
 
 def _observe(obs: Observation, settings: PolicySettings, state: PolicyState) -> tuple[_Load, PolicyState]:

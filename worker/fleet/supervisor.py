@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from inferfleet.producer.protocol import QueueKeys, shard_keys, workers_group
+from inferfleet.producer.protocol import QueueKeys, shard_keys
+from inferfleet.producer.sharing import read_lanes
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import admin_client
 from inferfleet.worker.errors import ConfigError, DeviceBroken
@@ -160,15 +161,16 @@ class Slot:
         return self.process is not None and self.process.is_alive()
 
 
-def _lag_and_pending(client: redis.Redis, keys: QueueKeys) -> tuple[int | None, int]:
+def _lag_and_pending(client: redis.Redis, keys: QueueKeys) -> tuple[int | None, int, float]:
+    """Lag and pending summed over the queue's lanes (the lag unknown if one lane's is), and how
+    long the high lane's oldest waiting request has waited."""
     try:
-        groups = client.xinfo_groups(keys.requests)
-    except redis.exceptions.ResponseError:  # no stream yet
-        groups = []
-    group = workers_group(groups)
-    if group is None:
-        return int(client.xlen(keys.requests)), 0
-    return group.lag, group.pending
+        lanes = read_lanes(client, keys)
+    except redis.exceptions.ResponseError:  # a stream without its group yet
+        return int(client.xlen(keys.requests)), 0, 0.0
+    lags = [lane.lag for lane in lanes]
+    lag = None if None in lags else sum(lag for lag in lags if lag is not None)
+    return lag, sum(lane.pending for lane in lanes), lanes[0].wait_s
 
 
 def observe(client: redis.Redis, keys: QueueKeys | Sequence[QueueKeys], workers: int, now_s: float) -> Observation:
@@ -179,16 +181,18 @@ def observe(client: redis.Redis, keys: QueueKeys | Sequence[QueueKeys], workers:
     """
     lag: int | None = 0
     pending = 0
+    high_wait_s = 0.0
     beats = []
     for one in [keys] if isinstance(keys, QueueKeys) else keys:
-        shard_lag, shard_pending = _lag_and_pending(client, one)
+        shard_lag, shard_pending, shard_wait_s = _lag_and_pending(client, one)
         lag = None if lag is None or shard_lag is None else lag + shard_lag
         pending += shard_pending
+        high_wait_s = max(high_wait_s, shard_wait_s)
         beats.extend(read_heartbeats(client, one))
     capacities = sorted(c for c in (b.capacity_rps for b in beats) if c is not None)
     capacity = capacities[len(capacities) // 2] if capacities else None
     return Observation(now_s=now_s, workers=workers, lag=lag, pending=pending,
-                       rate_rps=sum(b.rate_rps for b in beats), capacity_rps=capacity)
+                       rate_rps=sum(b.rate_rps for b in beats), capacity_rps=capacity, high_wait_s=high_wait_s)
 
 
 class Supervisor:

@@ -50,6 +50,7 @@ class Request:
     enqueued_ms: int = 0
     picked_ms: float = 0.0
     extra: dict = field(default_factory=dict)
+    lane: int = 1  # 0 high, 1 normal (the contract's stream), 2 low: the stream its XACK goes to
 
 
 def signature_of(inputs: Any, params: dict, spec: Hashable | None = None) -> Hashable:

@@ -53,13 +53,16 @@ def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: fl
     if not isinstance(result, Exception):
         try:
             return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True,
-                          rid=req.rid)
+                          rid=req.rid, lane=req.lane)
         except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
             result = exc
+    if type(result).__name__ == "Cancelled":  # serving.sharing.Cancelled: its cancel mark was taken
+        return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "cancelled", str(result), meta, timing),
+                      rid=req.rid, code="cancelled", lane=req.lane)
     log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, clip(result))
     message = f"{type(result).__name__}: {result}"
     return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
-                  rid=req.rid, code="model_error")
+                  rid=req.rid, code="model_error", lane=req.lane)
 
 
 
@@ -82,6 +85,8 @@ class BatchComputer:
         self._batch_seq = 0  # numbers batches in the logs (record field ``batch``)
         #: Called with each batch computed on the general path and its results (serve.py: the shadow's hook).
         self.on_computed: Callable[[list[Request], list[Any]], None] | None = None
+        #: wraps the predict function of a batch's bisection (the consumer's cancel-mark recheck), or None
+        self.guard: Callable[[Any], Any] | None = None
         self.use(runtime)
 
     def use(self, runtime: ModelRuntime) -> None:
@@ -145,7 +150,7 @@ class BatchComputer:
             suspicious = suspicious or self.results.batch_suspicious(outputs)
             return parts
 
-        answered = predict_isolated(batch, predict)
+        answered = predict_isolated(batch, self.guard(predict) if self.guard is not None else predict)
         version = self.runtime.version
         results = [self.results.review(req, res, version, suspicious) for req, res in zip(batch, answered)]
         infer_ms = (time.perf_counter() - started) * 1000.0

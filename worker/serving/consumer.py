@@ -21,8 +21,8 @@ from typing import Any
 import redis
 
 from inferfleet.producer.protocol import GROUP, QueueKeys
+from inferfleet.producer.sharing import lane_keys
 from inferfleet.worker.config import WorkerSettings
-from inferfleet.worker.connections import stream_entries
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.metrics import worker_metrics
 from inferfleet.worker.runtime.devices import release_device_memory
@@ -39,11 +39,13 @@ from inferfleet.worker.serving.compute import BatchComputer, encode_answer
 from inferfleet.worker.serving.deadletter import dead_fields
 from inferfleet.worker.serving.hooks import Hooks
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
+from inferfleet.worker.serving.lanes import NORMAL, LaneReader
 from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 from inferfleet.worker.serving.recovery import Delivery, Recovery
 from inferfleet.worker.serving.replies import ReplyWriter
 from inferfleet.worker.serving.rowlimit import RowLimit
+from inferfleet.worker.serving.sharing import Cancelled, LaneWork
 
 __all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
 
@@ -148,6 +150,9 @@ class Consumer:
         self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
         self.computer = BatchComputer(settings, runtime, self.results, self.cache_round, self.replies,
                                       self.counters, self.row_limit)
+        self.lanes = LaneReader(self.keys)
+        self.work = LaneWork(client, self.keys, settings, self.counters, self.replies, self.recovery)
+        self.computer.guard = self.work.recheck_cancels  # a bisect retry checks the cancel marks again
         self.watcher = watcher  # follows hot swaps
         self.model_source = settings.model if model_source is None else model_source  # the runtime's file or handler
         self.hooks: Hooks | None = None  # shadow/canary and tracing, one call per read, batch, round (serve.py)
@@ -165,7 +170,8 @@ class Consumer:
                 backoff = 0.1
             except _RETRYABLE as exc:
                 log.warning("%s (%s); retrying in %.1f s", _describe_outage(exc), exc, backoff)
-                self.recovery.replay_own = True
+                self.work.replay_own()
+                self.lanes.drop_held()
                 self._prefetched = []  # still pending on us: the replay brings them back
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -196,10 +202,11 @@ class Consumer:
 
     def prepare(self) -> None:
         """Join the group (creating it if needed) and load the reply script."""
-        ensure_group(self.redis, self.keys.requests)
-        # Redis 7.0 lists a consumer only once it has been handed an entry; make it visible now
-        self.redis.xgroup_createconsumer(self.keys.requests, GROUP, self.settings.consumer)
-        self.replies.load()
+        for stream in lane_keys(self.keys):  # every lane; the normal one is the contract's stream
+            ensure_group(self.redis, stream)
+            # Redis 7.0 lists a consumer only once it has been handed an entry; make it visible now
+            self.redis.xgroup_createconsumer(stream, GROUP, self.settings.consumer)
+        self.work.prepare()  # the reply script and the function library
         self._ready = True
         log.info("consumer %s serving %s (max %d rows, wait %.1f ms)", self.settings.consumer,
                  self.keys.requests, self.settings.max_batch_rows, self.settings.max_wait_ms)
@@ -208,13 +215,14 @@ class Consumer:
         """One round: collect entries, answer them, acknowledge. Returns entries handled."""
         if self.watcher is not None:
             self._maybe_switch()
-        if self.recovery.replay_own:
+        if self.work.replay_due():
             self._prefetched = []  # pending on us too: they come back among the suspects
-            self.recovery.replay_own_pending()
-        suspect = self.recovery.next_suspect()
+            self.lanes.drop_held()
+            self.work.replay_own_pending()
+        suspect, lane = self.work.next_suspect()
         if suspect is not None:
             started = time.perf_counter()
-            handled = self._run_suspect(suspect)
+            handled = self._run_suspect(suspect, lane)
             self.counters.busy(time.perf_counter() - started)
             return handled
         items = collect(self._read, self.row_limit.rows, self.settings.max_wait_s,
@@ -248,18 +256,22 @@ class Consumer:
         for cols in merge_columns(columns) if columns else ():
             fallback.extend(self.computer.infer_columns(cols))  # answered now, unless it left the fast path
         answers.extend(fallback)
-        requests, hits = self.cache_round.start([item for item in items if isinstance(item, Request)],
-                                                self.runtime.version)
+        requests = [item for item in items if isinstance(item, Request)]
+        if self.work.cancels_pending() and requests:
+            requests = self.work.drop_cancelled(requests, answers, lambda req: encode_answer(
+                self.runtime.model_meta, req, Cancelled(), 0.0, 0))
+        requests, hits = self.cache_round.start(requests, self.runtime.version)
         meta = self.runtime.model_meta
         answers.extend(encode_answer(meta, req, outputs, 0.0, 0) for req, outputs in hits)  # 0 rows: not computed
         for batch in form_batches(requests, self.row_limit.rows):
-            answers.extend(self.computer.infer(batch) if self.hooks is None else
-                           self.hooks.infer(batch, self.runtime, self.computer.infer))
+            computed = (self.computer.infer(batch) if self.hooks is None else
+                        self.hooks.infer(batch, self.runtime, self.computer.infer))
+            answers.extend(self.work.carry_lanes(computed, batch))
         answers.extend(encode_answer(meta, *duplicate) for duplicate in self.cache_round.finish())
         alerts = self.results.take_alerts()
         if alerts:  # before the replies: a client that sees its reply can see its alert
             self._alert(alerts)
-        self.replies.write(answers)
+        self.work.write(answers)
         self.results.flush()  # after the replies: a cache write must never delay or block one
         if self.hooks is not None:
             self.hooks.replied(self.runtime)  # after the replies: they never wait for a candidate or spans
@@ -275,19 +287,21 @@ class Consumer:
         # never block in Redis, which ends a short BLOCK only at its next timer tick
         # (up to 100 ms with the default hz 10); collect() sleeps between polls instead.
         block = self.settings.idle_block_ms if timeout_s is None else None
-        response = self.redis.xreadgroup(
-            GROUP, self.settings.consumer, {self.keys.requests: ">"}, count=count, block=block,
-        )
+        entries, lanes = self.lanes.read(self.redis, self.settings.consumer, count, block)
+        self.work.read_said(self.lanes.cancels)
         now_ms = time.time() * 1000.0
-        if self.columnar and (self.hooks is None or not self.hooks.active):  # a shadow, tracing: per request
-            return admit_read(self.intake, stream_entries(response), now_ms)
+        special = lanes is not None or self.work.limits.active or self.lanes.cancels
+        traced = self.hooks is not None and self.hooks.active  # a shadow, tracing: per request
+        if self.columnar and not special and not traced:  # the normal lane only, no limits, no cancel marks
+            return admit_read(self.intake, entries, now_ms)
         admit = self.intake.admit_fast
-        entries = stream_entries(response)
         items = [admit(entry_id, fields if isinstance(fields, dict) else fields_of(fields), now_ms)
                  for entry_id, fields in entries]
+        if special:
+            self.work.after_read(self.intake, entries, items, lanes)
         return items if self.hooks is None else self.hooks.read(entries, items)
 
-    def _run_suspect(self, delivery: Delivery) -> int:
+    def _run_suspect(self, delivery: Delivery, lane: int = NORMAL) -> int:
         """Compute one entry whose previous holder died, alone, counting the attempt.
 
         Alone, so a request that kills its worker takes no batch-mates with it;
@@ -295,15 +309,16 @@ class Consumer:
         """
         entry_id, fields, delivered = delivery
         if not fields:
-            self.replies.write([Answer(entry_id, None, None)])  # deleted while pending: acknowledge only
+            self.work.write([Answer(entry_id, None, None, lane=lane)])  # deleted while pending: acknowledge only
             return 1
-        attempt = self.recovery.start_attempt(entry_id, delivered)
+        attempt = self.work.recoveries[lane].start_attempt(entry_id, delivered)
         if attempt is None:
             return 0  # no longer ours: answered elsewhere
         if attempt > self.settings.max_deliveries:
-            self.replies.write([dead_letter(self.intake, entry_id, fields, attempt, self.settings)])
+            self.work.write(self.work.on_lane(
+                [dead_letter(self.intake, entry_id, fields, attempt, self.settings)], lane))
         else:
-            self._answer([self.intake.admit(entry_id, fields, time.time() * 1000.0)])
+            self._answer(self.work.on_lane([self.intake.admit(entry_id, fields, time.time() * 1000.0)], lane))
         return 1
 
     # -- model hot swap ----------------------------------------------------
@@ -334,6 +349,7 @@ class Consumer:
         self.results.model_changed()
         self.replies.model_meta = new.model_meta
         self.computer.use(new)
+        self.work.model_changed(new.model_meta)
         self.counters.model_version(new.version)
         log.info("consumer %s switched model %s from version %s to %s", self.settings.consumer,
                  self.settings.name, old.version, new.version)
@@ -356,7 +372,7 @@ class Consumer:
                 self.watcher.poll(self.runtime.version)
             if self.hooks is not None:
                 self.hooks.housekeep(self.runtime)
-            self.recovery.housekeep(read_ahead=_entries(self._prefetched))
+            self.work.housekeep(_entries(self._prefetched) + self.lanes.holding, self.lanes.taken)
         if now >= self._next_stats_log:
             self._next_stats_log = now + 10.0
             totals = self.counters.snapshot()

@@ -21,6 +21,7 @@ from inferfleet.producer.protocol import (
     encode_reply_error,
     entry_time_ms,
     is_request_id,
+    is_tenant,
     parse_entry,
     row_count,
     validate_request_id,
@@ -54,6 +55,7 @@ class Answer:
     dead: dict | None = None  # fields for the dead-letter stream, written before the reply
     rid: str | None = None  # the request id, when readable
     code: str | None = None  # the reply's error code (None when ok); counted in the metrics
+    lane: int = 1  # the lane of its entry (0 high, 1 normal, 2 low): the stream its XACK goes to
 
 
 def _readable_rid(fields: Mapping[bytes, bytes] | None) -> str | None:
@@ -136,6 +138,9 @@ class Intake:
             reply_key = self._inboxes.get(fields[b"reply_to"])  # type: ignore[assignment]
             if reply_key is None:
                 return None
+        tenant = fields.get(b"tenant")
+        if tenant is not None and not (isinstance(tenant, bytes) and is_tenant(tenant)):
+            return None  # the general path refuses it
         deadline = fields.get(b"deadline")
         if deadline is not None and not (isinstance(deadline, bytes) and deadline.isdigit() and len(deadline) <= 16
                                          and now_ms <= int(deadline)):

@@ -46,6 +46,7 @@ from inferfleet.worker.serving.batching import Request
 from inferfleet.worker.serving.consumer import Consumer, encode_answer
 from inferfleet.worker.serving.intake import Answer, Intake
 from inferfleet.worker.serving.replies import Encode, ReplyWriter
+from inferfleet.worker.serving.sharing import NORMAL
 
 __all__ = ["CARRIED", "FORWARD_SCRIPT", "Forward", "ForwardEncoder", "ForwardWriter", "StageConsumer", "StageIntake",
            "stage_label"]
@@ -242,6 +243,7 @@ class StageConsumer(Consumer):
             self.computer.encoder = ForwardEncoder(runtime.model_meta, encode_answer)  # type: ignore[assignment]
             self.replies = ForwardWriter(*args, StageKeys(self.keys.name, self.keys.prefix, stage=stage + 1).requests)
         self.computer.replies = self.replies
+        self.work.writers[NORMAL] = self.replies  # a stage stream has one lane: the normal one
         log.info("consumer %s: stage %d of %d of %s version %s, %s", self.settings.consumer, stage,
                  manifest.last + 1, self.settings.name, runtime.version,
                  "answering" if last else f"forwarding to stage {stage + 1}")
