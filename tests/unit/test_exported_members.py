@@ -35,7 +35,7 @@ def test_the_package_exports_the_sdk() -> None:
 
 
 def test_worker_exported_members() -> None:
-    assert worker.__all__ == ["Handler", "WorkerSettings"]
+    assert worker.__all__ == ["Handler", "WorkerSettings", "pad_batch", "save_model"]
 
 
 def test_every_exported_member_exists_and_is_public() -> None:

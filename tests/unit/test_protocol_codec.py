@@ -387,9 +387,17 @@ def test_too_many_params_is_bad_request() -> None:
     assert params == {"a": 1, "b": 2}
 
 
-def test_inputs_neither_tensor_list_nor_map_is_bad_request() -> None:
-    expect_error(body_of("tensor"))
+def test_inputs_neither_tensor_list_map_nor_raw_is_bad_request() -> None:
     expect_error(body_of(5))
+    expect_error(body_of(None))
+    expect_error(body_of(1.5))
+
+
+def test_raw_text_and_bytes_inputs_decode_as_one_row_version_1_2() -> None:
+    assert decode_body(body_of("héllo")) == ("héllo", {})
+    assert decode_body(body_of(b"\x00\x01")) == (b"\x00\x01", {})
+    assert row_count("héllo") == 1 and row_count(b"") == 1
+    assert decode_body(encode_body("text", {"lang": "en"})) == ("text", {"lang": "en"})
 
 
 def test_tensor_map_with_an_extra_key_is_bad_request() -> None:

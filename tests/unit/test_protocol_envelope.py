@@ -350,7 +350,7 @@ def test_decode_reply_refuses_garbage() -> None:
         {"id": "r", "ok": True},  # ok without outputs
         {"id": "r", "ok": False, "error": "boom"},  # error not a map
         {"id": "r", "ok": False, "model": "ctr"},  # model not a map
-        {"id": "r", "ok": True, "outputs": "x"},  # outputs not tensors
+        {"id": "r", "ok": True, "outputs": 5},  # outputs neither tensors nor raw (1.2) text or bytes
     ],
     ids=["ok-no-outputs", "error-str", "model-str", "outputs-str"],
 )

@@ -57,6 +57,7 @@ worker_options = _options(
     _setting("max_wait_ms", "--max-wait-ms", type=float),
     _setting("model_version", "--model-version"),
     _setting("warmup_input", "--warmup-input"),
+    _setting("input_spec", "--input-spec"),
     _setting("warmup_iters", "--warmup-iters", type=click.IntRange(0, 1000)),
     _setting("torch_threads", "--torch-threads", type=int),
     _setting("precision", "--precision", type=click.Choice(list(PRECISIONS))),

@@ -140,7 +140,7 @@ class Consumer:
         self.redis = client
         self.keys = settings.queue_keys  # its shard's keys when the queue is sharded
         self.intake = Intake(self.keys, settings.limits, runtime.model_meta,
-                             runtime.input_spec, runtime.accepts_params)
+                             runtime.input_spec, runtime.accepts_params, runtime.per_request)
         self._ready = False
         self._prefetched: list[Request | Answer] = []  # read ahead, answered next round
         self._pool: ThreadPoolExecutor | None = None
@@ -318,12 +318,15 @@ class Consumer:
         def predict(part: Sequence[Request]) -> list[Any]:
             nonlocal suspicious
             try:
-                outputs = self.runtime.predict(concat_inputs(part), part[0].params)
+                if self.runtime.per_request:  # the handler decodes, collates and splits (docs/handlers.md)
+                    outputs, parts = self.runtime.predict_requests(part)
+                else:
+                    outputs = self.runtime.predict(concat_inputs(part), part[0].params)
+                    parts = split_outputs(outputs, [r.rows for r in part])
             except Exception as exc:
                 if is_out_of_memory(exc):
                     self._out_of_memory(sum(r.rows for r in part))
                 raise
-            parts = split_outputs(outputs, [r.rows for r in part])
             suspicious = suspicious or self.results.batch_suspicious(outputs)
             return parts
 
@@ -374,7 +377,8 @@ class Consumer:
         entries finish on the old copy."""
         self._finish_prefetched()
         old, self.runtime, self.model_source = self.runtime, new, source
-        self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params)
+        self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params,
+                             new.per_request)
         self.results.model_changed()
         self.replies.model_meta = new.model_meta
         self.encoder = BatchEncoder(new.model_meta, encode_answer)
