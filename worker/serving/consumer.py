@@ -319,7 +319,9 @@ class Consumer:
             nonlocal suspicious
             try:
                 if self.runtime.per_request:  # the handler decodes, collates and splits (docs/handlers.md)
-                    outputs, parts = self.runtime.predict_requests(part)
+                    parts = self.runtime.predict_requests([r.inputs for r in part], [r.rows for r in part],
+                                                          part[0].params)
+                    outputs = parts
                 else:
                     outputs = self.runtime.predict(concat_inputs(part), part[0].params)
                     parts = split_outputs(outputs, [r.rows for r in part])
