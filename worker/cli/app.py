@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import click
 
-from inferfleet.worker.cli import admin, bench, lifecycle, requests, serving, supervise
+from inferfleet.worker.cli import admin, bench, lifecycle, models, requests, serving, supervise
 
 __all__ = ["main"]
 
@@ -27,3 +27,4 @@ def main() -> None:
 for _command in (serving.worker, supervise.supervise, requests.enqueue, requests.result, admin.status, admin.dead,
                  bench.bench, lifecycle.swap, lifecycle.alerts):
     main.add_command(_command)
+main.add_command(models.save_model_command)

@@ -59,7 +59,7 @@ from inferfleet.worker.runtime.signature import (
 )
 
 __all__ = ["ModelRuntime", "apply_precision", "file_version", "is_handler_spec", "is_out_of_memory", "load_runtime",
-           "resolve_device", "resolve_spec", "EXAMPLE_EXTRA_FILE", "SPEC_EXTRA_FILE", "to_numpy"]
+           "import_target", "resolve_device", "resolve_spec", "EXAMPLE_EXTRA_FILE", "SPEC_EXTRA_FILE", "to_numpy"]
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ def _load_export(path: str, device: torch.device) -> tuple[Handler, Any]:
     return handler, _decode_example(extra[EXAMPLE_EXTRA_FILE])
 
 
-def _import_target(spec: str) -> Any:
+def import_target(spec: str) -> Any:
     """``module:attr`` imported with the current directory on the path, as ``python -m`` has it."""
     module_name, _, attr = spec.partition(":")
     if "" not in sys.path and os.getcwd() not in sys.path:
@@ -298,12 +298,12 @@ def _import_target(spec: str) -> Any:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ModelLoadError(f"cannot import handler {spec!r}: {exc} (the current directory is "
-                             f"{os.getcwd()}; start the worker where {module_name.split('.')[0]} can be "
+                             f"{os.getcwd()}; run inferfleet where {module_name.split('.')[0]} can be "
                              f"imported, or set PYTHONPATH)") from exc
 
 
 def _load_handler(spec: str) -> Handler:
-    target = _import_target(spec)
+    target = import_target(spec)
     handler = target() if isinstance(target, type) else target
     if not isinstance(handler, Handler):
         raise ModelLoadError(f"{spec!r} is not a inferfleet.worker.handler.Handler subclass or instance")
