@@ -636,7 +636,9 @@ def encode_reply_error(
     """The reply to a request that failed with contract error ``code``."""
     if code not in ERROR_CODES:
         raise ValueError(f"unknown error code {code!r}: use one of {', '.join(ERROR_CODES)}")
-    reply = {"id": rid, "ok": False, "error": {"code": code, "message": message[:2000]}}
+    if len(message) > 2000:  # the end says what went wrong; the start of a long one is context
+        message = "..." + message[-1997:]
+    reply = {"id": rid, "ok": False, "error": {"code": code, "message": message}}
     reply.update(_reply_meta(model, timing))
     return pack(reply)
 

@@ -151,3 +151,16 @@ def test_torch_save_files_are_named_and_never_unpickled(tmp_path, monkeypatch):
     for path in (state, legacy):
         with pytest.raises(ModelLoadError, match=r"is a torch.save file .* never unpickles.*save_model\(module, example"):
             load_runtime(WorkerSettings(name="q", model=str(path), device="cpu"))
+
+
+def test_a_model_error_keeps_the_cause_not_the_torchscript_preamble(tmp_path, redis_url):
+    path = str(tmp_path / "linear.pt")
+    torch.jit.save(torch.jit.script(torch.nn.Sequential(torch.nn.Linear(16, 4), torch.nn.ReLU())), path)
+    consumer = make_consumer(redis_url, path, idle_block_ms=50, warmup_iters=0)  # no spec: no checks
+    producer = Producer(redis_url, "q")
+    rid = producer.submit(np.ones((1, 5), np.float32))
+    drain(consumer)
+    reply = producer.result(rid, timeout_s=5, raise_errors=False)
+    assert reply.error_code == "model_error"
+    assert "mat1 and mat2 shapes cannot be multiplied (1x5 and 16x4)" in reply.error_message
+    assert "\n" not in reply.error_message and "TorchScript interpreter" not in reply.error_message

@@ -46,7 +46,7 @@ from inferfleet.worker.serving.recovery import Delivery, Recovery
 from inferfleet.worker.serving.replies import BatchEncoder, ReplyWriter
 from inferfleet.worker.serving.rowlimit import RowLimit
 
-__all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
+__all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group", "model_error_message"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,17 @@ def leave_group(client: redis.Redis, keys: QueueKeys, consumer: str) -> bool:
         return False
 
 
+def model_error_message(exc: BaseException, limit: int = 2000) -> str:
+    """One line that names the cause: the exception's last line (a TorchScript error ends with the
+    Python-level one, after pages of interpreter traceback), at most ``limit`` characters of its end."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    cause = lines[-1] if lines else ""
+    head = cause.split(":", 1)[0]
+    if not (head.endswith(("Error", "Exception")) and " " not in head):
+        cause = f"{type(exc).__name__}: {cause}" if cause else type(exc).__name__
+    return cause if len(cause) <= limit else "..." + cause[-(limit - 3):]
+
+
 def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
     """The answer to ``req``: its outputs, or ``model_error`` for an exception or outputs the
     contract cannot carry. ``meta`` (name, version) names the model that computed it."""
@@ -101,8 +112,8 @@ def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: fl
                           rid=req.rid)
         except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
             result = exc
-    log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, result)
-    message = f"{type(result).__name__}: {result}"
+    message = model_error_message(result)
+    log.warning("request %s: model error: %s", req.rid, message)
     return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
                   rid=req.rid, code="model_error")
 
