@@ -41,10 +41,14 @@ def _describe(value: Any) -> Any:
         return text
     if isinstance(value, dict):
         return {k: _describe(v) for k, v in value.items()}
+    if isinstance(value, bytes):
+        return {"bytes": len(value)}
+    if isinstance(value, str):
+        return value  # raw text outputs (protocol 1.2)
     return [_describe(v) for v in value]
 
 
-def _show_reply(reply: Reply, output: str | None) -> None:
+def _show_reply(reply: Reply, output: str | None, pretty: bool = True) -> None:
     summary: dict[str, Any] = {"id": reply.id, "ok": reply.ok,
                                "model": {"name": reply.model_name, "version": reply.model_version},
                                "timing": reply.timing}
@@ -54,7 +58,7 @@ def _show_reply(reply: Reply, output: str | None) -> None:
             save_outputs(output, reply.outputs)
     else:
         summary["error"] = {"code": reply.error_code, "message": reply.error_message}
-    click.echo(json.dumps(summary, indent=2))
+    click.echo(json.dumps(summary, indent=2 if pretty else None))
     if not reply.ok:
         sys.exit(1)
 
@@ -75,7 +79,7 @@ def _producer(queue: QueueConfig) -> Producer:
 @click.option("--param", "params", multiple=True, help="KEY=VALUE (VALUE parsed as JSON if it can be).")
 @click.option("--deadline-s", type=float, default=None, help="Answer 'expired' if not picked up in time.")
 @click.option("--request-id", default=None, help="Choose the request id (default: a fresh one).")
-@click.option("--wait/--no-wait", default=False, help="Wait for the reply and print it.")
+@click.option("--wait/--no-wait", default=False, help="Wait for the reply and print it as one line of JSON.")
 @click.option("--timeout-s", type=float, default=30.0, show_default=True, help="With --wait: longest wait.")
 @click.option("--output", default=None, help="With --wait: save outputs to this .npy/.npz file.")
 def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadline_s: float | None,
@@ -91,7 +95,7 @@ def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadli
             if not wait:
                 click.echo(rid)
                 return
-            _show_reply(producer.result(rid, timeout_s, raise_errors=False), output)
+            _show_reply(producer.result(rid, timeout_s, raise_errors=False), output, pretty=False)
         except errors.ProtocolError as exc:
             raise click.BadParameter(str(exc)) from exc
         except errors.InferfleetError as exc:
