@@ -94,3 +94,38 @@ def test_enqueue_wait_prints_compact_json(redis_url, spawn_worker, models_dir, t
     assert len(ran.stdout.strip().splitlines()) == 1  # one line of JSON
     reply = json.loads(ran.stdout)
     assert reply["ok"] and reply["outputs"]["shape"] == [1, 4]
+
+
+def _embedding_model(path) -> None:
+    """Token ids into a 10-row embedding, shipped with an example whose ids span 0..9."""
+    import torch
+
+    from inferfleet.worker import save_model
+
+    class Bag(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 3)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.embed(ids).sum(1)
+
+    save_model(Bag(), np.arange(10, dtype=np.int64).reshape(1, 10), str(path))
+
+
+def test_bench_draws_integer_inputs_from_the_example_range_and_a_failing_run_ends_in_one_line(
+        redis_url, tmp_path):
+    model = tmp_path / "bag.pt2"
+    _embedding_model(model)
+    env = worker_env(redis_url)
+    ran = _cli(["bench", "--name", "bag", "--spawn", "1", "--model", str(model), "-n", "200", "--json"], env)
+    assert ran.returncode == 0, ran.stderr
+    run = json.loads(ran.stdout)["runs"][0]
+    assert run["requests"] == 200 and run["errors"] == 0  # ids drawn in 0..9, never past the embedding
+    np.save(tmp_path / "far.npy", np.full((1, 10), 1000, np.int64))  # ids the model cannot take
+    failed = _cli(["bench", "--name", "bag2", "--spawn", "1", "--model", str(model), "--input",
+                   str(tmp_path / "far.npy"), "-n", "50"], env)
+    assert failed.returncode == 1
+    assert "Traceback" not in failed.stderr
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: bench run failed, nothing measured: ModelError") and "index out of range" in last
