@@ -34,8 +34,8 @@ from inferfleet.producer.bulk import (
 from inferfleet.producer.connections import DEFAULT_REDIS_URL, connect, connect_async, translate_errors
 from inferfleet.producer.connections import redis_url as resolve_url
 from inferfleet.producer.protocol import (
-    GROUP,
     DEFAULT_PREFIX,
+    GROUP,
     BodyEncoder,
     QueueKeys,
     Reply,

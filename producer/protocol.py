@@ -425,7 +425,7 @@ def decode_inputs(obj: Any, limits: Limits = DEFAULT_LIMITS, where: str = "input
         by_name = {k: _decode_tensor(v, limits, f"{where}[{k!r}]") for k, v in obj.items()}
         arrays, result = list(by_name.values()), by_name
     elif isinstance(obj, (str, bytes)):
-        return obj  # a raw input (version 1.2): one row that a handler decodes
+        return obj  # type: ignore[return-value]  # a raw input (version 1.2): one row that a handler decodes
     elif isinstance(obj, list):
         if not 1 <= len(obj) <= limits.max_tensors:
             raise ProtocolError(f"{where}: a list of 1 to {limits.max_tensors} tensors is required")

@@ -15,7 +15,7 @@ from tests.integration.test_consumer import drain, make_consumer
 def test_waiting_on_a_queue_no_worker_ever_served_says_so(redis_url):
     producer = Producer(redis_url, "nobody-serves-this")
     rid = producer.submit(np.ones((1, 16), np.float32))
-    with pytest.raises(ReplyTimeout, match="no worker has ever served queue 'nobody-serves-this'.*inferfleet worker"):
+    with pytest.raises(ReplyTimeout, match=r"no worker has ever served queue 'nobody-serves-this'.*inferfleet worker"):
         producer.result(rid, timeout_s=0.1)
 
 

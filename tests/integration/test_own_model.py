@@ -149,7 +149,8 @@ def test_torch_save_files_are_named_and_never_unpickled(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "load", refuse)
     for path in (state, legacy):
-        with pytest.raises(ModelLoadError, match=r"is a torch.save file .* never unpickles.*save_model\(module, example"):
+        said = r"is a torch.save file .* never unpickles.*save_model\(module, example"
+        with pytest.raises(ModelLoadError, match=said):
             load_runtime(WorkerSettings(name="q", model=str(path), device="cpu"))
 
 

@@ -194,5 +194,6 @@ def test_onnx_refuses_autocast_precisions(onnx_models_dir):
 
 def test_onnx_without_onnxruntime_says_what_to_install(onnx_models_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
-    with pytest.raises(ModelLoadError, match=r"needs onnxruntime: pip install onnxruntime \(or, in a checkout, pip install -e '\.\[onnx\]'\)"):
+    said = r"needs onnxruntime: pip install onnxruntime \(or, in a checkout, pip install -e '\.\[onnx\]'\)"
+    with pytest.raises(ModelLoadError, match=said):
         runtime(onnx_models_dir / "affine.onnx")

@@ -67,7 +67,7 @@ class InferfleetGroup(click.Group):
         try:
             return super().invoke(ctx)
         except click.ClickException as exc:
-            exc.message = with_hint(exc.message)
+            exc.message = with_hint(exc.message)  # type: ignore[misc]  # click's Final: we only add a hint
             raise
         except (click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
             raise

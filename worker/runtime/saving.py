@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -50,14 +50,15 @@ def _dims_of(dynamic: Any, count: int) -> list[dict[int, str]]:
     if isinstance(dynamic, Mapping) and all(isinstance(k, int) for k in dynamic):
         return [{int(k): str(v) for k, v in dynamic.items()}] * count  # one tensor: {1: "L"}
     if isinstance(dynamic, Sequence) and all(isinstance(d, int) for d in dynamic):
-        return [{d: "L" for d in dynamic}] * count  # [1]: dim 1 varies, the same length everywhere
+        # [1]: dim 1 varies (named L in every input alike); [1, 2]: L and L2
+        return [{d: "L" if i == 0 else f"L{i + 1}" for i, d in enumerate(dynamic)}] * count
     raise ValueError(f"dynamic={dynamic!r}: give {{1: 'L'}} or [1] (one tensor or every input alike), "
                      f"a list of those per positional input, a dict of them per named input, or a spec string "
                      f"such as 'int64[N,L]'")
 
 
 def _per_input(dynamic: Any, spec: Hashable) -> list[dict[int, str]]:
-    kind, parts = spec  # type: ignore[misc]
+    kind, parts = cast("tuple[str, Any]", spec)
     count = 1 if kind == "tensor" else len(parts)
     if kind == "map" and isinstance(dynamic, Mapping) and dynamic and all(isinstance(k, str) for k in dynamic):
         return [_dims_of(dynamic.get(name), 1)[0] for name, _, _ in parts]
@@ -74,7 +75,7 @@ def spec_with_dynamic(example: Any, dynamic: Any) -> Hashable:
     if isinstance(dynamic, str):
         return parse_spec(dynamic)
     dims = _per_input(dynamic, spec)
-    kind, parts = spec  # type: ignore[misc]
+    kind, parts = cast("tuple[str, Any]", spec)
 
     def name(trail: tuple[int, ...], varying: dict[int, str]) -> tuple[int | str, ...]:
         if any(not 1 <= d <= len(trail) for d in varying):
@@ -109,7 +110,7 @@ def _export(module: torch.nn.Module, example: Any, spec: Hashable) -> Any:
                 named[i + 1] = dims.setdefault(key, torch.export.Dim(key, min=1, max=MAX_SIZE))
         return {0: dims["N"], **named}
 
-    kind, parts = spec  # type: ignore[misc]
+    kind, parts = cast("tuple[str, Any]", spec)
     tensors = _at_least_two_rows(example)
     if kind == "tensor":
         return torch.export.export(module, (torch.from_numpy(tensors),), dynamic_shapes=(shapes(parts[1]),))

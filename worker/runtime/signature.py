@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -74,7 +74,7 @@ def describe_spec(spec: Any) -> str:
 
 
 def _tensor_parts(spec: Hashable) -> list[tuple[np.dtype, tuple[int | str, ...]]]:
-    kind, parts = spec  # type: ignore[misc]
+    kind, parts = cast("tuple[str, Any]", spec)
     if kind == "tensor":
         return [parts]
     if kind == "map":
@@ -167,7 +167,7 @@ def synthesize(spec: Hashable, rows: int = 1, length: int = 8) -> Any:
     def one(dtype: np.dtype, trail: tuple[int | str, ...]) -> np.ndarray:
         return np.zeros((rows, *(d if isinstance(d, int) else length for d in trail)), dtype)
 
-    kind, parts = spec  # type: ignore[misc]
+    kind, parts = cast("tuple[str, Any]", spec)
     if kind == "tensor":
         return one(*parts)
     if kind == "map":
