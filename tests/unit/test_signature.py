@@ -102,3 +102,25 @@ def test_intake_admits_varying_lengths_and_raw_text_only_where_the_model_takes_t
     assert all(isinstance(r, Request) for r in admitted)
     assert [r.rows for r in admitted] == [1, 1, 1, 1]  # type: ignore[union-attr]
     assert len(form_batches(admitted, 64)) == 1  # type: ignore[arg-type]  # one batch, whatever the form
+
+
+def test_an_onnx_graph_without_metadata_gives_its_own_spec_with_symbolic_dims(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from inferfleet.worker.config import WorkerSettings
+    from inferfleet.worker.runtime.loading import load_runtime
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "length"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])
+    node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=1)
+    model = helper.make_model(helper.make_graph([node], "mean", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "mean.bin"  # no .onnx suffix: recognised by content
+    onnx.save(model, str(path))
+    runtime = load_runtime(WorkerSettings(name="q", model=str(path), device="cpu", warmup_iters=1))
+    assert describe_spec(runtime.input_spec) == "float32[N,L]"
+    assert runtime.example is not None  # synthesised, and the warm-up ran through onnxruntime
+    out = runtime.predict(np.array([[1.0, 3.0, 5.0]], np.float32), {})
+    np.testing.assert_allclose(out, [[3.0]])
