@@ -84,6 +84,10 @@ def test_status_and_dead_list_as_json_for_scripts(redis_url, tmp_path):
     assert [q["name"] for q in status["queues"]] == ["q"] and status["queues"][0]["length"] == 1
     dead = json.loads(_cli(["dead", "list", "--name", "q", "--json"], env).stdout)
     assert dead == {"queue": "q", "dead": []}
+    long_name = "a-queue-name-long-enough-that-an-80-column-table-would-cut-or-fold-it"[:64]
+    assert _cli(["enqueue", "--name", long_name, "--input", str(tmp_path / "x.npy")], env).returncode == 0
+    piped = _cli(["status"], env).stdout  # captured: not a terminal
+    assert long_name in piped  # on one line, whole
 
 
 def test_enqueue_wait_prints_compact_json(redis_url, spawn_worker, models_dir, tmp_path):
