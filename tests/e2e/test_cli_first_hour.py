@@ -133,3 +133,27 @@ def test_bench_draws_integer_inputs_from_the_example_range_and_a_failing_run_end
     assert "Traceback" not in failed.stderr
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: bench run failed, nothing measured: ModelError") and "index out of range" in last
+
+
+def test_save_model_command_writes_a_file_the_worker_serves_with_its_spec(tmp_path, redis_url):
+    (tmp_path / "mymodels.py").write_text(
+        "import torch\n\n\nclass Bag(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.embed = torch.nn.Embedding(10, 2)\n\n    def forward(self, ids):\n"
+        "        return self.embed(ids).sum(1)\n\n\ndef build():\n    return Bag()\n")
+    np.save(tmp_path / "example.npy", np.arange(4, dtype=np.int64).reshape(1, 4))
+    env = worker_env(redis_url)
+    argv = [sys.executable, "-m", "inferfleet", "save-model", "mymodels:build", "--example", "example.npy",
+            "--out", "bag.pt2", "--input-spec", "int64[N,L]"]
+    ran = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert "inputs int64[N,L]" in ran.stdout
+    from inferfleet.worker.config import WorkerSettings
+    from inferfleet.worker.runtime.loading import load_runtime
+    from inferfleet.worker.runtime.signature import describe_spec
+
+    runtime = load_runtime(WorkerSettings(name="q", model=str(tmp_path / "bag.pt2"), device="cpu", warmup_iters=1))
+    assert describe_spec(runtime.input_spec) == "int64[N,L]"
+    assert runtime.predict(np.zeros((2, 9), np.int64), {}).shape == (2, 2)  # another length: it varies
+    bad = subprocess.run([*argv[:-1], "int64[N,L"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "Forms: float32[N,16]" in bad.stderr and "Traceback" not in bad.stderr

@@ -579,3 +579,11 @@ def test_deep_nesting_is_bad_request() -> None:
 def test_map_of_tensors_with_non_string_keys_is_bad_request() -> None:
     # INPUTS may be a map of *string* to TENSOR.
     expect_error(body_of({b"x": tensor_map()}))
+
+
+def test_raw_text_and_bytes_outputs_round_trip_in_replies_version_1_2() -> None:
+    from inferfleet.producer.protocol import decode_reply, encode_reply_ok
+
+    for outputs in ("a label", b"\x00\xff"):
+        reply = decode_reply(encode_reply_ok("r", outputs, ("m", "1"), {"batch_rows": 1}))
+        assert reply.ok and reply.outputs == outputs

@@ -277,9 +277,10 @@ def test_error_reply_without_model_or_timing() -> None:
     assert reply.timing == {}
 
 
-def test_error_reply_message_is_truncated() -> None:
-    reply = decode_reply(encode_reply_error("r", "model_error", "x" * 10_000))
-    assert reply.error_message == "x" * 2000
+def test_error_reply_message_is_truncated_keeping_its_end() -> None:
+    reply = decode_reply(encode_reply_error("r", "model_error", "x" * 10_000 + "the cause"))
+    assert len(reply.error_message) == 2000
+    assert reply.error_message.startswith("...x") and reply.error_message.endswith("the cause")
 
 
 @pytest.mark.parametrize("code", ["oops", "", "BAD_REQUEST", "timeout"])

@@ -21,10 +21,10 @@ __all__ = ["main"]
 EXAMPLES = """\b
 Examples (every command reads REDIS_URL, default redis://localhost:6379/0):
   inferfleet worker --name ctr --model models/ctr.pt
-  inferfleet enqueue --name ctr --input features.npz --wait
+  inferfleet enqueue --name ctr --input models/features.npz --wait
   inferfleet status
   inferfleet dead list --name ctr
-  inferfleet save-model mypkg.models:build --example example.npz --out model.pt2
+  inferfleet save-model scripts.build_models:CTR --example models/features.npz --out ctr-packed.pt2
 
 Guides: README.md ("Bring your own model"), docs/handlers.md, docs/cli.md."""
 

@@ -33,8 +33,7 @@ def _module_of(source: str) -> object:
 
 @click.command("save-model", epilog="""\b
 Examples:
-  inferfleet save-model mypkg.models:build --example example.npz --out model.pt2 --input-spec 'int64[N,L]'
-  inferfleet save-model scripted.pt --example example.npy --out scripted-with-spec.pt""")
+  inferfleet save-model scripts.build_models:CTR --example models/features.npz --out ctr-packed.pt2""")
 @click.argument("source")
 @click.option("--example", "example_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="One request's inputs: .npy (one tensor) or .npz (arr_0.. positional, other names keyword).")

@@ -72,7 +72,10 @@ def _producer(queue: QueueConfig) -> Producer:
         raise click.ClickException(str(exc)) from exc
 
 
-@click.command()
+@click.command(epilog="""\b
+Examples:
+  inferfleet enqueue --name ctr --input models/features.npz --wait
+  inferfleet enqueue --name ctr --input models/features.npz      # prints the request id for 'result'""")
 @pass_queue_config
 @click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help=".npy (one tensor) or .npz (arr_0.. positional, other names keyword) inputs.")

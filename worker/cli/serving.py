@@ -93,7 +93,12 @@ def worker_settings(options: dict[str, Any]) -> WorkerSettings:
         raise click.UsageError(str(exc)) from exc
 
 
-@click.command()
+@click.command(epilog="""\b
+Examples:
+  inferfleet worker --name ctr --model models/ctr.pt
+  inferfleet worker --name affine --model models/affine.pt2      # torch.export: spec and warm-up from the file
+  inferfleet worker --name affine --model models/affine.pt --input-spec 'float32[N,16]'
+  inferfleet worker --name scale --model tests.handlers:Scale    # a handler, imported from the current directory""")
 @worker_options
 @_setting("device", "--device")
 @_setting("consumer", "--consumer")
