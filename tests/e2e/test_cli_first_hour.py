@@ -24,7 +24,7 @@ def _probe(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", _PROBE, *args], env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_commands_that_serve_no_model_never_import_torch(redis_url, tmp_path):
+def test_commands_that_serve_no_model_never_import_torch(redis_url, redis_client, tmp_path):
     env = worker_env(redis_url)
     np.save(tmp_path / "x.npy", np.ones((1, 16), np.float32))
     enqueued = _probe(["enqueue", "--name", "q", "--input", str(tmp_path / "x.npy")], env)
@@ -60,7 +60,7 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     (["worker", "--name", "q", "--model", "missing.pt"], 1, "model file 'missing.pt' does not exist"),
     (["worker", "--name", "q", "--model", "models/affine.pt", "--input-spec", "int64[N"], 1, "Forms: float32[N,16]"),
 ])
-def test_common_mistakes_get_one_line_and_a_status(args, status, says, redis_url):
+def test_common_mistakes_get_one_line_and_a_status(args, status, says, redis_url, redis_client):
     ran = _cli(args, worker_env(redis_url))
     assert ran.returncode == status, ran.stderr
     assert says in ran.stderr
@@ -68,7 +68,7 @@ def test_common_mistakes_get_one_line_and_a_status(args, status, says, redis_url
     assert len([line for line in ran.stderr.splitlines() if line.startswith("Error")]) == 1
 
 
-def test_help_is_grouped_with_examples(redis_url):
+def test_help_is_grouped_with_examples(redis_url, redis_client):
     text = _cli(["--help"], worker_env(redis_url)).stdout
     for section in ("Serve a model:", "Send requests:", "Watch and manage a queue:", "Examples ("):
         assert section in text
@@ -76,7 +76,7 @@ def test_help_is_grouped_with_examples(redis_url):
     assert "inferfleet enqueue --name ctr --input" in text
 
 
-def test_status_and_dead_list_as_json_for_scripts(redis_url, tmp_path):
+def test_status_and_dead_list_as_json_for_scripts(redis_url, redis_client, tmp_path):
     env = worker_env(redis_url)
     np.save(tmp_path / "x.npy", np.ones((1, 16), np.float32))
     assert _cli(["enqueue", "--name", "q", "--input", str(tmp_path / "x.npy")], env).returncode == 0
@@ -90,7 +90,7 @@ def test_status_and_dead_list_as_json_for_scripts(redis_url, tmp_path):
     assert long_name in piped  # on one line, whole
 
 
-def test_enqueue_wait_prints_compact_json(redis_url, spawn_worker, models_dir, tmp_path):
+def test_enqueue_wait_prints_compact_json(redis_url, redis_client, spawn_worker, models_dir, tmp_path):
     spawn_worker("affine", str(models_dir / "affine.pt"))
     np.save(tmp_path / "x.npy", np.ones((1, 16), np.float32))
     ran = _cli(["enqueue", "--name", "affine", "--input", str(tmp_path / "x.npy"), "--wait"], worker_env(redis_url))
@@ -118,7 +118,7 @@ def _embedding_model(path) -> None:
 
 
 def test_bench_draws_integer_inputs_from_the_example_range_and_a_failing_run_ends_in_one_line(
-        redis_url, tmp_path):
+        redis_url, redis_client, tmp_path):
     model = tmp_path / "bag.pt2"
     _embedding_model(model)
     env = worker_env(redis_url)
@@ -135,7 +135,7 @@ def test_bench_draws_integer_inputs_from_the_example_range_and_a_failing_run_end
     assert last.startswith("Error: bench run failed, nothing measured: ModelError") and "index out of range" in last
 
 
-def test_save_model_command_writes_a_file_the_worker_serves_with_its_spec(tmp_path, redis_url):
+def test_save_model_command_writes_a_file_the_worker_serves_with_its_spec(tmp_path, redis_url, redis_client):
     (tmp_path / "mymodels.py").write_text(
         "import torch\n\n\nclass Bag(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
         "        self.embed = torch.nn.Embedding(10, 2)\n\n    def forward(self, ids):\n"

@@ -54,7 +54,7 @@ def _expected(ids: np.ndarray) -> np.ndarray:
 
 
 def test_exported_model_with_a_dynamic_length_is_checked_warmed_and_batched_by_length(
-        tmp_path, redis_url, caplog):
+        tmp_path, redis_url, redis_client, caplog):
     model = _exported(tmp_path / "plain-export.bin")  # the name says nothing: the content does
     with caplog.at_level(logging.INFO, logger="inferfleet"):
         consumer = make_consumer(redis_url, model, idle_block_ms=50, max_batch_rows=16)
@@ -76,7 +76,7 @@ def test_exported_model_with_a_dynamic_length_is_checked_warmed_and_batched_by_l
         assert reply.error_code == "bad_request" and "the model takes int64[N,L]" in reply.error_message
 
 
-def test_a_static_trailing_dimension_is_still_enforced(tmp_path, redis_url):
+def test_a_static_trailing_dimension_is_still_enforced(tmp_path, redis_url, redis_client):
     consumer = make_consumer(redis_url, _exported(tmp_path / "fixed.pt2", dynamic_length=False), idle_block_ms=50)
     assert describe_spec(consumer.runtime.input_spec) == "int64[N,5]"
     producer = Producer(redis_url, "q")
@@ -86,7 +86,7 @@ def test_a_static_trailing_dimension_is_still_enforced(tmp_path, redis_url):
     assert producer.result(wrong, timeout_s=5, raise_errors=False).error_code == "bad_request"
 
 
-def test_torchscript_with_input_spec_varies_where_named(tmp_path, redis_url, caplog):
+def test_torchscript_with_input_spec_varies_where_named(tmp_path, redis_url, redis_client, caplog):
     path = str(tmp_path / "scripted.pt")
     torch.jit.save(torch.jit.script(MeanEmbed()), path)
     with caplog.at_level(logging.WARNING):
@@ -111,7 +111,7 @@ def test_a_bad_input_spec_is_one_clear_load_error(tmp_path):
         load_runtime(WorkerSettings(name="q", model=path, device="cpu", input_spec="int64[N,L"))
 
 
-def test_save_model_ships_example_and_spec_in_one_file(tmp_path, redis_url):
+def test_save_model_ships_example_and_spec_in_one_file(tmp_path, redis_url, redis_client):
     path = str(tmp_path / "masked.pt2")
     example = {"ids": np.ones((1, 6), np.int64), "mask": np.ones((1, 6), bool)}
     written = save_model(Masked(), example, path, dynamic={"ids": [1], "mask": [1]})
@@ -154,7 +154,7 @@ def test_torch_save_files_are_named_and_never_unpickled(tmp_path, monkeypatch):
             load_runtime(WorkerSettings(name="q", model=str(path), device="cpu"))
 
 
-def test_a_model_error_keeps_the_cause_not_the_torchscript_preamble(tmp_path, redis_url):
+def test_a_model_error_keeps_the_cause_not_the_torchscript_preamble(tmp_path, redis_url, redis_client):
     path = str(tmp_path / "linear.pt")
     torch.jit.save(torch.jit.script(torch.nn.Sequential(torch.nn.Linear(16, 4), torch.nn.ReLU())), path)
     consumer = make_consumer(redis_url, path, idle_block_ms=50, warmup_iters=0)  # no spec: no checks
