@@ -1,10 +1,11 @@
-"""The ``inferfleet`` group's own behaviour: help grouped by task, and one-line errors.
+"""The ``inferfleet`` group's own behaviour: help grouped by task, and errors without tracebacks.
 
 :class:`InferfleetGroup` lists commands under headings (:data:`SECTIONS`; a
 command not named there is listed under "Other commands", so a new command
-needs no change here) and is the one seam where an error that escaped a
-command becomes one line with what to do, and exit status 1: a Redis that is
-down, not a cluster, or a cluster. Usage mistakes stay click's (status 2).
+needs no change here) and is the one seam where a Redis or inferfleet error
+that escaped a command becomes an ``Error:`` line with what to do, and exit
+status 1: a Redis that is down, not a cluster, or a cluster. Usage mistakes
+stay click's (status 2).
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ _HINTS = (
 
 
 def with_hint(message: str) -> str:
-    """The first line of ``message``, with what to do when it is a Redis error we know."""
-    line = message.strip().splitlines()[0] if message.strip() else message
+    """``message`` with what to do appended when it is a Redis error we know."""
+    text = message.rstrip()
     for needle, hint in _HINTS:
-        if needle in message and hint not in line:
-            return f"{line} ({hint})"
-    return line
+        if needle in text and hint not in text:
+            return f"{text} ({hint})"
+    return text
 
 
 def check_redis_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
