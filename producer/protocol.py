@@ -552,32 +552,108 @@ class BodyTemplate:
     """The bytes every body of one input spec shares, so the worker can skip decoding them.
 
     Learnt from a body that was fully decoded and admitted: a map with only
-    ``inputs`` (or empty ``params``), one tensor, its ``data`` last. Another
-    body of the same length that starts with the same ``prefix`` has the
-    same structure, dtype and shape byte for byte, so it would decode to the
-    same checks passed: only its data differs, and that is the tail.
+    ``inputs`` (or empty ``params``) holding one tensor, a list or a map of
+    them (no bool tensors: their data bytes are checked one by one). Another
+    body of the same length with the same bytes outside the tensors' data
+    (``consts``) has the same structure, dtypes and shapes byte for byte, so
+    it decodes to the same checks passed: only the data differ.
+
+    The data ranges are found by searching the body for each tensor's bytes
+    and then proved: the body with every data byte flipped must decode to
+    exactly the flipped tensors, or nothing is learnt.
     """
 
-    prefix: bytes
     length: int
-    dtype: np.dtype
-    shape: tuple[int, ...]
+    consts: tuple[tuple[int, bytes], ...]  # (offset, bytes) every fitting body repeats
+    tensors: tuple[tuple[int, np.dtype, tuple[int, ...]], ...]  # (offset, dtype, shape) of each tensor's data
+    names: tuple[str, ...] | None  # a map's keys in order; None for one tensor or a list
+    single: bool  # one tensor, not a list of one
+
+    @property
+    def rows(self) -> int:
+        """Rows of every fitting body's request."""
+        return self.tensors[0][2][0]
 
     @classmethod
     def learn(cls, body: bytes, inputs: Inputs, params: dict) -> BodyTemplate | None:
         """The template of ``body`` (already decoded to ``inputs``, ``params``), or None if it has none."""
-        if params or not isinstance(inputs, np.ndarray) or not inputs.size:
+        arrays = _tensors_of(inputs)
+        if params or arrays is None:
             return None
-        data = inputs.tobytes()
-        if not body.endswith(data):
-            return None
-        return cls(body[:len(body) - len(data)], len(body), inputs.dtype, inputs.shape)
+        tensors, start = [], 0
+        for arr in arrays:
+            at = body.find(arr.tobytes(), start)
+            if at < 0:
+                return None
+            tensors.append((at, arr.dtype, arr.shape))
+            start = at + arr.nbytes
+        ranges = [(at, at + int(np.prod(shape)) * dtype.itemsize) for at, dtype, shape in tensors]
+        ends = [0] + [end for _, end in ranges]
+        consts = tuple((end, body[end:at]) for end, (at, _) in zip(ends, [*ranges, (len(body), 0)]) if at > end)
+        template = cls(len(body), consts, tuple(tensors),
+                       tuple(inputs) if isinstance(inputs, dict) else None, isinstance(inputs, np.ndarray))
+        return template if template._proved(body, ranges) else None
 
-    def inputs_of(self, body: bytes) -> np.ndarray | None:
-        """``body``'s tensor (a view of its bytes) if it fits this template, else None."""
-        if len(body) != self.length or not body.startswith(self.prefix):
+    def _proved(self, body: bytes, ranges: list[tuple[int, int]]) -> bool:
+        """Flip every data byte: the body must decode to exactly the flipped tensors, in this form."""
+        flipped = np.frombuffer(body, np.uint8).copy()
+        for start, end in ranges:
+            flipped[start:end] ^= 0xFF
+        try:
+            inputs, params = decode_body(flipped.tobytes())
+        except ProtocolError:
+            return False
+        if isinstance(inputs, dict):
+            same_form = self.names == tuple(inputs)
+        else:
+            same_form = self.names is None and self.single == isinstance(inputs, np.ndarray)
+        got = _tensors_of(inputs)
+        want = _tensors_of(self._inputs_of(flipped.reshape(1, -1)))
+        return (not params and same_form and got is not None and want is not None and len(got) == len(want)
+                and all(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+                        for a, b in zip(got, want)))
+
+    def fitting(self, bodies: np.ndarray) -> np.ndarray:
+        """Which rows of ``bodies`` (uint8, one body of ``length`` bytes a row) fit: a bool each."""
+        fits = np.ones(len(bodies), bool)
+        for at, const in self.consts:
+            fits &= (bodies[:, at:at + len(const)] == np.frombuffer(const, np.uint8)).all(axis=1)
+        return fits
+
+    def _inputs_of(self, bodies: np.ndarray) -> Inputs:
+        """The inputs of fitting ``bodies`` (uint8 rows), concatenated row-wise, in this template's form."""
+        arrays = []
+        for at, dtype, shape in self.tensors:
+            nbytes = int(np.prod(shape)) * dtype.itemsize
+            # a copy, always: a one-row slice counts as contiguous, so ascontiguousarray would keep
+            # its row stride (the body's length), which is no multiple of the dtype's size
+            arr = bodies[:, at:at + nbytes].copy().view(dtype)
+            arrays.append(arr.reshape((len(bodies) * shape[0],) + shape[1:]))
+        if self.single:
+            return arrays[0]
+        return dict(zip(self.names, arrays)) if self.names is not None else arrays
+
+    def inputs_many(self, bodies: np.ndarray) -> Inputs:
+        """Every fitting body's inputs (``bodies``: uint8, one a row), concatenated row-wise: one copy a tensor."""
+        return self._inputs_of(bodies)
+
+    def inputs_of(self, body: bytes) -> Inputs | None:
+        """``body``'s inputs if it fits this template, else None."""
+        if len(body) != self.length or not all(body.startswith(const, at) for at, const in self.consts):
             return None
-        return np.frombuffer(body, self.dtype, offset=len(self.prefix)).reshape(self.shape)
+        if self.single:
+            at, dtype, shape = self.tensors[0]
+            return np.frombuffer(body, dtype, offset=at, count=int(np.prod(shape))).reshape(shape)
+        return self._inputs_of(np.frombuffer(body, np.uint8).reshape(1, -1))
+
+
+def _tensors_of(inputs: Inputs) -> list[np.ndarray] | None:
+    """The tensors of decoded inputs in body order, or None where a template cannot hold them."""
+    arrays = [inputs] if isinstance(inputs, np.ndarray) else list(inputs.values()) if isinstance(inputs, dict) \
+        else list(inputs) if isinstance(inputs, list) else None
+    if not arrays or not all(isinstance(a, np.ndarray) and a.size and a.dtype.kind != "b" for a in arrays):
+        return None
+    return arrays
 
 
 # --------------------------------------------------------------------------- replies
@@ -668,6 +744,30 @@ class ReplyTemplate:
         """The end of every reply of one batch: its infer_ms and batch_rows."""
         return pack("infer_ms") + pack(float(infer_ms)) + pack("batch_rows") + pack(int(batch_rows))
 
+    def payload_format(self, id_length: int, tail: bytes) -> tuple[bytes, int]:
+        """A bytes %-format of the ok reply to a request whose ASCII id is ``id_length`` bytes long,
+        and the reply's length.
+
+        ``format % (rid, data, queued)`` (``queued`` the queue wait packed as a
+        big-endian double, :meth:`queued_bytes`) equals :meth:`encode`'s bytes:
+        a batch's replies are formatted without building them piece by piece.
+        """
+        parts = self.payload_parts(id_length, tail)
+        fmt = b"%b".join(part.replace(b"%", b"%%") for part in parts)
+        return fmt, sum(map(len, parts)) + id_length + self.nbytes + _DOUBLE.size
+
+    def payload_parts(self, id_length: int, tail: bytes) -> tuple[bytes, bytes, bytes, bytes]:
+        """The fixed bytes of an ok reply whose ASCII id is ``id_length`` bytes long: the reply is
+        ``parts[0] + rid + parts[1] + data + parts[2] + queued + parts[3]`` (as in :meth:`payload_format`)."""
+        if not 0 < id_length < 256:
+            raise ValueError(f"id_length must be 1 to 255, got {id_length}")
+        return self._map5 + self._id_key + _STR_HEADERS[id_length], self._ok_outputs, self._model_queued, tail
+
+    @staticmethod
+    def queued_bytes(queued_ms: np.ndarray) -> bytes:
+        """Queue waits in ms, packed as the big-endian doubles of the replies' ``queued_ms`` (8 bytes each)."""
+        return (np.maximum(queued_ms, 0.0) + 0.0).astype(">f8").tobytes()  # + 0.0: no -0.0, as max(0.0, x)
+
     def encode(self, rid: str, data: bytes, queued_ms: float, tail: bytes) -> bytes:
         """One ok reply: ``data`` is the request's outputs (``nbytes`` bytes, C order)."""
         packed_id = _STR_HEADERS[len(rid)] + rid.encode() if len(rid) < 256 and rid.isascii() else pack(rid)
@@ -715,17 +815,19 @@ _TEMPLATE_DTYPES = frozenset(DTYPES.values())
 class BodyEncoder:
     """:func:`encode_body` for the many inputs of one call, with the same bytes.
 
-    The body of a lone C-contiguous tensor is ``prefix + data + suffix``,
-    where the prefix (map headers, dtype, shape, bin header) depends only on
-    the dtype and shape and the suffix only on ``params``: they are worked out
-    once per dtype and shape, checked against :func:`encode_body`, and each
-    body after that is a concatenation. Every other input goes through
-    :func:`encode_body`.
+    The body of a lone C-contiguous tensor is ``prefix + data + suffix``, and
+    that of a map of them ``part + data + part + data ... + suffix``: the
+    parts (map headers, names, dtypes, shapes, bin headers) depend only on
+    the names, dtypes and shapes, the suffix only on ``params``. They are
+    worked out once per layout and proved (the parts around flipped data
+    must give :func:`encode_body`'s bytes too); each body after that is a
+    concatenation. Every other input goes through :func:`encode_body`.
     """
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         self._params = params
         self._around: dict[tuple[Any, tuple[int, ...]], tuple[bytes, bytes] | None] = {}
+        self._maps: dict[tuple, tuple[bytes, ...] | None] = {}
 
     def encode(self, inputs: Any) -> bytes:
         """The ``body`` field of a request for ``inputs`` (raises ProtocolError like encode_body)."""
@@ -734,7 +836,34 @@ class BodyEncoder:
             around = self._around[key] if key in self._around else self._learn(key, inputs)
             if around is not None:
                 return around[0] + inputs.tobytes() + around[1]
+        elif inputs.__class__ is dict:
+            return self._encode_map(inputs)
         return encode_body(inputs, self._params)
+
+    def _encode_map(self, inputs: dict) -> bytes:
+        arrays = list(inputs.values())
+        if not all(a.__class__ is np.ndarray and a.flags.c_contiguous for a in arrays):
+            return encode_body(inputs, self._params)
+        key = tuple((name, a.dtype, a.shape) for name, a in inputs.items())
+        parts = self._maps[key] if key in self._maps else self._learn_map(key, inputs)
+        if parts is None:
+            return encode_body(inputs, self._params)
+        pieces = [parts[0]]
+        for arr, part in zip(arrays, parts[1:]):
+            pieces.append(arr.tobytes())
+            pieces.append(part)
+        return b"".join(pieces)
+
+    def _learn_map(self, key: tuple, inputs: dict) -> tuple[bytes, ...] | None:
+        body = encode_body(inputs, self._params)  # raises for what the contract refuses, as it would
+        parts: tuple[bytes, ...] | None = None
+        if len(self._maps) < 64 and all(a.dtype in _TEMPLATE_DTYPES and a.size for a in inputs.values()):
+            parts = _split_around(body, [a.tobytes() for a in inputs.values()])
+            flipped = {name: _flipped(a) for name, a in inputs.items()}
+            if parts is not None and _joined(parts, flipped) != encode_body(flipped, self._params):
+                parts = None
+        self._maps[key] = parts
+        return parts
 
     def _learn(self, key: tuple[Any, tuple[int, ...]], arr: np.ndarray) -> tuple[bytes, bytes] | None:
         body = encode_body(arr, self._params)  # raises for what the contract refuses, as it would
@@ -747,6 +876,31 @@ class BodyEncoder:
                 around = (prefix, suffix)
         self._around[key] = around
         return around
+
+
+def _split_around(body: bytes, datas: list[bytes]) -> tuple[bytes, ...] | None:
+    """``body`` cut around each of ``datas`` in order: the bytes before, between and after them."""
+    parts, start = [], 0
+    for data in datas:
+        at = body.find(data, start)
+        if at < 0:
+            return None
+        parts.append(body[start:at])
+        start = at + len(data)
+    parts.append(body[start:])
+    return tuple(parts)
+
+
+def _flipped(arr: np.ndarray) -> np.ndarray:
+    """``arr`` with every byte of its data inverted (the same dtype and shape)."""
+    return (np.frombuffer(arr.tobytes(), np.uint8) ^ 0xFF).view(arr.dtype).reshape(arr.shape)
+
+
+def _joined(parts: tuple[bytes, ...], inputs: dict) -> bytes:
+    pieces = [parts[0]]
+    for arr, part in zip(inputs.values(), parts[1:]):
+        pieces += [arr.tobytes(), part]
+    return b"".join(pieces)
 
 
 def peek_reply(raw: bytes) -> tuple[str, bool] | None:

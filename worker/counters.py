@@ -19,7 +19,7 @@ of a round may show part of it, which the next snapshot makes up.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,10 +80,15 @@ class Counters:
 
     def batch_computed(self, batch: Sequence[Queued], rows: int, infer_s: float) -> None:
         """One forward pass of ``rows`` rows over ``batch``, taking ``infer_s`` seconds."""
+        self.batch_waited(rows, infer_s, lambda: [(r.picked_ms - r.enqueued_ms) / 1000.0 for r in batch])
+
+    def batch_waited(self, rows: int, infer_s: float, queue_waits_s: Callable[[], Sequence[float]]) -> None:
+        """One forward pass of ``rows`` rows in ``infer_s`` seconds; ``queue_waits_s()`` gives each of
+        its requests' queue wait, asked for only when metrics are recorded."""
         self.batches += 1
         self.rows += rows
         if self.metrics.enabled:
-            self.metrics.batch_done(rows, infer_s, [(r.picked_ms - r.enqueued_ms) / 1000.0 for r in batch])
+            self.metrics.batch_done(rows, infer_s, queue_waits_s())
 
     def busy(self, seconds: float) -> None:
         """Time spent on a round: computing and replying, not waiting for entries."""
@@ -95,6 +100,11 @@ class Counters:
         """Replies written, by code (``answers`` at the indexes in ``failed`` were not)."""
         if self.metrics.enabled:
             self.metrics.answered(reply_codes(answers, failed))
+
+    def replied_ok(self, count: int) -> None:
+        """``count`` ok replies written (a batch answered from a template)."""
+        if self.metrics.enabled and count:
+            self.metrics.answered({"ok": count})
 
     def replies_skipped(self, count: int) -> None:
         """Replies not written because another consumer had answered those entries."""

@@ -60,6 +60,21 @@ def test_other_inputs_take_encode_body(inputs: object) -> None:
     assert encoder.encode(inputs) == encode_body(inputs, {"k": 1})
 
 
+@pytest.mark.parametrize("params", [None, {"t": 0.5}])
+@pytest.mark.parametrize("layout", [
+    {"dense": ("float32", (1, 13)), "sparse": ("int64", (1, 26))},  # the CTR model's inputs
+    {"b": ("uint8", (2, 300)), "a": ("float16", (2,))},  # bin16 data, names out of order
+    {"only": ("bool", (1, 5))},
+])
+def test_map_template_bodies_are_the_bytes_encode_body_writes(layout: dict, params: dict | None) -> None:
+    rng = np.random.default_rng(1)
+    encoder = BodyEncoder(params)
+    for i in range(4):  # the first learns the parts, the others use them; one is all zeros
+        x = {name: (rng.standard_normal(shape) * 50 * (i != 2)).astype(DTYPES[dtype]) if dtype != "bool"
+             else rng.random(shape) > 0.5 for name, (dtype, shape) in layout.items()}
+        assert encoder.encode(x) == encode_body(x, params)
+
+
 def test_a_template_is_per_dtype_and_shape() -> None:
     encoder = BodyEncoder()
     a, b = np.ones((1, 4), np.float32), np.ones((1, 4), np.float64)

@@ -15,38 +15,36 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import redis
 
-from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error, encode_reply_ok
+from inferfleet.producer.protocol import GROUP, QueueKeys
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import stream_entries
 from inferfleet.worker.counters import Counters
-from inferfleet.worker.logs import batch_context
 from inferfleet.worker.metrics import worker_metrics
-from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
+from inferfleet.worker.runtime.devices import release_device_memory
+from inferfleet.worker.runtime.loading import ModelRuntime
 from inferfleet.worker.serving.alerts import Alert
 from inferfleet.worker.serving.alerts import publish as publish_alerts
 from inferfleet.worker.serving.batching import (
     Request,
     collect,
-    concat_inputs,
     form_batches,
-    predict_isolated,
-    split_outputs,
 )
+from inferfleet.worker.serving.columns import Columns, admit_read, merge_columns
+from inferfleet.worker.serving.compute import BatchComputer, encode_answer
 from inferfleet.worker.serving.deadletter import dead_fields
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
 from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 from inferfleet.worker.serving.recovery import Delivery, Recovery
-from inferfleet.worker.serving.replies import BatchEncoder, ReplyWriter
+from inferfleet.worker.serving.replies import ReplyWriter
 from inferfleet.worker.serving.rowlimit import RowLimit
 
-__all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group", "model_error_message"]
+__all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
 
 log = logging.getLogger(__name__)
 
@@ -90,32 +88,9 @@ def leave_group(client: redis.Redis, keys: QueueKeys, consumer: str) -> bool:
         return False
 
 
-def model_error_message(exc: BaseException, limit: int = 2000) -> str:
-    """One line that names the cause: the exception's last line (a TorchScript error ends with the
-    Python-level one, after pages of interpreter traceback), at most ``limit`` characters of its end."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    cause = lines[-1] if lines else ""
-    head = cause.split(":", 1)[0]
-    if not (head.endswith(("Error", "Exception")) and " " not in head):
-        cause = f"{type(exc).__name__}: {cause}" if cause else type(exc).__name__
-    return cause if len(cause) <= limit else "..." + cause[-(limit - 3):]
-
-
-def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
-    """The answer to ``req``: its outputs, or ``model_error`` for an exception or outputs the
-    contract cannot carry. ``meta`` (name, version) names the model that computed it."""
-    timing = {"queued_ms": max(0.0, req.picked_ms - req.enqueued_ms),
-              "infer_ms": infer_ms, "batch_rows": batch_rows}
-    if not isinstance(result, Exception):
-        try:
-            return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True,
-                          rid=req.rid)
-        except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
-            result = exc
-    message = model_error_message(result)
-    log.warning("request %s: model error: %s", req.rid, message)
-    return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
-                  rid=req.rid, code="model_error")
+def _entries(items: list[Request | Answer | Columns]) -> int:
+    """How many stream entries a round's items stand for (a Columns batch stands for many)."""
+    return sum(len(item) if isinstance(item, Columns) else 1 for item in items)
 
 
 def dead_letter(intake: Intake, entry_id: bytes, fields: Any, delivered: int, settings: WorkerSettings) -> Answer:
@@ -153,7 +128,7 @@ class Consumer:
         self.intake = Intake(self.keys, settings.limits, runtime.model_meta,
                              runtime.input_spec, runtime.accepts_params, runtime.per_request)
         self._ready = False
-        self._prefetched: list[Request | Answer] = []  # read ahead, answered next round
+        self._prefetched: list[Request | Answer | Columns] = []  # read ahead, answered next round
         self._pool: ThreadPoolExecutor | None = None
         self.prefetch = settings.prefetch == "on" or (settings.prefetch == "auto" and runtime.device.type == "cuda")
         self.row_limit = RowLimit(settings.max_batch_rows)  # lowered after an out-of-memory error
@@ -163,12 +138,17 @@ class Consumer:
         self.counters = counters
         self.counters.model_version(runtime.version)
         self._window = self.counters.snapshot()  # the totals at the last periodic log line
-        self._batch_seq = 0  # numbers batches in the logs (record field ``batch``)
         self.results = ResultPolicy(settings, self.keys, client)
+        # reads that fit a body template are admitted, computed and answered as Columns, unless
+        # every request needs a digest of its own (the result cache, the consistency check)
+        # every request needs a digest of its own (the result cache, the consistency check), or the
+        # handler decodes each request itself (per-request hooks: docs/handlers.md)
+        self.columnar = not self.results.keyed and not runtime.per_request
         self.recovery = Recovery(client, self.keys, settings, self.counters)
         self.cache_round = CacheRound(self.results, self.counters)
         self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
-        self.encoder = BatchEncoder(runtime.model_meta, encode_answer)
+        self.computer = BatchComputer(settings, runtime, self.results, self.cache_round, self.replies,
+                                      self.counters, self.row_limit)
         self.watcher = watcher  # follows hot swaps
         self.model_source = settings.model if model_source is None else model_source  # the runtime's file or handler
 
@@ -238,7 +218,7 @@ class Consumer:
             self.counters.busy(time.perf_counter() - started)
             return handled
         items = collect(self._read, self.row_limit.rows, self.settings.max_wait_s,
-                        rows_of=lambda item: item.rows if isinstance(item, Request) else 0)
+                        rows_of=lambda item: 0 if isinstance(item, Answer) else item.rows)
         if items:
             started = time.perf_counter()
             ahead = self._read_ahead() if self.prefetch else None
@@ -247,7 +227,7 @@ class Consumer:
                 self._prefetched = ahead.result()
             self.counters.busy(time.perf_counter() - started)
         self._maybe_housekeep()
-        return len(items)
+        return _entries(items)
 
     def _read_ahead(self) -> Future:
         """Read and decode the next round's entries in a thread while this round computes.
@@ -260,26 +240,31 @@ class Consumer:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"read-ahead-{self.settings.consumer}")
         return self._pool.submit(self._read, self.row_limit.rows, 0.0)
 
-    def _answer(self, items: list[Request | Answer]) -> None:
+    def _answer(self, items: list[Request | Answer | Columns]) -> None:
         """Compute and reply to one round of items."""
         answers = [item for item in items if isinstance(item, Answer)]
+        fallback: list[Answer] = []
+        columns = [item for item in items if isinstance(item, Columns)]
+        for cols in merge_columns(columns) if columns else ():
+            fallback.extend(self.computer.infer_columns(cols))  # answered now, unless it left the fast path
+        answers.extend(fallback)
         requests, hits = self.cache_round.start([item for item in items if isinstance(item, Request)],
                                                 self.runtime.version)
         meta = self.runtime.model_meta
         answers.extend(encode_answer(meta, req, outputs, 0.0, 0) for req, outputs in hits)  # 0 rows: not computed
         for batch in form_batches(requests, self.row_limit.rows):
-            answers.extend(self._infer(batch))
+            answers.extend(self.computer.infer(batch))
         answers.extend(encode_answer(meta, *duplicate) for duplicate in self.cache_round.finish())
         alerts = self.results.take_alerts()
         if alerts:  # before the replies: a client that sees its reply can see its alert
             self._alert(alerts)
         self.replies.write(answers)
         self.results.flush()  # after the replies: a cache write must never delay or block one
-        self.counters.answered(len(items), sum(1 for a in answers if not a.ok))
+        self.counters.answered(_entries(items), sum(1 for a in answers if not a.ok))
 
     # -- reading -----------------------------------------------------------
 
-    def _read(self, count: int, timeout_s: float | None) -> list[Request | Answer]:
+    def _read(self, count: int, timeout_s: float | None) -> list[Request | Answer | Columns]:
         if self._prefetched:
             items, self._prefetched = self._prefetched, []
             return items
@@ -291,6 +276,8 @@ class Consumer:
             GROUP, self.settings.consumer, {self.keys.requests: ">"}, count=count, block=block,
         )
         now_ms = time.time() * 1000.0
+        if self.columnar:
+            return admit_read(self.intake, stream_entries(response), now_ms)
         admit = self.intake.admit_fast
         return [admit(entry_id, fields if isinstance(fields, dict) else fields_of(fields), now_ms)
                 for entry_id, fields in stream_entries(response)]
@@ -312,59 +299,6 @@ class Consumer:
         else:
             self._answer([self.intake.admit(entry_id, fields, time.time() * 1000.0)])
         return 1
-
-    # -- computing ---------------------------------------------------------
-
-    def _infer(self, batch: list[Request]) -> list[Answer]:
-        """Compute one batch; what it logs carries the batch number and its request ids."""
-        self._batch_seq += 1
-        with batch_context(self._batch_seq, batch):
-            return self._infer_batch(batch)
-
-    def _infer_batch(self, batch: list[Request]) -> list[Answer]:
-        rows_total = sum(r.rows for r in batch)
-        started = time.perf_counter()
-        suspicious = False
-
-        def predict(part: Sequence[Request]) -> list[Any]:
-            nonlocal suspicious
-            try:
-                if self.runtime.per_request:  # the handler decodes, collates and splits (docs/handlers.md)
-                    parts = self.runtime.predict_requests([r.inputs for r in part], [r.rows for r in part],
-                                                          part[0].params)
-                    outputs = parts
-                else:
-                    outputs = self.runtime.predict(concat_inputs(part), part[0].params)
-                    parts = split_outputs(outputs, [r.rows for r in part])
-            except Exception as exc:
-                if is_out_of_memory(exc):
-                    self._out_of_memory(sum(r.rows for r in part))
-                raise
-            suspicious = suspicious or self.results.batch_suspicious(outputs)
-            return parts
-
-        computed = predict_isolated(batch, predict)
-        version = self.runtime.version
-        results = [self.results.review(req, res, version, suspicious) for req, res in zip(batch, computed)]
-        if self.row_limit.batch_computed():
-            log.info("consumer %s: row limit raised to %d", self.settings.consumer, self.row_limit.rows)
-        every = self.settings.empty_cache_every
-        if every and self.counters.batches % every == every - 1:
-            self.runtime.release_memory()  # the article's memory hygiene: return cached blocks
-        infer_ms = (time.perf_counter() - started) * 1000.0
-        self.counters.batch_computed(batch, rows_total, infer_ms / 1000.0)
-        log.debug("consumer %s: batch of %d rows, %d requests, %.2f ms",
-                  self.settings.consumer, rows_total, len(batch), infer_ms)
-        self.cache_round.remember(batch, results, infer_ms, rows_total)
-        return self.encoder.encode(batch, results, infer_ms, rows_total)
-
-    def _out_of_memory(self, rows: int) -> None:
-        """Halve the row limit below the batch that did not fit; bisection retries the halves."""
-        self.runtime.release_memory()
-        before = self.row_limit.rows
-        if self.row_limit.out_of_memory(rows):
-            log.warning("consumer %s: out of memory on %d rows; row limit %d -> %d",
-                        self.settings.consumer, rows, before, self.row_limit.rows)
 
     # -- model hot swap ----------------------------------------------------
 
@@ -392,15 +326,17 @@ class Consumer:
         old, self.runtime, self.model_source = self.runtime, new, source
         self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params,
                              new.per_request)
+        self.columnar = not self.results.keyed and not new.per_request
         self.results.model_changed()
         self.replies.model_meta = new.model_meta
-        self.encoder = BatchEncoder(new.model_meta, encode_answer)
+        self.computer.use(new)
         self.counters.model_version(new.version)
         log.info("consumer %s switched model %s from version %s to %s", self.settings.consumer,
                  self.settings.name, old.version, new.version)
-        old.release_memory()
+        device = old.device
         del old
-        gc.collect()  # the old copy's tensors go now, not at some later collection
+        gc.collect()  # the old copy's tensors go now, not at some later collection...
+        release_device_memory(device)  # ...so the cache they leave can be returned (two workers share a GPU)
 
     def heartbeat_fields(self) -> dict[str, Any]:
         """What the heartbeat publishes besides the counters: version, swap error, cache use."""
@@ -414,7 +350,7 @@ class Consumer:
         if self.recovery.housekeeping_due(now):
             if self.watcher is not None:
                 self.watcher.poll(self.runtime.version)
-            self.recovery.housekeep(read_ahead=len(self._prefetched))
+            self.recovery.housekeep(read_ahead=_entries(self._prefetched))
         if now >= self._next_stats_log:
             self._next_stats_log = now + 10.0
             totals = self.counters.snapshot()

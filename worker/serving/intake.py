@@ -102,6 +102,19 @@ class Intake:
     _inboxes: dict[bytes, str] = field(default_factory=dict, repr=False)
     _fits: dict[Hashable, bool] = field(default_factory=dict, repr=False)
 
+    @property
+    def reply_prefix(self) -> bytes:
+        """The default reply key of request RID is this prefix followed by RID."""
+        return self.keys.reply("").encode("ascii")
+
+    def template_for(self, length: int) -> tuple[BodyTemplate, Hashable] | None:
+        """The body template learnt for bodies of ``length`` bytes, with its signature, if any."""
+        return self._templates.get(length)
+
+    def checked_inbox(self, reply_to: bytes) -> str | None:
+        """``reply_to`` as a key if it is an inbox already checked (else None: :meth:`admit` decides)."""
+        return self._inboxes.get(reply_to)
+
     def admit_fast(self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float) -> Request | Answer:
         """:meth:`admit`, through the fast path when the entry is the common case."""
         if fields:
@@ -132,7 +145,7 @@ class Intake:
         if deadline is not None and not (isinstance(deadline, bytes) and deadline.isdigit() and len(deadline) <= 16
                                          and now_ms <= int(deadline)):
             return None  # malformed or expired: the general path answers it
-        return Request(entry_id, rid.decode("ascii"), reply_key, inputs, {}, template.shape[0], signature,
+        return Request(entry_id, rid.decode("ascii"), reply_key, inputs, {}, template.rows, signature,
                        int(entry_id[:entry_id.index(b"-")]), now_ms)
 
     def _learn(self, body: bytes, admitted: Request) -> None:

@@ -26,6 +26,7 @@ import redis
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import GROUP, QueueKeys, ReplyTemplate, encode_reply_error
 from inferfleet.worker.counters import Counters
+from inferfleet.worker.serving.columns import Columns
 from inferfleet.worker.serving.deadletter import DEAD_MAXLEN
 from inferfleet.worker.serving.intake import Answer
 
@@ -92,6 +93,8 @@ class ReplyWriter:
         self.model_meta = model_meta
         self.counters = counters
         self._script = client.register_script(REPLY_SCRIPT)
+        # the script's call packed by hand (a Columns batch) where the client is one plain Redis
+        self._direct = isinstance(client, redis.Redis) and getattr(client, "connection", None) is None
 
     def load(self) -> None:
         """Load the script now (at start: a missing permission shows before the first reply)."""
@@ -116,6 +119,58 @@ class ReplyWriter:
                      expected - pushed)
         if failed:
             self._reply_elsewhere([answers[i] for i in failed])
+
+    def write_columns(self, cols: Columns, template: ReplyTemplate, outputs: np.ndarray, infer_ms: float) -> None:
+        """Reply ok to every request of ``cols`` and XACK it, in one script call packed from ``template``.
+
+        ``outputs`` holds every request's rows in order, each request's part
+        of the template's dtype and shape. The same script and the same
+        outcome as :meth:`write`, without an Answer or a packed argument per
+        request.
+        """
+        tail = ReplyTemplate.batch_tail(infer_ms, cols.rows)
+        data, size = outputs.tobytes(), template.nbytes
+        waits = cols.picked_ms - np.array(cols.enqueued_ms(), dtype=np.float64)
+        if not self._direct:  # Redis Cluster: redis-py routes the script call to the stream's node
+            self.write([Answer(entry_id, key.decode("ascii"), template.encode(
+                rid.decode("ascii"), data[i * size:(i + 1) * size], float(waits[i]), tail), True,
+                rid=rid.decode("ascii")) for i, (entry_id, rid, key)
+                in enumerate(zip(cols.entry_ids, cols.rids, cols.reply_keys))])
+            return
+        args = _packed_pairs(cols, template, tail, data, ReplyTemplate.queued_bytes(waits))
+        pushed, failed = self._call_packed(cols.reply_keys, args)
+        self.counters.replied_ok(len(cols) - len(failed))
+        if pushed < len(cols) - len(failed):
+            self.counters.replies_skipped(len(cols) - len(failed) - pushed)
+            log.info("%d replies skipped: those requests were already answered by another consumer",
+                     len(cols) - len(failed) - pushed)
+        if failed:
+            self._reply_elsewhere([Answer(cols.entry_ids[i], cols.reply_keys[i].decode("ascii"), None, True,
+                                          rid=cols.rids[i].decode("ascii")) for i in failed])
+
+    def _call_packed(self, reply_keys: list[bytes], packed_args: bytes) -> tuple[int, list[int]]:
+        """EVALSHA the reply script over ``reply_keys`` and the RESP-packed (entry id, payload) pairs."""
+        count = len(reply_keys)
+        head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%b\r\n%b%b" % (
+            3 * count + 6, self._script.sha.encode("ascii"), _bulk(b"%d" % (count + 1)),
+            _bulk(self.keys.requests.encode()))
+        packed = b"".join((head, _bulks(reply_keys), _bulk(GROUP.encode()), _bulk(b"%d" % self.reply_ttl_ms),
+                           packed_args))
+        try:
+            pushed, failed = self._send(packed)
+        except redis.exceptions.NoScriptError:
+            self.load()  # Redis restarted or flushed its scripts
+            pushed, failed = self._send(packed)
+        return int(pushed), [int(i) for i in failed]
+
+    def _send(self, packed: bytes) -> Any:
+        pool = self.redis.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([packed])
+            return conn.read_response()
+        finally:
+            pool.release(conn)
 
     def _run_script(self, answers: list[Answer]) -> tuple[int, list[int]]:
         keys = [self.keys.requests]
@@ -154,6 +209,43 @@ class ReplyWriter:
                     log.debug("request %s answered %s", a.rid, a.code, extra={"request_ids": [a.rid]})
 
 
+def _packed_pairs(cols: Columns, template: ReplyTemplate, tail: bytes, data: bytes, queued: bytes) -> bytes:
+    """The script's (entry id, reply) arguments of a Columns batch as RESP bulk strings, in one join."""
+    size = template.nbytes
+    around = {}  # id length -> the reply's fixed parts, the first with the reply's RESP header before it
+    for length in set(map(len, cols.rids)):
+        head, *rest = template.payload_parts(length, tail)
+        reply_length = len(head) + length + len(rest[0]) + size + len(rest[1]) + 8 + len(rest[2])
+        around[length] = (b"\r\n$%d\r\n" % reply_length + head, rest[0], rest[1], rest[2] + b"\r\n")
+    id_heads = {length: b"$%d\r\n" % length for length in set(map(len, cols.entry_ids))}
+    datas = [data[i:i + size] for i in range(0, len(data), size)]
+    waits = [queued[i:i + 8] for i in range(0, len(queued), 8)]
+    pieces: list[bytes] = []
+    extend = pieces.extend
+    if len(around) == 1:  # one id length: the usual batch
+        ((a, b, c, d),) = around.values()
+        for entry_id, rid, out, wait in zip(cols.entry_ids, cols.rids, datas, waits):
+            extend((id_heads[len(entry_id)], entry_id, a, rid, b, out, c, wait, d))
+    else:
+        for entry_id, rid, out, wait in zip(cols.entry_ids, cols.rids, datas, waits):
+            a, b, c, d = around[len(rid)]
+            extend((id_heads[len(entry_id)], entry_id, a, rid, b, out, c, wait, d))
+    return b"".join(pieces)
+
+
+def _bulk(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%b\r\n" % (len(value), value)
+
+
+def _bulks(values: list[bytes]) -> bytes:
+    """RESP bulk strings, joined (in one join where they all have one length: one producer's keys mostly do)."""
+    if len(set(map(len, values))) == 1:
+        head = b"$%d\r\n" % len(values[0])
+        return head + (b"\r\n" + head).join(values) + b"\r\n"
+    return b"".join([b"$%d\r\n%b\r\n" % (len(value), value) for value in values])
+
+
 #: The general encoder a BatchEncoder falls back on: (meta, request, result, infer_ms, batch_rows) -> Answer.
 Encode = Callable[[tuple[str, str], Any, Any, float, int], Answer]
 
@@ -186,16 +278,20 @@ class BatchEncoder:
         return answers
 
     def _template(self, result: np.ndarray) -> ReplyTemplate | None:
-        key = (result.dtype, result.shape)
+        return self.template(result.dtype, result.shape)
+
+    def template(self, dtype: np.dtype, shape: tuple[int, ...]) -> ReplyTemplate | None:
+        """The template of ok replies whose outputs are one tensor of ``dtype`` and ``shape`` (None: none)."""
+        key = (dtype, shape)
         if key not in self._templates:
-            self._templates[key] = self._make(result) if len(self._templates) < 64 else None
+            self._templates[key] = self._make(dtype, shape) if len(self._templates) < 64 else None
         return self._templates[key]
 
-    def _make(self, result: np.ndarray) -> ReplyTemplate | None:
-        if result.dtype.str[0] not in "<|" or result.ndim == 0:  # the wire is little-endian
+    def _make(self, dtype: np.dtype, shape: tuple[int, ...]) -> ReplyTemplate | None:
+        if dtype.str[0] not in "<|" or not shape:  # the wire is little-endian
             return None
         try:
-            return ReplyTemplate(self.model_meta, result.dtype, result.shape)
+            return ReplyTemplate(self.model_meta, dtype, shape)
         except ProtocolError:  # a dtype the contract does not carry: the general encoder answers model_error
             return None
 
