@@ -140,7 +140,6 @@ class Consumer:
         self._window = self.counters.snapshot()  # the totals at the last periodic log line
         self.results = ResultPolicy(settings, self.keys, client)
         # reads that fit a body template are admitted, computed and answered as Columns, unless
-        # every request needs a digest of its own (the result cache, the consistency check)
         # every request needs a digest of its own (the result cache, the consistency check), or the
         # handler decodes each request itself (per-request hooks: docs/handlers.md)
         self.columnar = not self.results.keyed and not runtime.per_request
