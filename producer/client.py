@@ -41,6 +41,7 @@ from inferfleet.producer.connections import (
 from inferfleet.producer.connections import redis_url as resolve_url
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
+    GROUP,
     BodyEncoder,
     QueueKeys,
     Reply,
@@ -88,6 +89,21 @@ def sum_shards(lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[in
         backlog += length if one is None else one
         lag = None if lag is None or one is None else lag + one
     return lag, backlog
+
+
+def missing_reply_message(request_id: str, timeout_s: float, keys: QueueKeys, groups: list | None) -> str:
+    """Why no reply came: ``groups`` is the XINFO GROUPS reply of the request's stream (None: no stream)."""
+    head = f"no reply to {request_id!r} within {timeout_s} s"
+    group = workers_group(groups) if groups is not None else None
+    if group is None:
+        return (f"{head}: no worker has ever served queue {keys.name!r} (no group {GROUP!r} on {keys.requests}): "
+                f"start one with 'inferfleet worker --name {keys.name} --model MODEL'")
+    if group.lag == 0 and group.pending == 0:
+        return (f"{head}, and queue {keys.name!r} has nothing waiting or in progress: its reply was already "
+                f"collected (replies are read once, by the first result call), or outlived its TTL, or no "
+                f"request had this id")
+    waiting = "an unknown number of" if group.lag is None else str(group.lag)
+    return f"{head}: queue {keys.name!r} has {waiting} requests waiting and {group.pending} in progress"
 
 
 class ProducerBase:
@@ -324,6 +340,15 @@ _LIMITS_DOC = """
 """
 
 
+def _missing(client: Any, keys: QueueKeys, request_id: str, timeout_s: float) -> str:
+    """A wait's timeout message, saying why if the queue's state tells (one more round trip, on timeouts only)."""
+    try:
+        groups = client.xinfo_groups(keys.requests) if client.exists(keys.requests) else None
+    except redis.exceptions.RedisError:
+        return f"no reply to {request_id!r} within {timeout_s} s"
+    return missing_reply_message(request_id, timeout_s, keys, groups)
+
+
 class Producer(ProducerBase):
     """Enqueue requests on queue ``name`` and collect their replies.
 
@@ -459,7 +484,7 @@ class Producer(ProducerBase):
                 if popped is not None:
                     break
         if popped is None:
-            raise errors.ReplyTimeout(f"no reply to {request_id!r} within {timeout_s} s")
+            raise errors.ReplyTimeout(_missing(self.redis, self.keys_for(request_id), request_id, timeout_s))
         return self._finish(popped[1], raise_errors)
 
     def infer(self, inputs: Any, params: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
@@ -725,8 +750,17 @@ class AsyncProducer(ProducerBase):
                 if popped is not None:
                     break
         if popped is None:
-            raise errors.ReplyTimeout(f"no reply to {request_id!r} within {timeout_s} s")
+            raise errors.ReplyTimeout(await self._missing(request_id, timeout_s))
         return self._finish(popped[1], raise_errors)
+
+    async def _missing(self, request_id: str, timeout_s: float) -> str:
+        """The timeout's message, saying why if the queue's state tells (on timeouts only)."""
+        keys = self.keys_for(request_id)
+        try:
+            groups = await self.redis.xinfo_groups(keys.requests) if await self.redis.exists(keys.requests) else None
+        except redis.exceptions.RedisError:
+            return f"no reply to {request_id!r} within {timeout_s} s"
+        return missing_reply_message(request_id, timeout_s, keys, groups)
 
     async def infer(self, inputs: Any, params: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
                     *, priority: str = "normal") -> Any:

@@ -383,6 +383,8 @@ def encode_inputs(inputs: Any) -> Any:
         if not inputs:
             raise ProtocolError("inputs list is empty")
         return [encode_tensor(val) for val in inputs]
+    if isinstance(inputs, (str, bytes, bytearray)):
+        return bytes(inputs) if isinstance(inputs, bytearray) else inputs  # raw (version 1.2): a handler decodes it
     return encode_tensor(inputs)
 
 
@@ -444,13 +446,15 @@ def decode_inputs(obj: Any, limits: Limits = DEFAULT_LIMITS, where: str = "input
             raise ProtocolError(f"{where}: the keys of an inputs map must be msgpack strings")
         by_name = {k: _decode_tensor(v, limits, f"{where}[{shown(k)}]") for k, v in obj.items()}
         arrays, result = list(by_name.values()), by_name
+    elif isinstance(obj, (str, bytes)):
+        return obj  # type: ignore[return-value]  # a raw input (version 1.2): one row that a handler decodes
     elif isinstance(obj, list):
         if not 1 <= len(obj) <= limits.max_tensors:
             raise ProtocolError(f"{where}: a list of 1 to {limits.max_tensors} tensors is required")
         arrays = [_decode_tensor(v, limits, f"{where}[{i}]") for i, v in enumerate(obj)]
         result = arrays
     else:
-        raise ProtocolError(f"{where}: must be a tensor, a list of tensors or a map of tensors")
+        raise ProtocolError(f"{where}: must be a tensor, a list of tensors, a map of tensors or raw text or bytes")
     rows = {a.shape[0] for a in arrays}
     if len(rows) != 1:
         raise ProtocolError(f"{where}: every tensor must have the same row count, got {sorted(rows)}")
@@ -461,6 +465,8 @@ def row_count(inputs: Inputs) -> int:
     """shape[0] shared by every tensor of a decoded INPUTS structure."""
     if isinstance(inputs, np.ndarray):
         return int(inputs.shape[0])
+    if isinstance(inputs, (str, bytes)):
+        return 1  # a raw input is one row
     first = next(iter(inputs.values())) if isinstance(inputs, dict) else inputs[0]
     return int(first.shape[0])
 
@@ -734,7 +740,9 @@ def encode_reply_error(
     """The reply to a request that failed with contract error ``code``."""
     if code not in ERROR_CODES:
         raise ValueError(f"unknown error code {code!r}: use one of {', '.join(ERROR_CODES)}")
-    reply = {"id": rid, "ok": False, "error": {"code": code, "message": message[:2000]}}
+    if len(message) > 2000:  # the end says what went wrong; the start of a long one is context
+        message = "..." + message[-1997:]
+    reply = {"id": rid, "ok": False, "error": {"code": code, "message": message}}
     reply.update(_reply_meta(model, timing))
     return pack(reply)
 

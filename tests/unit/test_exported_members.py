@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import inferfleet
 from inferfleet import producer, worker
 
@@ -39,7 +41,7 @@ def test_the_package_exports_the_sdk() -> None:
 
 
 def test_worker_exported_members() -> None:
-    assert worker.__all__ == ["Handler", "WorkerSettings"]
+    assert worker.__all__ == ["Handler", "WorkerSettings", "pad_batch", "save_model"]
 
 
 def test_every_exported_member_exists_and_is_public() -> None:
@@ -47,7 +49,8 @@ def test_every_exported_member_exists_and_is_public() -> None:
         for name in package.__all__:
             assert not name.startswith("_") and hasattr(package, name), (package.__name__, name)
             member = getattr(package, name)
-            if isinstance(member, type):  # a class: defined in a public module of the package, under its name
+            if isinstance(member, type) or inspect.isfunction(member):  # a class or function: defined in a public
+                # module of the package, under its name
                 module = member.__module__
                 assert module.startswith(package.__name__ + "."), (package.__name__, name, module)
                 assert not any(part.startswith("_") for part in module.split(".")), (name, module)

@@ -210,8 +210,12 @@ def test_onnx_warm_up_runs_the_example_at_every_batch_size(onnx_models_dir, monk
 def test_a_file_that_is_not_onnx_is_a_model_load_error(tmp_path):
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"this is not a protobuf" * 10)
+    with pytest.raises(ModelLoadError, match="is not a model file inferfleet can serve"):
+        runtime(bad)  # recognised by its content, not its name: no loader is even tried
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(b"\x08\x07" + b"\xff" * 64)  # starts as an ONNX protobuf, then garbage
     with pytest.raises(ModelLoadError, match="onnxruntime cannot load the model"):
-        runtime(bad)
+        runtime(truncated)
 
 
 def test_onnx_refuses_autocast_precisions(onnx_models_dir):
@@ -221,5 +225,6 @@ def test_onnx_refuses_autocast_precisions(onnx_models_dir):
 
 def test_onnx_without_onnxruntime_says_what_to_install(onnx_models_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
-    with pytest.raises(ModelLoadError, match=r"needs onnxruntime: pip install 'inferfleet\[onnx\]'"):
+    said = r"needs onnxruntime: pip install onnxruntime \(or, in a checkout, pip install -e '\.\[onnx\]'\)"
+    with pytest.raises(ModelLoadError, match=said):
         runtime(onnx_models_dir / "affine.onnx")

@@ -386,9 +386,17 @@ def test_too_many_params_is_bad_request() -> None:
     assert params == {"a": 1, "b": 2}
 
 
-def test_inputs_neither_tensor_list_nor_map_is_bad_request() -> None:
-    expect_error(body_of("tensor"))
+def test_inputs_neither_tensor_list_map_nor_raw_is_bad_request() -> None:
     expect_error(body_of(5))
+    expect_error(body_of(None))
+    expect_error(body_of(1.5))
+
+
+def test_raw_text_and_bytes_inputs_decode_as_one_row_version_1_2() -> None:
+    assert decode_body(body_of("héllo")) == ("héllo", {})
+    assert decode_body(body_of(b"\x00\x01")) == (b"\x00\x01", {})
+    assert row_count("héllo") == 1 and row_count(b"") == 1
+    assert decode_body(encode_body("text", {"lang": "en"})) == ("text", {"lang": "en"})
 
 
 def test_tensor_map_with_an_extra_key_is_bad_request() -> None:
@@ -572,3 +580,11 @@ def test_deep_nesting_is_bad_request() -> None:
 def test_map_of_tensors_with_non_string_keys_is_bad_request() -> None:
     # INPUTS may be a map of *string* to TENSOR.
     expect_error(body_of({b"x": tensor_map()}))
+
+
+def test_raw_text_and_bytes_outputs_round_trip_in_replies_version_1_2() -> None:
+    from inferfleet.producer.protocol import decode_reply, encode_reply_ok
+
+    for outputs in ("a label", b"\x00\xff"):
+        reply = decode_reply(encode_reply_ok("r", outputs, ("m", "1"), {"batch_rows": 1}))
+        assert reply.ok and reply.outputs == outputs

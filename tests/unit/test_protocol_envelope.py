@@ -277,9 +277,10 @@ def test_error_reply_without_model_or_timing() -> None:
     assert reply.timing == {}
 
 
-def test_error_reply_message_is_truncated() -> None:
-    reply = decode_reply(encode_reply_error("r", "model_error", "x" * 10_000))
-    assert reply.error_message == "x" * 2000
+def test_error_reply_message_is_truncated_keeping_its_end() -> None:
+    reply = decode_reply(encode_reply_error("r", "model_error", "x" * 10_000 + "the cause"))
+    assert len(reply.error_message) == 2000
+    assert reply.error_message.startswith("...x") and reply.error_message.endswith("the cause")
 
 
 @pytest.mark.parametrize("code", ["oops", "", "BAD_REQUEST", "timeout"])
@@ -354,7 +355,7 @@ def test_decode_reply_refuses_garbage() -> None:
         {"id": "r", "ok": True},  # ok without outputs
         {"id": "r", "ok": False, "error": "boom"},  # error not a map
         {"id": "r", "ok": False, "model": "ctr"},  # model not a map
-        {"id": "r", "ok": True, "outputs": "x"},  # outputs not tensors
+        {"id": "r", "ok": True, "outputs": 5},  # outputs neither tensors nor raw (1.2) text or bytes
     ],
     ids=["ok-no-outputs", "error-str", "model-str", "outputs-str"],
 )

@@ -195,22 +195,27 @@ def _random_like(example: Any, rows: int, rng: np.random.Generator) -> Any:
         return rng.standard_normal(shape).astype(example.dtype)
     if example.dtype.kind == "b":
         return rng.integers(0, 2, shape).astype(bool)
-    high = int(min(np.iinfo(example.dtype).max, 10**6))
-    return rng.integers(0, high, shape, dtype=example.dtype)
+    # integers are often indices (embeddings, token ids): draw within the example's range, which the model takes
+    low, high = (int(example.min()), int(example.max())) if example.size else (0, 0)
+    return rng.integers(low, high, shape, dtype=example.dtype, endpoint=True)
 
 
 def _model_example(model_path: str) -> Any:
     import torch
 
     from inferfleet.worker.errors import ModelLoadError
-    from inferfleet.worker.runtime.loading import load_model
+    from inferfleet.worker.runtime.loading import load_model, resolve_spec
+    from inferfleet.worker.runtime.signature import RAW_SPECS, synthesize
 
     try:
-        example = load_model(model_path, torch.device("cpu"))[1]
+        handler, example, _ = load_model(model_path, torch.device("cpu"))
+        spec = resolve_spec(handler, example, None)
     except ModelLoadError as exc:
         raise BenchError(f"--model: {exc}") from exc
+    if example is None and spec is not None and spec not in RAW_SPECS:
+        example = synthesize(spec)  # the signature the file carries: zeros, which every index model takes
     if example is None:
-        raise BenchError(f"{model_path} carries no example inputs: pass --input instead")
+        raise BenchError(f"{model_path} carries no example inputs: pass --input FILE.npz instead")
     return example
 
 

@@ -7,6 +7,7 @@ shard by shard for a sharded queue.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 import click
@@ -23,16 +24,18 @@ __all__ = ["dead", "status"]
                                  help="One queue (default: every queue under the prefix)."))
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
 @click.option("--interval-s", type=float, default=1.0, show_default=True, help="Refresh period with --watch.")
-def status(queue: QueueConfig, watch: bool, interval_s: float) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for scripts) instead of tables.")
+def status(queue: QueueConfig, watch: bool, interval_s: float, as_json: bool) -> None:
     """Show each queue: length, lag, pending, dead letters, consumers and workers.
 
     A sharded queue shows each shard (NAME.0, NAME.1 ...) as a queue of its own, a pipelined
     model each stage (NAME stage 1, ...) with its stream's lag, its workers and their rates.
+    Piped, the tables keep every column (they are not cut to 80 characters); --json prints
+    the same as JSON.
     """
     import time
 
     import redis
-    from rich.console import Console
     from rich.live import Live
 
     from inferfleet.producer.protocol import QueueKeys, shard_keys
@@ -55,8 +58,12 @@ def status(queue: QueueConfig, watch: bool, interval_s: float) -> None:
             return f"no queues under prefix {queue.prefix!r}"
         return Group(*(render(gather(client, k)) for q in queues for k in with_stages(client, q)))
 
-    console = Console()
+    console = _console()
     try:
+        if as_json:
+            queues = keys_list or [QueueKeys(q, queue.prefix) for q in find_queues(client, queue.prefix)]
+            click.echo(json.dumps({"queues": [asdict(gather(client, k)) for k in queues]}, default=str))
+            return
         if not watch:
             console.print(snapshot())
             return
@@ -68,6 +75,15 @@ def status(queue: QueueConfig, watch: bool, interval_s: float) -> None:
         raise click.ClickException(f"Redis error: {exc}") from exc
     except KeyboardInterrupt:
         pass
+
+
+def _console() -> Any:
+    """A rich console; piped, as wide as any table needs, so columns are never cut or folded."""
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=1000)
 
 
 def _find_dead_in(client: Any, shards: list, ident: str) -> tuple[Any, Any]:
@@ -89,16 +105,21 @@ def dead() -> None:
 @dead.command("list")
 @pass_queue_config
 @click.option("--count", type=int, default=100, show_default=True, help="Most entries to show.")
-def dead_list(queue: QueueConfig, count: int) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for scripts) instead of a table.")
+def dead_list(queue: QueueConfig, count: int, as_json: bool) -> None:
     """List dead letters, oldest first (shard by shard)."""
     from datetime import datetime, timezone
 
-    from rich.console import Console
     from rich.table import Table
 
     from inferfleet.worker.serving.deadletter import list_dead
 
     client, shard_keys = queue.connect()
+    if as_json:
+        letters = [{**{k: v for k, v in vars(letter).items() if k != "fields"}, "queue": keys.name}
+                   for keys in shard_keys for letter in list_dead(client, keys, count)]
+        click.echo(json.dumps({"queue": queue.name, "dead": letters}))
+        return
     table = Table(title=f"dead letters of {queue.name}", title_justify="left")
     for column in ("dead id", "request id", "when (UTC)", "deliveries", "reason") + ("queue",) * (queue.shards > 1):
         table.add_column(column)
@@ -107,7 +128,7 @@ def dead_list(queue: QueueConfig, count: int) -> None:
             when = datetime.fromtimestamp(letter.dead_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
             table.add_row(letter.dead_id, letter.request_id, when, str(letter.deliveries), letter.reason,
                           *[keys.name] * (queue.shards > 1))
-    Console().print(table if table.row_count else f"no dead letters in {', '.join(k.dead for k in shard_keys)}")
+    _console().print(table if table.row_count else f"no dead letters in {', '.join(k.dead for k in shard_keys)}")
 
 
 @dead.command("show")

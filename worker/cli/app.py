@@ -14,12 +14,35 @@ from __future__ import annotations
 
 import click
 
-from inferfleet.worker.cli import admin, bench, lifecycle, pipeline, requests, rollout, serving, sharing, supervise
+from inferfleet.worker.cli import (
+    admin,
+    bench,
+    lifecycle,
+    models,
+    pipeline,
+    requests,
+    rollout,
+    serving,
+    sharing,
+    supervise,
+)
+from inferfleet.worker.cli.group import InferfleetGroup
 
 __all__ = ["main"]
 
+EXAMPLES = """\b
+Examples (every command reads REDIS_URL, default redis://localhost:6379/0):
+  inferfleet worker --name ctr --model models/ctr.pt
+  inferfleet enqueue --name ctr --input models/features.npz --wait
+  inferfleet status
+  inferfleet dead list --name ctr
+  inferfleet save-model scripts.build_models:CTR --example models/features.npz --out ctr-packed.pt2
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+Guides: README.md ("Bring your own model"), docs/handlers.md, docs/cli.md."""
+
+
+@click.group(cls=InferfleetGroup, epilog=EXAMPLES,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="inferfleet")
 def main() -> None:
     """inferfleet: PyTorch inference workers fed by Redis Streams."""
@@ -29,3 +52,4 @@ for _command in (serving.worker, supervise.supervise, requests.enqueue, requests
                  bench.bench, lifecycle.swap, lifecycle.alerts, pipeline.split, rollout.shadow, sharing.limit,
                  sharing.cancel):
     main.add_command(_command)
+main.add_command(models.save_model_command)

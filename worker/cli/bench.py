@@ -89,8 +89,8 @@ def bench(name: str | None, model_path: str | None, input_path: str | None, spaw
                 reports = b.run_all(fleet, pool, plan, bars)
     except b.BenchError as exc:
         raise click.UsageError(str(exc)) from exc
-    except errors.InferfleetError as exc:
-        raise click.ClickException(str(exc)) from exc
+    except errors.InferfleetError as exc:  # e.g. the first request answered model_error: nothing to measure
+        raise click.ClickException(f"bench run failed, nothing measured: {type(exc).__name__}: {exc}") from exc
     about = f"{setup.describe()}; {plan.describe()}"
     markdown = b.render_markdown(reports, b.heading(setup, plan))
     if out_dir:

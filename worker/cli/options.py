@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from inferfleet.producer import errors
+from inferfleet.worker.cli.group import check_redis_url
 from inferfleet.worker.config import WorkerSettings, env_var
 
 __all__ = ["CONNECTION_OPTIONS", "QueueConfig", "SettingOption", "cluster_option", "name_option", "pass_queue_config",
@@ -64,7 +65,7 @@ def setting_option(settings: type, name: str, *decls: str, **attrs: Any) -> Deco
                         help=setting.metadata["help"], **attrs)
 
 
-redis_url_option = setting_option(WorkerSettings, "redis_url", "--redis-url")
+redis_url_option = setting_option(WorkerSettings, "redis_url", "--redis-url", callback=check_redis_url)
 name_option = setting_option(WorkerSettings, "name", "--name")
 prefix_option = setting_option(WorkerSettings, "prefix", "--prefix")
 shards_option = setting_option(WorkerSettings, "shards", "--shards", type=int)

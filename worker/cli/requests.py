@@ -42,10 +42,14 @@ def _describe(value: Any) -> Any:
         return text
     if isinstance(value, dict):
         return {k: _describe(v) for k, v in value.items()}
+    if isinstance(value, bytes):
+        return {"bytes": len(value)}
+    if isinstance(value, str):
+        return value  # raw text outputs (protocol 1.2)
     return [_describe(v) for v in value]
 
 
-def _show_reply(reply: Reply, output: str | None) -> None:
+def _show_reply(reply: Reply, output: str | None, pretty: bool = True) -> None:
     summary: dict[str, Any] = {"id": reply.id, "ok": reply.ok,
                                "model": {"name": reply.model_name, "version": reply.model_version},
                                "timing": reply.timing}
@@ -55,7 +59,7 @@ def _show_reply(reply: Reply, output: str | None) -> None:
             save_outputs(output, reply.outputs)
     else:
         summary["error"] = {"code": reply.error_code, "message": reply.error_message}
-    click.echo(json.dumps(summary, indent=2))
+    click.echo(json.dumps(summary, indent=2 if pretty else None))
     if not reply.ok:
         sys.exit(1)
 
@@ -71,7 +75,10 @@ def producer_for(queue: QueueConfig, tenant: str | None = None) -> Producer:
         raise click.ClickException(str(exc)) from exc
 
 
-@click.command()
+@click.command(epilog="""\b
+Examples:
+  inferfleet enqueue --name ctr --input models/features.npz --wait
+  inferfleet enqueue --name ctr --input models/features.npz      # prints the request id for 'result'""")
 @pass_queue_config
 @click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help=".npy (one tensor) or .npz (arr_0.. positional, other names keyword) inputs.")
@@ -82,7 +89,7 @@ def producer_for(queue: QueueConfig, tenant: str | None = None) -> Producer:
               envvar="INFERFLEET_PRIORITY", show_envvar=True, help="The lane: high, normal or low.")
 @click.option("--tenant", default=None, envvar="INFERFLEET_TENANT", show_envvar=True,
               help="The caller's name, which fleet-wide quotas apply to.")
-@click.option("--wait/--no-wait", default=False, help="Wait for the reply and print it.")
+@click.option("--wait/--no-wait", default=False, help="Wait for the reply and print it as one line of JSON.")
 @click.option("--timeout-s", type=float, default=30.0, show_default=True, help="With --wait: longest wait.")
 @click.option("--output", default=None, help="With --wait: save outputs to this .npy/.npz file.")
 def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadline_s: float | None,
@@ -99,7 +106,7 @@ def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadli
             if not wait:
                 click.echo(rid)
                 return
-            _show_reply(producer.result(rid, timeout_s, raise_errors=False), output)
+            _show_reply(producer.result(rid, timeout_s, raise_errors=False), output, pretty=False)
         except errors.ProtocolError as exc:
             raise click.BadParameter(str(exc)) from exc
         except errors.InferfleetError as exc:

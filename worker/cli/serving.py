@@ -66,6 +66,7 @@ worker_options = _options(
     _setting("max_wait_ms", "--max-wait-ms", type=float),
     _setting("model_version", "--model-version"),
     _setting("warmup_input", "--warmup-input"),
+    _setting("input_spec", "--input-spec"),
     _setting("warmup_iters", "--warmup-iters", type=click.IntRange(0, 1000)),
     _setting("torch_threads", "--torch-threads", type=int),
     _setting("precision", "--precision", type=click.Choice(list(PRECISIONS))),
@@ -101,7 +102,12 @@ def worker_settings(options: dict[str, Any]) -> WorkerSettings:
         raise click.UsageError(str(exc)) from exc
 
 
-@click.command()
+@click.command(epilog="""\b
+Examples:
+  inferfleet worker --name ctr --model models/ctr.pt
+  inferfleet worker --name affine --model models/affine.pt2      # torch.export: spec and warm-up from the file
+  inferfleet worker --name affine --model models/affine.pt --input-spec 'float32[N,16]'
+  inferfleet worker --name scale --model tests.handlers:Scale    # a handler, imported from the current directory""")
 @worker_options
 @_setting("device", "--device")
 @_setting("consumer", "--consumer")

@@ -1,16 +1,21 @@
 """The model runtime: load once, warm up, predict a batch.
 
-:func:`load_runtime` accepts four kinds of model:
+:func:`load_runtime` accepts four kinds of model, files recognised by their
+content (:mod:`inferfleet.worker.runtime.formats`), whatever their name:
 
-* a TorchScript file (``torch.jit.load``), any suffix but ``.pt2`` and ``.onnx``;
-* a ``torch.export`` program (``.pt2``, ``torch.export.load``);
-* an ONNX model (``.onnx``, ONNX Runtime: :mod:`inferfleet.worker.runtime.onnx_backend`);
+* a TorchScript file (``torch.jit.load``);
+* a ``torch.export`` program (``torch.export.load``);
+* an ONNX model (ONNX Runtime: :mod:`inferfleet.worker.runtime.onnx_backend`);
 * a :class:`~inferfleet.worker.handler.Handler` given as ``module:attr``.
 
-Example models store an example request body in the file's extra files
-(``inferfleet_example``, base64; ONNX models in their metadata_props), so the
-worker can warm up and check each request's dtypes and trailing shapes against
-what the model takes. This is the only module that knows about devices,
+The worker checks each request's dtypes and trailing shapes against the
+model's input spec, and warms up on an example, each taken from the first
+that has one: ``--input-spec`` / ``--warmup-input``; the file (an example
+request body in its extra files ``inferfleet_example``, base64, or ONNX
+metadata_props; a spec in ``inferfleet_input_spec``; the signature a
+torch.export program or an ONNX graph carries, with its varying dimensions);
+the model's example. With a spec and no example, the example is synthesised
+(zeros: valid token ids and embedding indices too). This is the only module that knows about devices,
 threads and precision: fp16 and bf16 run under ``torch.autocast``, int8 is
 dynamic quantization of the linear layers on the CPU (:mod:`inferfleet.worker.runtime.quantize`
 for torch models, ONNX Runtime's quantizer for ``.onnx``).
@@ -24,6 +29,7 @@ import importlib
 import logging
 import os
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Hashable
@@ -44,20 +50,32 @@ from inferfleet.worker.runtime.devices import (
     select_device,
     warn_emulated_precision,
 )
+from inferfleet.worker.runtime.formats import detect_kind, export_spec, unservable_message
 from inferfleet.worker.runtime.memory import tune_allocator
 from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.onnx_backend import OnnxHandler, load_onnx
 from inferfleet.worker.runtime.pipeline import Manifest, is_pipeline, stage_program
 from inferfleet.worker.runtime.quantize import quantize_handler
-from inferfleet.worker.runtime.signature import spec_of
+from inferfleet.worker.runtime.signature import (
+    RAW_SPECS,
+    SpecError,
+    describe_spec,
+    parse_spec,
+    spec_fits,
+    spec_of,
+    synthesize,
+)
 
-__all__ = ["ModelRuntime", "apply_precision", "c_compiler", "file_version", "is_handler_spec", "is_out_of_memory",
-           "load_runtime", "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
+__all__ = ["ModelRuntime", "apply_precision", "c_compiler", "file_version", "import_target", "is_handler_spec",
+           "is_out_of_memory", "load_runtime", "resolve_device", "resolve_spec", "EXAMPLE_EXTRA_FILE",
+           "SPEC_EXTRA_FILE", "to_numpy"]
 
 log = logging.getLogger(__name__)
 
 #: Name of the extra file (TorchScript and torch.export) or ONNX metadata_props key holding an example body.
 EXAMPLE_EXTRA_FILE = "inferfleet_example"
+#: Name of the extra file (or metadata_props key) holding an input spec in its written form (``int64[N,L]``).
+SPEC_EXTRA_FILE = "inferfleet_input_spec"
 
 
 def resolve_device(device: str) -> torch.device:
@@ -80,8 +98,8 @@ def to_numpy(outputs: Any) -> Any:
         if t.dtype == torch.bfloat16:
             t = t.float()  # numpy has no bfloat16; float32 holds it exactly
         return t.cpu().numpy()
-    if isinstance(outputs, np.ndarray):
-        return outputs
+    if isinstance(outputs, (np.ndarray, str, bytes)):
+        return outputs  # arrays, or raw text or bytes (protocol 1.2) from a handler's encode_response
     if isinstance(outputs, dict):
         return {str(k): to_numpy(v) for k, v in outputs.items()}
     if isinstance(outputs, (list, tuple)):
@@ -107,7 +125,7 @@ class ModelRuntime:
     """One loaded, warmed-up model copy on one device."""
 
     def __init__(self, handler: Handler, name: str, version: str, device: torch.device,
-                 example: Any = None, precision: str = "fp32") -> None:
+                 example: Any = None, precision: str = "fp32", input_spec: Hashable | None = None) -> None:
         self.handler = handler
         self.precision = precision
         self._autocast = _AUTOCAST.get(precision)
@@ -115,12 +133,16 @@ class ModelRuntime:
         self.version = version
         self.device = device
         self.example = example
-        #: The spec (form, dtypes, trailing shapes) the model takes, if known.
-        self.input_spec: Hashable | None = spec_of(example) if example is not None else None
+        #: The spec (form, dtypes, trailing shapes; named dimensions vary) the model takes, if known.
+        self.input_spec: Hashable | None = input_spec
+        if input_spec is None and example is not None:
+            self.input_spec = spec_of(example)
         #: TorchScript, export and ONNX models take no params; handlers may.
         self.accepts_params = handler.accepts_params
         #: The split this runtime is one stage of (``--stage``), else None.
         self.pipeline: Manifest | None = None
+        #: The handler decodes, collates and splits request by request (:meth:`predict_requests`).
+        self.per_request = handler.per_request
 
     @property
     def model_meta(self) -> tuple[str, str]:
@@ -138,6 +160,22 @@ class ModelRuntime:
             out = to_numpy(self.handler.postprocess(y, params))
         return out
 
+    def predict_requests(self, inputs: list[Any], rows: list[int], params: dict) -> list[Any]:
+        """Run one batch through a per-request handler: one output (numpy, text or bytes) per request."""
+        handler = self.handler
+        with torch.inference_mode():
+            items = [handler.decode_request(x, params) for x in inputs]
+            x = handler.preprocess(handler.batch(items, params), params)
+            if self._autocast is None:
+                y = handler.predict(x, params)
+            else:
+                with torch.autocast(self.device.type, dtype=self._autocast):
+                    y = _as_float32(handler.predict(x, params))
+            parts = handler.unbatch(handler.postprocess(y, params), rows, params)
+            if len(parts) != len(inputs):
+                raise OutputError(f"unbatch returned {len(parts)} outputs for {len(inputs)} requests")
+            return [to_numpy(handler.encode_response(part, params)) for part in parts]
+
     def release_memory(self) -> None:
         """Return cached device memory (after an out-of-memory error)."""
         release_device_memory(self.device)
@@ -150,14 +188,22 @@ class ModelRuntime:
         the first request arrives (a lone first request is a batch of 1 row).
         """
         if self.example is None or iters == 0:
-            log.warning("no example inputs for %s: skipping warm-up, the first batch will be slower", self.name)
+            if iters:
+                log.warning("no example inputs for %s: skipping warm-up and input checks, the first batch will be "
+                            "slower; give one with --warmup-input FILE.npz or --input-spec 'float32[N,16]' "
+                            "(docs/handlers.md)", self.name)
             return 0.0
         start = time.perf_counter()
-        for rows in warmup_sizes(_rows(self.example), max_rows):
-            batch = _tile_rows(self.example, rows)
+        example_rows = _rows(self.example)
+        sizes = (warmup_sizes(1, max(1, max_rows // example_rows)) if self.per_request
+                 else warmup_sizes(example_rows, max_rows))
+        for rows in sizes:
             for _ in range(iters):
                 try:
-                    self.predict(batch, {})
+                    if self.per_request:  # ``rows`` copies of the example request
+                        self.predict_requests([self.example] * rows, [example_rows] * rows, {})
+                    else:
+                        self.predict(_tile_rows(self.example, rows), {})
                 except Exception as exc:
                     raise ModelLoadError(
                         f"warm-up of {self.name} failed on a batch of {rows} rows: {exc}. "
@@ -181,6 +227,8 @@ def warmup_sizes(example_rows: int, max_rows: int) -> list[int]:
 def _rows(inputs: Any) -> int:
     if isinstance(inputs, np.ndarray):
         return int(inputs.shape[0])
+    if isinstance(inputs, (str, bytes)):
+        return 1
     first = next(iter(inputs.values())) if isinstance(inputs, dict) else inputs[0]
     return int(first.shape[0])
 
@@ -218,19 +266,32 @@ def _decode_example(raw: bytes | str | None) -> Any:
     return inputs
 
 
+def _decode_spec(raw: bytes | str | None) -> Hashable | None:
+    if not raw:
+        return None
+    try:
+        return parse_spec(raw.decode() if isinstance(raw, bytes) else raw)
+    except (SpecError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"the model's {SPEC_EXTRA_FILE} extra file: {exc}") from exc
+
+
 def _load_torchscript(path: str, device: torch.device) -> tuple[Handler, Any]:
-    extra = {EXAMPLE_EXTRA_FILE: ""}
+    extra = {EXAMPLE_EXTRA_FILE: "", SPEC_EXTRA_FILE: ""}
     with warnings.catch_warnings():
         # torch 2.10+ marks TorchScript deprecated; we still serve it on purpose.
         warnings.filterwarnings("ignore", message=r".*torch\.jit", category=DeprecationWarning)
         module = torch.jit.load(path, map_location=device, _extra_files=extra)
-    return ModuleHandler(module), _decode_example(extra[EXAMPLE_EXTRA_FILE])
+    handler = ModuleHandler(module)
+    handler.input_spec = _decode_spec(extra[SPEC_EXTRA_FILE])  # TorchScript carries no signature of its own
+    return handler, _decode_example(extra[EXAMPLE_EXTRA_FILE])
 
 
 def _load_export(path: str, device: torch.device) -> tuple[Handler, Any]:
-    extra = {EXAMPLE_EXTRA_FILE: ""}
+    extra = {EXAMPLE_EXTRA_FILE: "", SPEC_EXTRA_FILE: ""}
     program = torch.export.load(path, extra_files=extra)
-    return ModuleHandler(_exported_module(program, device)), _decode_example(extra[EXAMPLE_EXTRA_FILE])
+    handler = ModuleHandler(_exported_module(program, device))
+    handler.input_spec = _decode_spec(extra[SPEC_EXTRA_FILE]) or export_spec(program)
+    return handler, _decode_example(extra[EXAMPLE_EXTRA_FILE])
 
 
 def _exported_module(program: Any, device: torch.device) -> Any:
@@ -252,12 +313,21 @@ def _exported_module(program: Any, device: torch.device) -> Any:
     return move(program, device).module()
 
 
-def _load_handler(spec: str) -> Handler:
+def import_target(spec: str) -> Any:
+    """``module:attr`` imported with the current directory on the path, as ``python -m`` has it."""
     module_name, _, attr = spec.partition(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, "")
     try:
-        target = getattr(importlib.import_module(module_name), attr)
+        return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ModelLoadError(f"cannot import handler {spec!r}: {exc}") from exc
+        raise ModelLoadError(f"cannot import handler {spec!r}: {exc} (the current directory is "
+                             f"{os.getcwd()}; run inferfleet where {module_name.split('.')[0]} can be "
+                             f"imported, or set PYTHONPATH)") from exc
+
+
+def _load_handler(spec: str) -> Handler:
+    target = import_target(spec)
     handler = target() if isinstance(target, type) else target
     if not isinstance(handler, Handler):
         raise ModelLoadError(f"{spec!r} is not a inferfleet.worker.handler.Handler subclass or instance")
@@ -271,10 +341,14 @@ def is_handler_spec(model: str) -> bool:
 
 def _load_onnx(path: str, device: torch.device) -> tuple[Handler, Any]:
     handler = load_onnx(path, device)  # imports onnxruntime (optional) only now
+    spec = _decode_spec(handler.metadata.get(SPEC_EXTRA_FILE))
+    if spec is not None:
+        handler.input_spec = spec
     return handler, _decode_example(handler.metadata.get(EXAMPLE_EXTRA_FILE))
 
 
-_LOADERS = {".pt2": _load_export, ".onnx": _load_onnx}
+_LOADERS = {"torchscript": _load_torchscript, "export": _load_export, "onnx": _load_onnx}
+_KIND_NAMES = {"torchscript": "TorchScript file", "export": "torch.export program", "onnx": "ONNX model"}
 
 
 def load_model(model: str, device: torch.device) -> tuple[Handler, Any, str]:
@@ -285,15 +359,36 @@ def load_model(model: str, device: torch.device) -> tuple[Handler, Any, str]:
         return handler, handler.example_inputs(), handler.version or "1"
     if not os.path.isfile(model):
         raise ModelLoadError(f"model file {model!r} does not exist")
-    loader = _LOADERS.get(os.path.splitext(model)[1], _load_torchscript)
+    kind = detect_kind(model)
+    loader = _LOADERS.get(kind)
+    if loader is None:
+        raise ModelLoadError(unservable_message(model, kind))
     try:
         handler, example = loader(model, device)  # the ONNX loader translates its own errors
     except (RuntimeError, ValueError, OSError) as exc:
-        kind = "torch.export program" if loader is _load_export else "TorchScript file"
-        raise ModelLoadError(f"cannot load {model!r} as a {kind}: {exc}") from exc
+        raise ModelLoadError(f"cannot load {model!r} as a {_KIND_NAMES[kind]}: {exc}") from exc
     handler.setup(device)
     return handler, example, file_version(model)
 
+
+def resolve_spec(handler: Handler, example: Any, input_spec: str | None) -> Hashable | None:
+    """The spec to check requests against: ``--input-spec``, else the model's own (file signature or
+    the handler's), where the example fits it, else the example's."""
+    if input_spec:
+        try:
+            return parse_spec(input_spec)
+        except SpecError as exc:
+            raise ModelLoadError(str(exc)) from exc
+    declared = handler.input_spec
+    if isinstance(declared, str):
+        try:
+            declared = parse_spec(declared)
+        except SpecError as exc:
+            raise ModelLoadError(f"{type(handler).__name__}.input_spec: {exc}") from exc
+    if example is None:
+        return declared
+    own = spec_of(example)
+    return declared if declared is not None and spec_fits(own, declared) else own
 
 def _set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
@@ -379,8 +474,12 @@ def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     apply_precision(handler, settings.precision, device)
     if settings.compile:
         _compile(handler)
+    spec = resolve_spec(handler, example, settings.input_spec)
+    if example is None and spec is not None and spec not in RAW_SPECS:
+        example = synthesize(spec)  # zeros: a valid warm-up for token ids and embedding indices too
+        log.info("model %s: warming up on zeros of its input spec %s", settings.name, describe_spec(spec))
     runtime = ModelRuntime(handler, settings.name, version if manifest else settings.model_version or version,
-                           device, example, settings.precision)
+                           device, example, settings.precision, spec)
     runtime.pipeline = manifest
     loaded = time.perf_counter() - started
     warm = runtime.warmup(settings.max_batch_rows, settings.warmup_iters)

@@ -11,7 +11,7 @@ same body as the TorchScript extra file; ``scripts/export_onnx.py`` writes it).
 
 ``--precision int8`` quantizes the graph's MatMul and Gemm weights with
 ``onnxruntime.quantization.quantize_dynamic`` at load (:func:`quantize_onnx`).
-onnxruntime is an optional dependency (``pip install 'inferfleet[onnx]'``):
+onnxruntime is an optional dependency (``pip install -e '.[onnx]'`` in a checkout):
 this module imports it only when a ``.onnx`` model is loaded.
 """
 
@@ -27,6 +27,7 @@ import torch
 
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.handler import Handler
+from inferfleet.worker.runtime.formats import onnx_spec
 
 __all__ = ["EXAMPLE_METADATA_KEY", "OnnxHandler", "load_onnx", "quantize_onnx"]
 
@@ -42,7 +43,8 @@ def _ort() -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise ModelLoadError("serving a .onnx model needs onnxruntime: pip install 'inferfleet[onnx]'") from exc
+        raise ModelLoadError("serving an ONNX model needs onnxruntime: pip install onnxruntime (or, in a "
+                             "checkout, pip install -e '.[onnx]')") from exc
     return onnxruntime
 
 
@@ -101,6 +103,8 @@ class OnnxHandler(Handler):
         self.output_names = [o.name for o in session.get_outputs()]
         #: The model's metadata_props (where the example body is).
         self.metadata: dict[str, str] = dict(session.get_modelmeta().custom_metadata_map)
+        #: The graph's own signature: dtypes, and symbolic dimensions as varying ones.
+        self.input_spec = onnx_spec(session.get_inputs())
 
     def setup(self, device: torch.device) -> None:
         self.device = device

@@ -57,6 +57,9 @@ def input_digest(inputs: Any, params: dict, version: str) -> bytes:
         for key in sorted(inputs):
             h.update(key.encode() + b"\0")
             _update_tensor(h, inputs[key])
+    elif isinstance(inputs, (str, bytes)):  # a raw input (protocol 1.2)
+        h.update(b"S" if isinstance(inputs, str) else b"B")
+        h.update(inputs.encode() if isinstance(inputs, str) else inputs)
     else:
         h.update(b"L")
         for arr in inputs:
@@ -71,9 +74,11 @@ def copy_outputs(outputs: Any) -> Any:
     which a cache entry must not keep alive)."""
     if isinstance(outputs, np.ndarray):
         return outputs.copy()
+    if isinstance(outputs, (str, bytes)):
+        return outputs  # immutable
     if isinstance(outputs, dict):
-        return {k: v.copy() for k, v in outputs.items()}
-    return [v.copy() for v in outputs]
+        return {k: copy_outputs(v) for k, v in outputs.items()}
+    return [copy_outputs(v) for v in outputs]
 
 
 def split_duplicates(digests: Sequence[bytes]) -> tuple[list[int], list[tuple[int, int]]]:

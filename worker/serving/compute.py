@@ -40,9 +40,20 @@ from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 from inferfleet.worker.serving.replies import BatchEncoder, ReplyWriter
 from inferfleet.worker.serving.rowlimit import RowLimit
 
-__all__ = ["BatchComputer", "encode_answer"]
+__all__ = ["BatchComputer", "encode_answer", "model_error_message"]
 
 log = logging.getLogger(__name__)
+
+
+def model_error_message(exc: BaseException, limit: int = 2000) -> str:
+    """One line that names the cause: the exception's last line (a TorchScript error ends with the
+    Python-level one, after pages of interpreter traceback), at most ``limit`` characters of its end."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    cause = lines[-1] if lines else ""
+    head = cause.split(":", 1)[0]
+    if not (head.endswith(("Error", "Exception")) and " " not in head):
+        cause = f"{type(exc).__name__}: {cause}" if cause else type(exc).__name__
+    return cause if len(cause) <= limit else "..." + cause[-(limit - 3):]
 
 
 def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
@@ -59,8 +70,8 @@ def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: fl
     if type(result).__name__ == "Cancelled":  # serving.sharing.Cancelled: its cancel mark was taken
         return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "cancelled", str(result), meta, timing),
                       rid=req.rid, code="cancelled", lane=req.lane)
-    log.warning("request %s: model error: %s: %s", req.rid, type(result).__name__, clip(result))
-    message = f"{type(result).__name__}: {result}"
+    message = model_error_message(result)
+    log.warning("request %s: model error: %s", req.rid, clip(message))
     return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
                   rid=req.rid, code="model_error", lane=req.lane)
 
@@ -138,6 +149,9 @@ class BatchComputer:
                     if isinstance(computed, Exception):
                         raise computed
                     outputs = computed
+                elif self.runtime.per_request:  # the handler decodes, collates and splits (docs/handlers.md)
+                    outputs = self.runtime.predict_requests([r.inputs for r in part], [r.rows for r in part],
+                                                            part[0].params)
                 else:
                     outputs = self.runtime.predict(concat_inputs(part), part[0].params)
             except Exception as exc:
@@ -146,7 +160,7 @@ class BatchComputer:
                 elif is_device_broken(exc):  # no retry, no reply, no ack: the process must exit
                     raise DeviceBroken(self.consumer, exc) from exc
                 raise
-            parts = split_outputs(outputs, [r.rows for r in part])
+            parts = outputs if self.runtime.per_request else split_outputs(outputs, [r.rows for r in part])
             suspicious = suspicious or self.results.batch_suspicious(outputs)
             return parts
 

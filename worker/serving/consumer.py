@@ -129,7 +129,7 @@ class Consumer:
         self.redis = client
         self.keys = settings.queue_keys  # its shard's keys when the queue is sharded
         self.intake = Intake(self.keys, settings.limits, runtime.model_meta,
-                             runtime.input_spec, runtime.accepts_params)
+                             runtime.input_spec, runtime.accepts_params, runtime.per_request)
         self._ready = False
         self._prefetched: list[Request | Answer | Columns] = []  # read ahead, answered next round
         self._pool: ThreadPoolExecutor | None = None
@@ -143,8 +143,9 @@ class Consumer:
         self._window = self.counters.snapshot()  # the totals at the last periodic log line
         self.results = ResultPolicy(settings, self.keys, client)
         # reads that fit a body template are admitted, computed and answered as Columns, unless
-        # every request needs a digest of its own (the result cache, the consistency check)
-        self.columnar = not self.results.keyed
+        # every request needs a digest of its own (the result cache, the consistency check), or the
+        # handler decodes each request itself (per-request hooks: docs/handlers.md)
+        self.columnar = not self.results.keyed and not runtime.per_request
         self.recovery = Recovery(client, self.keys, settings, self.counters)
         self.cache_round = CacheRound(self.results, self.counters)
         self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
@@ -345,7 +346,9 @@ class Consumer:
         entries finish on the old copy."""
         self._finish_prefetched()
         old, self.runtime, self.model_source = self.runtime, new, source
-        self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params)
+        self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params,
+                             new.per_request)
+        self.columnar = not self.results.keyed and not new.per_request
         self.results.model_changed()
         self.replies.model_meta = new.model_meta
         self.computer.use(new)

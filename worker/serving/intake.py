@@ -27,7 +27,7 @@ from inferfleet.producer.protocol import (
     validate_request_id,
 )
 from inferfleet.worker.logs import clip
-from inferfleet.worker.runtime.signature import describe_spec, spec_of
+from inferfleet.worker.runtime.signature import RAW_SPECS, describe_spec, spec_fits, spec_of
 from inferfleet.worker.serving.batching import Request, signature_of
 
 __all__ = ["Answer", "Intake", "fields_of"]
@@ -36,6 +36,8 @@ __all__ = ["Answer", "Intake", "fields_of"]
 _TEMPLATES = 16
 #: reply_to values one intake remembers as checked (a producer has one inbox per shard).
 _INBOXES = 256
+#: Request specs one intake remembers as fitting a model whose spec names varying dimensions.
+_FITS = 256
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,12 @@ class Intake:
     model: tuple[str, str]
     input_spec: Hashable | None = None
     accepts_params: bool = True
+    #: The handler decodes each request itself (:meth:`Handler.decode_request`): raw inputs and any
+    #: tensor shapes are admitted, and requests batch together whatever their shapes.
+    per_request: bool = False
     _templates: dict[int, tuple[BodyTemplate, Hashable]] = field(default_factory=dict, repr=False)
     _inboxes: dict[bytes, str] = field(default_factory=dict, repr=False)
+    _fits: dict[Hashable, bool] = field(default_factory=dict, repr=False)
 
     @property
     def reply_prefix(self) -> bytes:
@@ -200,17 +206,32 @@ class Intake:
         problem = self._misfit(spec, rows, params)
         if problem:
             return self._refuse(entry_id, env.rid, reply_key, "bad_request", problem)
-        return Request(entry_id, env.rid, reply_key, inputs, params, rows,
-                       signature_of(inputs, params, spec), entry_time_ms(entry_id), now_ms)
+        signature = signature_of(inputs, params, "per-request" if self.per_request else spec)
+        return Request(entry_id, env.rid, reply_key, inputs, params, rows, signature,
+                       entry_time_ms(entry_id), now_ms)
 
     def _misfit(self, spec: Hashable, rows: int, params: dict) -> str | None:
         if rows == 0:
             return "a request needs at least one row (shape[0] >= 1)"
         if params and not self.accepts_params:
             return "this model takes no params"
-        if self.input_spec is not None and spec != self.input_spec:
+        if self.per_request:
+            return None  # the handler's decode_request checks each request
+        if spec in RAW_SPECS:
+            return ("this model takes tensors, not raw text or bytes: serve it with a handler that overrides "
+                    "decode_request (docs/handlers.md)")
+        if self.input_spec is not None and spec != self.input_spec and not self._fits_model(spec):
             return f"the model takes {describe_spec(self.input_spec)}, got {describe_spec(spec)}"
         return None
+
+    def _fits_model(self, spec: Hashable) -> bool:
+        """Whether ``spec`` fits a model spec with varying dimensions (remembered per spec)."""
+        fits = self._fits.get(spec)
+        if fits is None:
+            fits = spec_fits(spec, self.input_spec)
+            if len(self._fits) < _FITS:
+                self._fits[spec] = fits
+        return fits
 
     def refuse_entry(self, entry_id: bytes, fields: Mapping[bytes, bytes], code: str, message: str) -> Answer:
         """Answer an entry with ``code`` without decoding its body (dead letters)."""

@@ -36,15 +36,16 @@ class Finding:
     detail: str
 
 
-def _arrays(outputs: Any) -> Iterator[tuple[str, np.ndarray]]:
+def _arrays(outputs: Any, where: str = "output") -> Iterator[tuple[str, np.ndarray]]:
     if isinstance(outputs, np.ndarray):
-        yield "output", outputs
+        yield where, outputs
     elif isinstance(outputs, dict):
         for key, value in outputs.items():
-            yield f"output {key!r}", value
-    else:
+            yield from _arrays(value, f"output {key!r}")
+    elif isinstance(outputs, (list, tuple)):  # positional outputs, or per-request handlers' parts
         for i, value in enumerate(outputs):
-            yield f"output {i}", value
+            yield from _arrays(value, f"output {i}")
+    # raw (text or bytes) outputs hold no numbers to check
 
 
 def non_finite(outputs: Any) -> str | None:
