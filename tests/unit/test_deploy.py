@@ -12,7 +12,6 @@ too where it is installed; CI installs it (.ci/run), and there its absence is a 
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests import deploy_checks as dc
+from tests.ci import skip_unless_ci
 
 ROOT = dc.ROOT
 K8S = ROOT / "deploy" / "k8s"
@@ -389,9 +389,7 @@ def _compose_cli() -> list[str] | None:
 def test_docker_compose_config_accepts_the_compose_files() -> None:
     cli = _compose_cli()
     if cli is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("no docker compose validator: .ci/run installs docker-compose")
-        pytest.skip("no `docker compose` or `docker-compose` here (CI installs one)")
+        skip_unless_ci("no `docker compose` or `docker-compose` here (.ci/run installs docker-compose)")
     for extra in ([], ["-f", "docker-compose.gpu.yml"]):
         out = subprocess.run([*cli, "-f", "docker-compose.yml", *extra, "config", "-q"], cwd=ROOT,
                              capture_output=True, text=True, timeout=60)
