@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -32,6 +32,7 @@ TEST_OVERRIDE = ROOT / "tests" / "e2e" / "compose-test.yml"
 # official images (python:3.11-slim, redis:7, prom/prometheus).
 IMAGE_VARIABLES = ("PYTHON_IMAGE", "REDIS_IMAGE", "PROMETHEUS_IMAGE")
 WHEELHOUSE_VARIABLE = "INFERFLEET_TEST_WHEELHOUSE"
+INDEX_PORT = 38117  # where wheel_index serves, if free
 
 
 class ComposeError(RuntimeError):
@@ -77,8 +78,7 @@ def wheel_index(wheelhouse: Path) -> Iterator[str]:
         project = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
         (root / "simple" / project).mkdir(parents=True, exist_ok=True)
         (root / "simple" / project / wheel.name).symlink_to(wheel.resolve())
-    handler = partial(_QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _index_server(partial(_QuietHandler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -87,6 +87,15 @@ def wheel_index(wheelhouse: Path) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _index_server(handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> http.server.ThreadingHTTPServer:
+    """On INDEX_PORT when it is free: the index URL is a build argument of the torch layer, so
+    the same URL on every run lets Docker reuse that layer from its cache. Else any free port."""
+    try:
+        return http.server.ThreadingHTTPServer(("127.0.0.1", INDEX_PORT), handler)
+    except OSError:
+        return http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
