@@ -94,9 +94,14 @@ def queue_client(stack: ComposeStack) -> redis.Redis:
 
 
 def group_state(client: redis.Redis) -> tuple[int, int, int]:
-    """(entries in the stream, lag, pending) of the workers' group."""
+    """(entries in the stream, entries waiting for a worker, entries pending) of the workers' group.
+
+    Waiting entries are counted past the group's last delivered id, not read from XINFO's
+    ``lag``: a Redis restarted from its AOF reports the lag of a trimmed stream as nil."""
     group = next(g for g in client.xinfo_groups(STREAM) if g["name"] in (GROUP, GROUP.encode()))
-    return int(client.xlen(STREAM)), int(group["lag"]), int(group["pending"])
+    last = group["last-delivered-id"]
+    waiting = len(client.xrange(STREAM, b"(" + (last if isinstance(last, bytes) else last.encode()), "+"))
+    return int(client.xlen(STREAM)), waiting, int(group["pending"])
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:

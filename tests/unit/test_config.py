@@ -158,5 +158,5 @@ def test_metrics_address_takes_an_ip_address(address: str) -> None:
 
 @pytest.mark.parametrize("address", ["", "localhost", "0.0.0.0:9100", "256.1.1.1", "*"])
 def test_a_bad_metrics_address_says_what_is_expected(address: str) -> None:
-    with pytest.raises(ConfigError, match="metrics_address .* is not an IP address"):
+    with pytest.raises(ConfigError, match=r"metrics_address .* is not an IP address"):
         settings(metrics_address=address)

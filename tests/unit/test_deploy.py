@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate as kv
 import pytest
 
 from tests import deploy_checks as dc
@@ -455,3 +456,38 @@ def test_docker_compose_config_accepts_the_compose_files() -> None:
                             timeout=60, input="services:\n  redis:\n    image: redis:7\n    stop_grace_priod: 45s\n")
     assert broken.returncode != 0 and "stop_grace_priod" in broken.stdout + broken.stderr, \
         "the validator accepted a misspelt key: it validates nothing"
+
+
+# --------------------------------------------------------------------------- the Kubernetes schemas
+
+#: Kubernetes' own objects validate against the schemas kubernetes-validate (PyPI) ships, strict
+#: (no unknown field). KEDA's ScaledObject and TriggerAuthentication are custom resources: no
+#: schema of theirs is installable here (kubeconform and the CRDs' JSON schemas are downloads),
+#: so the structural checks above are all they get.
+CUSTOM_API_GROUPS = ("keda.sh/",)
+
+
+def schema_docs() -> list[dict]:
+    return applied_docs() + dc.load_yaml_all(EXAMPLE_SECRET)
+
+
+def test_the_manifests_validate_against_the_kubernetes_schemas() -> None:
+    checked = set()
+    for doc in schema_docs():
+        if not doc["apiVersion"].startswith(CUSTOM_API_GROUPS):
+            kv.validate(doc, kv.latest_version(), strict=True)
+            checked.add(doc["kind"])
+    assert checked == {"Deployment", "PodDisruptionBudget", "Secret"}
+
+
+@pytest.mark.parametrize(("what", "mutate"), [
+    ("misspelt field", rename(("spec", "template", "spec", "containers", 0, "livenessProbe"), "livenesProbe")),
+    ("a number as a string", put(("spec", "template", "spec", "terminationGracePeriodSeconds"), "60")),
+    ("a probe command as a mapping", put(("spec", "template", "spec", "containers", 0, "livenessProbe", "exec",
+                                          "command", 2), {"sys.exit(f'hung": "x'"})),
+])
+def test_the_schema_validation_rejects_a_broken_deployment(what: str, mutate: Callable) -> None:
+    deployment = copy.deepcopy(next(d for d in dc.load_yaml_all(K8S / "worker.yaml") if d["kind"] == "Deployment"))
+    mutate(deployment)
+    with pytest.raises(kv.ValidationError):
+        kv.validate(deployment, kv.latest_version(), strict=True)
