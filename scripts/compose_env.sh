@@ -53,11 +53,23 @@ install_tools() {
 start_engine() {
   docker info >/dev/null 2>&1 && { echo "    a Docker engine answers"; return 0; }
   [ "${START_DOCKERD:-1}" = 1 ] || { echo "no Docker engine answers (START_DOCKERD=0)" >&2; return 1; }
+  local old
+  old="$(cat /var/run/docker.pid 2>/dev/null || true)"
+  if [ -n "$old" ] && kill -0 "$old" 2>/dev/null; then  # a dockerd still starting or stopping
+    echo "    waiting for dockerd $old to answer or exit"
+    for _ in $(seq 60); do
+      docker info >/dev/null 2>&1 && return 0
+      kill -0 "$old" 2>/dev/null || break
+      sleep 0.5
+    done
+  fi
   echo "    starting dockerd (log: $CACHE/dockerd.log)"
   nohup dockerd >"$CACHE/dockerd.log" 2>&1 &
-  echo $! >"$CACHE/dockerd.pid"
+  local pid=$!
+  echo "$pid" >"$CACHE/dockerd.pid"
   for _ in $(seq 120); do
     docker info >/dev/null 2>&1 && return 0
+    kill -0 "$pid" 2>/dev/null || break  # it exited: say why now, not in a minute
     sleep 0.5
   done
   tail -20 "$CACHE/dockerd.log" >&2
@@ -65,8 +77,9 @@ start_engine() {
   return 1
 }
 
-recipe() {  # what the stand-ins are built from: this script and the CA bundle they carry
-  cat "${BASH_SOURCE[0]}" "$CA_BUNDLE" | sha256sum | cut -c1-16
+recipe() {  # what the stand-ins are built from: the functions that build them and the CA bundle they carry
+  { declare -f build_base build_standin build_python build_redis build_prometheus
+    echo "$SUITE $MIRROR"; cat "$CA_BUNDLE"; } | sha256sum | cut -c1-16
 }
 
 have_image() {  # have_image TAG: it exists and was built by this recipe
