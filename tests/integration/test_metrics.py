@@ -135,7 +135,7 @@ def test_a_taken_metrics_port_is_a_one_line_error(redis_url, models_dir):
                                str(models_dir / "affine.pt"), "--metrics-port", str(port)],
                               env=worker_env(redis_url), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert f"Error: cannot serve metrics on port {port}" in proc.stderr
+    assert f"Error: cannot serve metrics on 0.0.0.0 port {port}" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
