@@ -10,8 +10,11 @@ pushes requests, breaks something, and counts what came back:
 * ``swap``:   hot swaps and a rollback while a random worker is SIGKILLed every second.
 
 Every scenario reports requests, answered, lost (no reply), duplicated (more
-than one reply in a reply list), wrong (outputs other than the version that
-replied computes: 2x for sim-1, 3x for sim-2) and recovery time. The tests in
+than one reply in a reply list: every list read again at the end, once the
+group holds nothing unacknowledged), unacknowledged (entries the group still
+held then: 0, or the duplicate count is not final), wrong (outputs other than
+the version that replied computes: 2x for sim-1, 3x for sim-2), settle_s (the
+wait for that, left out of every recovery time) and recovery time. The tests in
 tests/integration/test_reliability.py run the same functions smaller and assert on them.
 
     python scripts/chaos.py kill --requests 5000
@@ -42,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inferfleet.producer import Producer, errors  # noqa: E402
-from inferfleet.producer.protocol import QueueKeys, decode_reply  # noqa: E402
+from inferfleet.producer.protocol import GROUP, QueueKeys, decode_reply  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
 from inferfleet.worker.heartbeat import read_heartbeats  # noqa: E402
 from inferfleet.worker.serving.lifecycle import publish, rollback  # noqa: E402
@@ -109,8 +112,14 @@ def feed(url: str, requests: int, per_s: float, accepted: dict[str, int]) -> Non
     producer.close()
 
 
-def tally(client: redis.Redis, accepted: dict[str, int], timeout_s: float) -> dict[str, float]:
-    """Wait for every accepted request's reply; count lost, duplicated, wrong, dead-lettered."""
+def tally(client: redis.Redis, accepted: dict[str, int], timeout_s: float, settle_s: float = 30.0) -> dict[str, float]:
+    """Wait for every accepted request's reply; count lost, duplicated, wrong, dead-lettered.
+
+    Each reply is checked when its list first shows one. Duplicates are counted at the end,
+    once the group holds nothing unacknowledged (so no worker can answer again; waited for
+    up to ``settle_s``): every list is read again then, since a second reply may be pushed
+    long after the first.
+    """
     pending = dict(accepted)
     counts = {"answered": 0, "duplicated": 0, "wrong": 0, "dead_lettered": 0, "sim-1": 0, "sim-2": 0}
     deadline = time.monotonic() + timeout_s
@@ -121,16 +130,39 @@ def tally(client: redis.Redis, accepted: dict[str, int], timeout_s: float) -> di
             pipe.llen(KEYS.reply(rid))
         for rid, length in zip(rids, pipe.execute()):
             if length:
-                _check(client, rid, pending.pop(rid), int(length), counts)
+                _check(client, rid, pending.pop(rid), counts)
         time.sleep(0.1)
     counts["lost"] = len(pending)
     counts["requests"] = len(accepted)
+    settling = time.monotonic()
+    counts["unacknowledged"] = _wait_acknowledged(client, settling + settle_s)
+    counts["duplicated"] = count_duplicates(client, accepted)
+    counts["settle_s"] = round(time.monotonic() - settling, 2)  # not part of any recovery time
     return counts
 
 
-def _check(client: redis.Redis, rid: str, index: int, length: int, counts: dict) -> None:
+def _wait_acknowledged(client: redis.Redis, deadline: float) -> int:
+    """Wait until group ``workers`` holds no unacknowledged entry; what it still holds at ``deadline``."""
+    while True:
+        try:
+            held = int(client.xpending(KEYS.requests, GROUP)["pending"])
+        except redis.exceptions.ResponseError:  # no stream or group: nothing was ever delivered
+            return 0
+        if held == 0 or time.monotonic() >= deadline:
+            return held
+        time.sleep(0.1)
+
+
+def count_duplicates(client: redis.Redis, accepted: dict[str, int]) -> int:
+    """Requests whose reply list holds more than one reply now (one LLEN each, pipelined)."""
+    pipe = client.pipeline(transaction=False)
+    for rid in accepted:
+        pipe.llen(KEYS.reply(rid))
+    return sum(1 for length in pipe.execute() if int(length) > 1)
+
+
+def _check(client: redis.Redis, rid: str, index: int, counts: dict) -> None:
     counts["answered"] += 1
-    counts["duplicated"] += length > 1
     reply = decode_reply(client.lindex(KEYS.reply(rid), 0))
     if not reply.ok:
         counts["dead_lettered" if reply.error_code == "dead_letter" else "wrong"] += 1
@@ -168,7 +200,7 @@ def scenario_kill(requests: int = 5000, workers: int = 3, kill_every_s: float = 
         feeder.join()
         last_kill = time.monotonic()
         result = tally(client, accepted, 120)
-        result.update(kills=kills, recover_s=round(time.monotonic() - last_kill, 2))
+        result.update(kills=kills, recover_s=round(time.monotonic() - last_kill - result["settle_s"], 2))
         client.close()
     return result
 
@@ -208,7 +240,8 @@ def scenario_poison(requests: int = 2000, workers: int = 2) -> dict:
         feed(server.url, requests, 200, accepted)
         reply = producer.result(poison, timeout_s=120, raise_errors=False)
         result = tally(client, accepted, 120)
-        result.update(poison_code=reply.error_code, poison_answered_s=round(time.monotonic() - started, 2),
+        answered_s = time.monotonic() - started - result["settle_s"]
+        result.update(poison_code=reply.error_code, poison_answered_s=round(answered_s, 2),
                       dead_letters=int(client.xlen(KEYS.dead)))
         producer.close()
         client.close()

@@ -27,15 +27,45 @@ Exit status: 0 success, 1 a failed request or runtime error, 2 bad usage.
 """
 
 
+WIDTH = 100
+
+
+def _context(command: click.Command, name: str, parent: click.Context | None) -> click.Context:
+    """The context ``--help`` runs in: the command's own settings (``-h``, the width) and its parents'."""
+    settings = {"terminal_width": WIDTH, "max_content_width": WIDTH, **command.context_settings}
+    # click (8.1.8+) caches a command's help option from the first context that asks for it; one made
+    # without the group as parent (a test parsing a command alone) would leave it without -h
+    if getattr(command, "_help_option", None) is not None:
+        command._help_option = None
+    return click.Context(command, info_name=name, parent=parent, **settings)
+
+
+def _sections(command: click.Command, ctx: click.Context) -> list[str]:
+    """This command's help, then its subcommands' (recursively), each under its full path."""
+    parts = [f"## {ctx.command_path}\n\n```text\n{command.get_help(ctx).rstrip()}\n```\n\n"]
+    if isinstance(command, click.Group):
+        for name in sorted(command.list_commands(ctx)):
+            sub = command.get_command(ctx, name)
+            if sub is not None and not sub.hidden:
+                parts += _sections(sub, _context(sub, name, ctx))
+    return parts
+
+
+def command_paths(command: click.Command = cli, path: str = "inferfleet") -> list[str]:
+    """Every command's full path (``inferfleet dead list`` ...), walked from click's own tree."""
+    paths = [path]
+    if isinstance(command, click.Group):
+        ctx = click.Context(command, info_name=path)
+        for name in sorted(command.list_commands(ctx)):
+            sub = command.get_command(ctx, name)
+            if sub is not None and not sub.hidden:
+                paths += command_paths(sub, f"{path} {name}")
+    return paths
+
+
 def render() -> str:
-    parts = [HEADER]
-    ctx = click.Context(cli, info_name="inferfleet", terminal_width=100, max_content_width=100)
-    for name in sorted(cli.list_commands(ctx)):
-        command = cli.get_command(ctx, name)
-        sub = click.Context(command, info_name=f"inferfleet {name}", parent=None,
-                            terminal_width=100, max_content_width=100)
-        parts.append(f"## inferfleet {name}\n\n```text\n{command.get_help(sub).rstrip()}\n```\n\n")
-    return "".join(parts).rstrip() + "\n"
+    """The whole page: the group and every command and subcommand, as each one's ``--help`` prints it."""
+    return HEADER + "".join(_sections(cli, _context(cli, "inferfleet", None))).rstrip() + "\n"
 
 
 def main() -> None:

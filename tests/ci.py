@@ -1,24 +1,18 @@
-"""Whether the tests run under CI, where a missing tool is a failure instead of a skip.
+"""Skip a test on a developer's machine, fail it under CI, for what CI must be able to run.
 
-One rule for every test (also for issue 19's): ``CI`` set to any non-empty value other than
-``0`` or ``false`` (any case) means CI; unset, empty, ``0`` and ``false`` mean a developer's
-machine. GitHub Actions, GitLab and most runners set ``CI=true``; some set ``CI=1``.
+Whether this is CI is decided in one place, ``tests.conftest.running_in_ci`` (``CI`` set to
+anything but empty, ``0`` or ``false``).
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-
-def in_ci(environ: dict[str, str] | None = None) -> bool:
-    value = (os.environ if environ is None else environ).get("CI", "").strip().lower()
-    return value not in ("", "0", "false")
+from tests.conftest import running_in_ci
 
 
 def skip_unless_ci(reason: str) -> None:
     """Skip the calling test with ``reason`` on a developer's machine; fail it under CI."""
-    if in_ci():
+    if running_in_ci():
         pytest.fail(f"{reason} (CI is set: this test must run here)")
     pytest.skip(reason)

@@ -40,6 +40,7 @@ from inferfleet.producer.protocol import DEFAULT_PREFIX, GROUP, shard_keys
 from inferfleet.worker.cli import main
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.metrics import metric_names
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSOLE_SCRIPT = "inferfleet"
@@ -48,14 +49,8 @@ METRICS_PORT = 9100  # the agreed port: compose supervisor and each Kubernetes w
 # and warming up (serve() checks the stop flag after that), then one blocking read (1 s),
 # the batch in flight, the read-ahead batch, the replies, leaving the group.
 WORKER_DRAIN_BUDGET_S = 30.0
-# The metric names agreed for worker/metrics.py; alert rules may use only these.
-METRICS = frozenset({
-    "inferfleet_requests_total", "inferfleet_batch_rows", "inferfleet_queue_wait_seconds",
-    "inferfleet_inference_seconds", "inferfleet_queue_lag", "inferfleet_queue_pending",
-    "inferfleet_workers", "inferfleet_worker_restarts_total", "inferfleet_cache_hits_total",
-    "inferfleet_cache_misses_total", "inferfleet_model_info", "inferfleet_alerts_total",
-    "inferfleet_swaps_total",
-})
+# The metric names worker/metrics.py exports, read from its families (not a copy); alert rules may use only these.
+METRICS = frozenset(metric_names())
 _OWN_ENV = re.compile(r"INFERFLEET_|REDIS_URL\Z")
 _WORKER_FIELDS = frozenset(f.name for f in fields(WorkerSettings))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import torch
@@ -78,6 +79,23 @@ class Stall(Scale):
         return x * 2.0
 
 
+GATE = -5.0
+
+
+class Gate(Scale):
+    """Scale, but a batch holding a row that starts with GATE sets ``Gate.entered``, then waits
+    for ``Gate.release`` (the test sets it, in-process): a batch held in flight at will."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        if bool((x[:, 0] == GATE).any()):
+            Gate.entered.set()
+            Gate.release.wait(60)
+        return x * 2.0
+
+
 class Triple(Scale):
     """y = x * 3, version triple-1: the 'new model' of the hot swap tests."""
 
@@ -127,3 +145,24 @@ class Noisy(Scale):
 
     def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         return x + torch.rand_like(x)
+
+
+#: What torch raises on a GPU after an out-of-range embedding id (the device-side assert).
+DEVICE_ASSERT = ("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
+                 "reported at some other API call, so the stacktrace below might be incorrect.")
+
+
+class BreaksDevice(Scale):
+    """x * 2 on a simulated GPU: a row starting with POISON (an out-of-range embedding id) triggers a
+    device-side assert, and from then on every call in this process fails the same way, as every
+    CUDA call does once the context is lost. ``calls`` counts predict calls in this process."""
+
+    broken = False
+    calls = 0
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        BreaksDevice.calls += 1
+        if BreaksDevice.broken or bool((x[:, 0] == POISON).any()):
+            BreaksDevice.broken = True
+            raise RuntimeError(DEVICE_ASSERT)
+        return x * 2.0

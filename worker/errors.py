@@ -8,16 +8,22 @@
         ├── ModelLoadError         the model cannot be loaded, placed or warmed up
         └── OutputError            a model output breaks the contract (answered model_error)
 
+    BaseException
+    └── DeviceBroken               the device's context is lost (a sticky CUDA error): the
+                                   worker exits without acknowledging, like SystemExit
+
 Redis and torch exceptions are translated where they are caught: redis-py's
 in ``inferfleet.worker.serving.consumer`` (a connection loss is retried, never fatal) and
 torch's in ``inferfleet.worker.runtime.loading`` (a load failure becomes ModelLoadError).
+DeviceBroken is no ``Exception`` on purpose: nothing that isolates a failing
+request (the bisection, ``except Exception`` in handlers' callers) may swallow it.
 """
 
 from __future__ import annotations
 
 from inferfleet.producer.errors import InferfleetError
 
-__all__ = ["WorkerError", "ConfigError", "ModelLoadError", "OutputError"]
+__all__ = ["WorkerError", "ConfigError", "DeviceBroken", "ModelLoadError", "OutputError"]
 
 
 class WorkerError(InferfleetError):
@@ -34,3 +40,20 @@ class ModelLoadError(WorkerError):
 
 class OutputError(WorkerError):
     """A model output does not fit the contract (wrong rows, dtype or form)."""
+
+
+class DeviceBroken(BaseException):
+    """A sticky device error (a device-side assert, an illegal memory access): every later
+    call on the device fails too, so the process must exit and be restarted.
+
+    Raised by the consumer instead of answering ``model_error``; ``consumer``
+    and ``cause`` say who and why for the exit message.
+    """
+
+    #: The process's exit status (the supervisor names it in its restart log line).
+    exit_status = 4
+
+    def __init__(self, consumer: str, cause: BaseException) -> None:
+        super().__init__(f"consumer {consumer}: the device is unusable after {type(cause).__name__}: {cause}")
+        self.consumer = consumer
+        self.cause = cause

@@ -41,7 +41,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from inferfleet.worker.errors import ConfigError
 
 __all__ = ["WorkerMetrics", "FleetMetrics", "worker_metrics", "metrics_mode", "serve_worker_metrics", "observe_many",
-           "reply_codes",
+           "reply_codes", "metric_names",
            "MULTIPROC_ENV", "REPLY_CODES", "ALERT_KINDS", "SWAP_RESULTS", "CACHE_TIERS"]
 
 log = logging.getLogger(__name__)
@@ -352,3 +352,15 @@ class FleetMetrics:
                 del os.environ[MULTIPROC_ENV]
             shutil.rmtree(self.path, ignore_errors=True)
             self.path = None
+
+
+def metric_names() -> list[str]:
+    """Every metric name a worker or a supervisor exports, as scraped (``_total`` on counters), sorted.
+
+    Read from the families themselves (a private registry and a supervisor that serves nothing), so
+    docs/metrics.md and the deployment checks compare against the code, not a copy of it.
+    """
+    registry = CollectorRegistry()
+    _Families(registry)
+    families = [*registry.collect(), *FleetMetrics("", 0).collect()]
+    return sorted({f.name + "_total" if f.type == "counter" else f.name for f in families})

@@ -119,3 +119,34 @@ def test_status_shows_the_queue_and_its_workers(spawn_worker, redis_url, redis_c
     bad = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "bad name"], env=env,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid queue name" in bad.stderr
+
+
+def test_a_worker_whose_device_broke_exits_with_status_4_and_acknowledges_nothing(spawn_worker, redis_url,
+                                                                                   redis_client):
+    """After a (simulated) device-side assert the process exits for its restart policy to replace it,
+    instead of answering model_error to every later request while its heartbeat says healthy."""
+    from tests.handlers import POISON
+
+    proc = spawn_worker("dev", "tests.handlers:BreaksDevice", "--warmup-iters", "0", "--max-wait-ms", "50")
+    producer = Producer(redis_url, "dev")
+    producer.submit_many([np.full((1, 4), POISON if i == 0 else i, np.float32) for i in range(3)])
+    assert proc.wait(30) == 4
+    stderr = proc.stderr.read().decode(errors="replace")
+    assert "device is unusable" in stderr and "device-side assert" in stderr
+    assert int(redis_client.xpending("inferfleet:{dev}:requests", GROUP)["pending"]) >= 1  # left for replay
+    assert not redis_client.keys("inferfleet:{dev}:inbox:*")  # no model_error replies
+    from inferfleet.producer.protocol import QueueKeys
+    from inferfleet.worker.heartbeat import read_heartbeats
+
+    assert read_heartbeats(redis_client, QueueKeys("dev")) == []  # not listed as a healthy worker
+
+
+def test_supervise_refuses_a_gpu_its_cuda_visible_devices_hides(models_dir):
+    """--devices cuda:N counts the supervisor's own visible GPUs: under a scheduler's
+    CUDA_VISIBLE_DEVICES=0 there is no cuda:1, and it says so instead of starting children on it."""
+    env = {**worker_env("redis://127.0.0.1:1/0"), "CUDA_VISIBLE_DEVICES": "0"}
+    out = subprocess.run([sys.executable, "-m", "inferfleet", "supervise", "--name", "q", "--model",
+                          str(models_dir / "affine.pt"), "--devices", "cuda:1"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "CUDA_VISIBLE_DEVICES='0' makes only 1 GPUs visible" in out.stderr

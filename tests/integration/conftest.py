@@ -3,8 +3,9 @@
 ``redis_cluster`` (session) starts three ``redis-server --cluster-enabled yes``
 processes on free loopback ports (never 6379), joins them with
 ``redis-cli --cluster create`` and waits for ``cluster_state:ok`` on every
-node; at the end it kills them and removes their directory. ``cluster_url``
-flushes every master before the test that asks for it.
+node; at the end it kills them and removes their directory. Tests share it:
+each uses queues of its own (or a module fixture flushes it first), never a
+flush that could wipe another test's fleet.
 """
 
 from __future__ import annotations
@@ -114,10 +115,3 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
             proc.kill()
             proc.wait(10)
         shutil.rmtree(cluster.workdir, ignore_errors=True)
-
-
-@pytest.fixture
-def cluster_url(redis_cluster: LocalCluster) -> str:
-    """The cluster's URL, every master flushed first."""
-    redis_cluster.flush()
-    return redis_cluster.url

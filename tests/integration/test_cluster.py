@@ -28,9 +28,10 @@ from redis.cluster import RedisCluster
 from inferfleet.producer import AsyncProducer, Producer
 from inferfleet.producer.protocol import GROUP, shard_for, shard_keys
 from tests.conftest import ROOT, stop_process, worker_env
-from tests.integration.conftest import LocalCluster
+from tests.integration.conftest import MASTERS, LocalCluster
 
 NAME = "ctr"  # with 3 shards: ctr.0, ctr.1 and ctr.2 hash to slots of three different masters
+PLACED = "placed"  # the placement test's own queue: placed.0, .1 and .2 hash to three masters too
 SHARDS = 3
 CLI = [sys.executable, "-m", "inferfleet"]
 
@@ -102,25 +103,34 @@ def fleet(redis_cluster: LocalCluster, models_dir: Path, tmp_path_factory: pytes
 # --------------------------------------------------------------------------- placement
 
 
-def test_shards_are_slots_of_different_masters(cluster_url: str, redis_cluster: LocalCluster) -> None:
-    with Producer(cluster_url, NAME, shards=SHARDS, cluster=True) as producer:
-        rids = producer.submit_many(rows(60))
-        assert producer.backlog() == 60  # no group yet: every entry of every shard waits
-    by_shard = [sum(1 for r in rids if shard_for(r, SHARDS) == s) for s in range(SHARDS)]
-    assert all(by_shard), by_shard
-    homes: dict[str, int] = {}  # stream key -> the master that holds it
-    for port in redis_cluster.ports:
-        with redis_cluster.node(port) as node:
-            for key in node.keys("*"):
-                homes[key.decode()] = port
-                assert node.xlen(key) == by_shard[int(key.decode().split("}")[0].rsplit(".", 1)[1])]
-    streams = [keys.requests for keys in shard_keys(NAME, SHARDS)]
-    assert sorted(homes) == sorted(streams)
-    assert len({homes[s] for s in streams}) >= 2
-    client = cluster_client(cluster_url)
-    for keys in shard_keys(NAME, SHARDS):  # every key of one shard shares its slot
-        slots = {client.keyslot(k) for k in (keys.requests, keys.reply("r1"), keys.inbox("x"), keys.dead)}
-        assert len(slots) == 1
+def test_shards_are_slots_of_different_masters(redis_cluster: LocalCluster) -> None:
+    """Its own queue (no flush: the module's fleet may be serving ``ctr`` on the same cluster)."""
+    url = redis_cluster.url
+    streams = [keys.requests for keys in shard_keys(PLACED, SHARDS)]
+    client = cluster_client(url)
+    for stream in streams:
+        client.delete(stream)
+    try:
+        with Producer(url, PLACED, shards=SHARDS, cluster=True) as producer:
+            rids = producer.submit_many(rows(60))
+            assert producer.backlog() == 60  # no group yet: every entry of every shard waits
+        by_shard = [sum(1 for r in rids if shard_for(r, SHARDS) == s) for s in range(SHARDS)]
+        assert all(by_shard), by_shard
+        homes: dict[str, int] = {}  # stream key -> the master that holds it
+        for port in redis_cluster.ports:
+            with redis_cluster.node(port) as node:
+                for key in node.keys(f"inferfleet:{{{PLACED}.*"):
+                    homes[key.decode()] = port
+                    assert node.xlen(key) == by_shard[int(key.decode().split("}")[0].rsplit(".", 1)[1])]
+        assert sorted(homes) == sorted(streams)
+        assert len({homes[s] for s in streams}) == MASTERS == SHARDS  # each shard on its own master
+        for keys in shard_keys(PLACED, SHARDS):  # every key of one shard shares its slot
+            slots = {client.keyslot(k) for k in (keys.requests, keys.reply("r1"), keys.inbox("x"), keys.dead)}
+            assert len(slots) == 1
+    finally:
+        for stream in streams:
+            client.delete(stream)
+        client.close()
 
 
 # --------------------------------------------------------------------------- a worker per shard

@@ -292,3 +292,53 @@ def test_replies_survive_a_script_flush(affine, redis_url, redis_client):
     drain(affine)
     assert all(r.ok for r in producer.results(first + second, timeout_s=5))
     assert pending(redis_client, affine.keys) == 0
+
+
+@pytest.mark.parametrize("limit", [2, 4])
+def test_dead_letters_at_the_limit_and_not_one_delivery_before(redis_url, redis_client, models_dir, limit):
+    """--max-deliveries N: an entry delivered N-1 times is computed once more (its Nth delivery,
+    still within the limit); one delivered N times is dead-lettered (its next would be the N+1th)."""
+    from inferfleet.worker.serving.consumer import ensure_group
+    from inferfleet.worker.serving.deadletter import list_dead
+
+    keys = affine_keys()
+    producer = Producer(redis_url, "q")
+    x = np.ones((1, 16), np.float32)
+    below, at = producer.submit(x), producer.submit(x)
+    ensure_group(redis_client, keys.requests)
+    (_, entries), = redis_client.xreadgroup(GROUP, "c1", {keys.requests: ">"}, count=2)  # then c1 "crashes"
+    (below_id, _), (at_id, _) = entries
+    redis_client.xclaim(keys.requests, GROUP, "c1", 0, [below_id], retrycount=limit - 1, justid=True)
+    redis_client.xclaim(keys.requests, GROUP, "c1", 0, [at_id], retrycount=limit, justid=True)
+    restarted = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="c1", idle_block_ms=50,
+                              max_deliveries=limit)
+    drain(restarted)  # replays c1's own pending entries, one at a time, counting a delivery each
+    assert producer.result(below, 5).ok
+    dead = producer.result(at, 5, raise_errors=False)
+    assert dead.error_code == "dead_letter", dead
+    assert f"delivery {limit + 1} is over the limit of {limit}" in dead.error_message
+    (letter,) = list_dead(redis_client, keys)
+    assert (letter.request_id, letter.deliveries) == (at, limit + 1)
+    assert pending(redis_client, keys) == 0
+
+
+def test_a_broken_device_stops_the_consumer_without_answering_or_acknowledging(redis_url, redis_client,
+                                                                                monkeypatch):
+    """A sticky CUDA error: no bisection, no model_error replies, nothing acknowledged. The entries stay
+    pending for the restarted worker (tests/integration/test_supervisor.py follows them there)."""
+    from inferfleet.worker.errors import DeviceBroken
+    from tests.handlers import BreaksDevice
+
+    monkeypatch.setattr(BreaksDevice, "broken", False)
+    monkeypatch.setattr(BreaksDevice, "calls", 0)
+    consumer = make_consumer(redis_url, "tests.handlers:BreaksDevice", idle_block_ms=50, max_batch_rows=16,
+                             warmup_iters=0)
+    producer = Producer(redis_url, "q")
+    inputs = [np.full((1, 4), POISON if i == 2 else i, np.float32) for i in range(4)]
+    producer.submit_many(inputs)
+    with pytest.raises(DeviceBroken, match="device-side assert"):
+        consumer.run_once()
+    assert BreaksDevice.calls == 1  # the failed batch was not retried in halves on a dead device
+    assert pending(redis_client, consumer.keys) == 4  # nothing acknowledged: all four will be replayed
+    assert consumer.counters.requests == 0 and consumer.counters.errors == 0  # and nothing answered
+    assert not redis_client.keys("*inbox*")

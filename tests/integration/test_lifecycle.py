@@ -1,4 +1,4 @@
-"""Model hot swap: publish/rollback, the double-checked version, and a swap under load."""
+"""Model hot swap: publish/rollback, the double-checked version, in-flight batches, the cache, a swap under load."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
-from inferfleet.producer import Producer
+from inferfleet.producer import Producer, Reply
 from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.heartbeat import read_heartbeats
+from inferfleet.worker.runtime.loading import load_runtime
 from inferfleet.worker.serving.alerts import read_alerts
+from inferfleet.worker.serving.consumer import Consumer
 from inferfleet.worker.serving.lifecycle import ModelWatcher, NoPreviousVersion, publish, read_published, rollback
 from tests.conftest import ROOT, worker_env
 
@@ -179,3 +182,113 @@ def test_swap_refuses_bad_input(redis_url, redis_client):
     assert "--version" in swap_cli(redis_url, "--model", SCALE, "--version", "").stderr
     assert "--version" in swap_cli(redis_url, "--model", SCALE, "--version", "v 2").stderr
     assert read_published(redis_client, QueueKeys("q")) is None  # nothing was published
+
+
+def test_a_batch_in_flight_during_a_swap_finishes_and_answers_on_the_old_copy(redis_url, redis_client):
+    """Deterministic: the batch blocks mid-forward-pass, the swap is published and loaded
+    meanwhile, then the batch is let go. Its replies carry and name the old version; the
+    next batch is computed and named by the new one."""
+    from tests.handlers import GATE, Gate
+
+    Gate.entered.clear()
+    Gate.release.clear()
+    keys = QueueKeys("q")
+    settings = WorkerSettings(name="q", model="tests.handlers:Gate", redis_url=redis_url, consumer="c1",
+                              warmup_iters=0, idle_block_ms=50)
+    client = redis.Redis.from_url(redis_url)
+    watcher = ModelWatcher(client, keys, settings, load_runtime)
+    consumer = Consumer(settings, load_runtime(settings), client, watcher=watcher)
+    consumer.prepare()
+    held = [np.full((1, 4), value, np.float32) for value in (GATE, 1.0, 2.0)]
+    with Producer(redis_url, "q") as producer:
+        held_ids = producer.submit_many(held)
+        in_flight = threading.Thread(target=consumer.run_once)
+        in_flight.start()
+        try:
+            assert Gate.entered.wait(30), "the batch never started"
+            publish(client, keys, TRIPLE, "triple-1", serving=(settings.model, "scale-1"))
+            assert watcher.poll(consumer.runtime.version).version == "triple-1"  # housekeeping's first check
+            for loading in [t for t in threading.enumerate() if t.name == "swap-triple-1"]:
+                loading.join(60)  # the new copy is loaded while the batch is still held
+            assert in_flight.is_alive()
+        finally:
+            Gate.release.set()
+            in_flight.join(30)
+        for x, reply in zip(held, producer.results(held_ids, timeout_s=5)):
+            assert reply.model_version == "scale-1", reply.model_version  # named by the old version ...
+            assert np.array_equal(reply.outputs, x * 2)  # ... and computed by it
+            assert reply.timing["batch_rows"] == 3  # all three in the held batch
+        after = [np.full((1, 4), value, np.float32) for value in (3.0, 4.0)]
+        after_ids = producer.submit_many(after)
+        consumer.run_once()  # switches between rounds, then computes
+        for x, reply in zip(after, producer.results(after_ids, timeout_s=5)):
+            assert reply.model_version == "triple-1" and np.array_equal(reply.outputs, x * 3)
+    assert consumer.runtime.version == "triple-1"
+    client.close()
+
+
+def swap_in_process(client: redis.Redis, consumer: Consumer, watcher: ModelWatcher) -> None:
+    """What a worker's housekeeping and next round do: publish Triple, load it, switch to it."""
+    publish(client, QueueKeys("q"), TRIPLE, "triple-1", serving=(consumer.model_source, consumer.runtime.version))
+    assert watcher.poll(consumer.runtime.version).version == "triple-1"
+    for loading in [t for t in threading.enumerate() if t.name == "swap-triple-1"]:
+        loading.join(60)
+    consumer.run_once()  # switches between rounds (nothing queued: an idle round)
+
+
+def test_the_local_cache_is_not_served_after_a_swap(redis_url, redis_client):
+    """--cache-size without the fleet tier, in-process: a repeated input after the swap is computed by
+    the new version; then the new version's result is cached."""
+    settings = WorkerSettings(name="q", model=SCALE, redis_url=redis_url, consumer="c1", warmup_iters=0,
+                              idle_block_ms=50, cache_size=64)
+    client = redis.Redis.from_url(redis_url)
+    watcher = ModelWatcher(client, QueueKeys("q"), settings, load_runtime)
+    consumer = Consumer(settings, load_runtime(settings), client, watcher=watcher)
+    consumer.prepare()
+    x = np.full((1, 4), 1.5, np.float32)
+    with Producer(redis_url, "q") as producer:
+        def ask() -> Reply:
+            rid = producer.submit(x)
+            consumer.run_once()
+            return producer.result(rid, 5)
+
+        first, cached = ask(), ask()
+        assert (first.timing["batch_rows"], cached.timing["batch_rows"]) == (1, 0)  # the repeat: a cache hit
+        assert np.array_equal(cached.outputs, x * 2) and cached.model_version == "scale-1"
+        swap_in_process(client, consumer, watcher)
+        after, cached_after = ask(), ask()
+    assert (after.model_version, after.timing["batch_rows"]) == ("triple-1", 1)  # computed, not a hit
+    assert np.array_equal(after.outputs, x * 3)
+    assert cached_after.timing["batch_rows"] == 0 and np.array_equal(cached_after.outputs, x * 3)
+    client.close()
+
+
+def wait_serving(client: redis.Redis, version: str, timeout_s: float = 60.0) -> None:
+    """Until every worker's heartbeat names ``version`` (it switched)."""
+    deadline = time.monotonic() + timeout_s
+    while {beat.version for beat in read_heartbeats(client, QueueKeys("q"))} != {version}:
+        assert time.monotonic() < deadline, f"the workers never switched to {version}"
+        time.sleep(0.05)
+
+
+def test_the_fleet_cache_is_not_served_after_a_swap(redis_url, redis_client, spawn_worker):
+    """A worker with --cache-size and --fleet-cache-ttl-s across a hot swap: the model version is
+    part of the cache key, so a repeated input after the swap is computed by the new version, never
+    answered from what the old one left in Redis (the swap empties the worker's local tier, not Redis)."""
+    spawn_worker("q", SCALE, "--max-wait-ms", "1", "--cache-size", "64", "--fleet-cache-ttl-s", "60")
+    x = np.full((1, 4), 1.5, np.float32)
+    with Producer(redis_url, "q") as producer:
+        def ask() -> Reply:
+            return producer.result(producer.submit(x), 20)
+
+        first, cached = ask(), ask()
+        assert (first.timing["batch_rows"], cached.timing["batch_rows"]) == (1, 0)  # the repeat: a cache hit
+        assert np.array_equal(cached.outputs, x * 2) and cached.model_version == "scale-1"
+        assert len(redis_client.keys("inferfleet:{q}:cache:*")) == 1
+        publish(redis_client, QueueKeys("q"), TRIPLE, "triple-1", serving=(SCALE, "scale-1"))  # what `swap` does
+        wait_serving(redis_client, "triple-1")
+        after, cached_after = ask(), ask()
+    assert (after.model_version, after.timing["batch_rows"]) == ("triple-1", 1)  # computed, not a hit
+    assert np.array_equal(after.outputs, x * 3)
+    assert cached_after.timing["batch_rows"] == 0 and np.array_equal(cached_after.outputs, x * 3)
+    assert len(redis_client.keys("inferfleet:{q}:cache:*")) == 2  # one entry per version

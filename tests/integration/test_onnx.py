@@ -6,10 +6,14 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+import torch
 
 from inferfleet.producer import Producer
 from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.runtime.loading import file_version, load_runtime
+from inferfleet.worker.runtime.onnx_backend import load_onnx
 from scripts.build_models import example_inputs
 from tests.conftest import worker_env
 
@@ -53,3 +57,15 @@ def test_worker_refuses_int8_on_torchscript_and_says_what_to_serve(redis_url, mo
     done = subprocess.run(cmd, env=worker_env(redis_url), capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "cannot quantize a TorchScript model" in done.stderr and ".pt2" in done.stderr
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider' is not in available provider")
+def test_onnx_runtime_that_falls_back_to_the_cpu_on_a_gpu_is_refused(onnx_models_dir, monkeypatch):
+    """onnxruntime-gpu whose CUDA libraries fail to load lists the CUDA provider, then builds a CPU-only
+    session: a "GPU" worker at CPU speed. Stubbed here by the provider list this CPU build reports."""
+    import onnxruntime
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(ModelLoadError, match="fell back to CPUExecutionProvider"):
+        load_onnx(str(onnx_models_dir / "affine.onnx"), torch.device("cuda:0"), threads=1)

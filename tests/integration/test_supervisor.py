@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -39,7 +40,7 @@ def run_supervisor(redis_url, redis_client, monkeypatch):
     def run(model: str, policy: PolicySettings, **overrides) -> Supervisor:
         worker = WorkerSettings(name="q", model=model, redis_url=redis_url, warmup_iters=1,
                                 max_batch_rows=overrides.pop("max_batch_rows", 8), idle_block_ms=100,
-                                heartbeat_s=0.2)
+                                heartbeat_s=0.2, **overrides.pop("worker", {}))
         settings = SupervisorSettings(worker=worker, policy=policy, interval_s=0.2, restart_backoff_s=0.2,
                                       drain_timeout_s=30, **overrides)
         supervisor = Supervisor(settings, child_main)
@@ -166,15 +167,53 @@ def test_a_second_signal_kills_the_draining_workers(redis_url, redis_client, mon
         proc.send_signal(signal.SIGTERM)  # drain: would wait for the 30 s batch
         time.sleep(0.5)
         assert proc.poll() is None
-        started = time.monotonic()
         proc.send_signal(signal.SIGTERM)  # second signal: kill now
-        proc.wait(10)
-        assert time.monotonic() - started < 5
+        proc.wait(60)
         with pytest.raises(ProcessLookupError):
             os.kill(child, 0)
-        # the request was not lost: it stays pending for the next fleet to take over
+        # killed, not drained: the 30 s batch never finished (a drain would have answered and acknowledged
+        # it before exiting), and the request was not lost: it stays pending for the next fleet to take over
         assert redis_client.xpending(keys.requests, GROUP)["pending"] == 1
+        assert not redis_client.keys("inferfleet:{q}:reply:*")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _wait_reply(producer: Producer, rid: str, timeout_s: float):
+    """The reply to ``rid``, waited for in short polls (each within the client's socket timeout)."""
+    from inferfleet.producer.errors import ReplyTimeout
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return producer.result(rid, timeout_s=2, raise_errors=False)
+        except ReplyTimeout:
+            if time.monotonic() > deadline:
+                raise
+
+
+def test_a_worker_whose_device_broke_is_restarted_and_the_culprit_dead_lettered(run_supervisor, redis_url,
+                                                                                 redis_client, caplog):
+    """A device-side assert (simulated): the worker exits with status 4 instead of answering model_error
+    to everything; each restart replays its entries one at a time, so the batch-mates are answered and
+    the request that breaks the device is dead-lettered at the delivery limit."""
+    from tests.handlers import POISON
+
+    producer = Producer(redis_url, "q", default_deadline_s=None)  # three worker starts may take a while
+    inputs = [np.full((1, 4), POISON if i == 1 else i, np.float32) for i in range(4)]
+    rids = producer.submit_many(inputs)  # queued before the worker starts: one batch with the culprit
+    policy = PolicySettings(kind="fixed", min_workers=1, max_workers=1)
+    with caplog.at_level(logging.WARNING, logger="inferfleet.worker.fleet.supervisor"):
+        supervisor = run_supervisor("tests.handlers:BreaksDevice", policy, worker={"max_deliveries": 2})
+        replies = [_wait_reply(producer, rid, 90) for rid in rids]
+    for i, reply in enumerate(replies):
+        if i == 1:
+            assert not reply.ok and reply.error_code == "dead_letter"
+        else:
+            assert reply.ok, reply.error_message
+            np.testing.assert_array_equal(reply.outputs, inputs[i] * 2)
+    assert redis_client.xlen(QueueKeys("q").dead) == 1
+    assert "exit status 4: its GPU broke" in caplog.text  # it exited as a broken device, and was restarted
+    assert not supervisor.slots[0].disabled

@@ -1,4 +1,4 @@
-"""The pure parts of ``inferfleet bench``: schedules, figures, tables, option checks, the picture."""
+"""``inferfleet bench``: schedules, figures, tables, option checks, the picture, open-loop pacing on a fake clock."""
 
 from __future__ import annotations
 
@@ -180,3 +180,40 @@ def test_fleet_setup_targets_the_fleet_then_the_naive_queue():
     setup = FleetSetup(None, "m.pt", spawn=2, baseline="naive")
     assert setup.targets() == [("fleet", "bench"), ("naive", "bench-naive")]
     assert FleetSetup("ctr").targets() == [("fleet", "ctr")]
+
+
+# --------------------------------------------------------------------------- open-loop pacing, on a fake clock
+
+
+def test_open_loop_sends_each_request_at_its_time_and_overdue_ones_together():
+    """Paced by the schedule, never early; after a stall (one sleep overran by 0.25 s) the
+    requests that fell due meanwhile go out at once in one pipeline, not spread later."""
+    import fakeredis
+
+    from inferfleet.producer import Producer
+    from inferfleet.worker.bench.load import OpenLoop
+
+    now = [0.0]
+    offsets = send_schedule(10, 10.0, "fixed")  # 0, 0.1 ... 0.9 s
+    with Producer(client=fakeredis.FakeRedis(), name="q") as producer:
+        loop = OpenLoop(producer, [np.ones((1, 4), np.float32)], offsets, 5.0, None, clock=lambda: now[0])
+        sleeps: list[float] = []
+
+        def pause(seconds: float) -> bool:
+            sleeps.append(seconds)
+            now[0] += seconds + (0.25 if len(sleeps) == 3 else 0.0)  # the third sleep overruns: a loaded machine
+            return False
+
+        pipelines: list[tuple[float, int, int]] = []  # (when, first, end)
+        send = loop._send
+        loop.pause = pause
+        loop._send = lambda first, end: (pipelines.append((now[0], first, end)), send(first, end))[1]
+        loop._send_all()
+        assert producer.redis.xlen(producer.keys.requests) == 10
+    assert [i for _, first, end in pipelines for i in range(first, end)] == list(range(10))  # each once, in order
+    for when, first, end in pipelines:
+        assert when >= offsets[end - 1] - 1e-9, (when, first, end)  # none sent before it was due
+    assert [(first, end) for _, first, end in pipelines] == [(0, 1), (1, 2), (2, 3), (3, 6), (6, 7), (7, 8),
+                                                               (8, 9), (9, 10)]  # 3, 4 and 5 fell due in the stall
+    assert sorted(loop.due_at.values()) == pytest.approx(list(offsets))  # latency counts from these
+    assert loop._send_rate() == pytest.approx(9 / 0.9)  # the last request went out on time: 10/s

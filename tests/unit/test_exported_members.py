@@ -41,10 +41,15 @@ def test_worker_exported_members() -> None:
 def test_every_exported_member_exists_and_is_public() -> None:
     for package in (producer, worker):
         for name in package.__all__:
+            assert not name.startswith("_") and hasattr(package, name), (package.__name__, name)
             member = getattr(package, name)
-            assert member is not None
-            module = getattr(member, "__module__", package.__name__)
-            assert module.startswith(package.__name__), (package.__name__, name, module)
+            if isinstance(member, type):  # a class: defined in a public module of the package, under its name
+                module = member.__module__
+                assert module.startswith(package.__name__ + "."), (package.__name__, name, module)
+                assert not any(part.startswith("_") for part in module.split(".")), (name, module)
+                assert member.__name__ == name, (name, member.__name__)
+            else:  # a constant: a plain value, set
+                assert isinstance(member, (str, int)) and member != "", (name, member)
 
 
 def test_producer_does_not_import_the_worker() -> None:

@@ -179,3 +179,34 @@ def test_fleet_metrics_collect_the_supervisors_view(registry):
     assert value(registry, "inferfleet_worker_restarts_total") == 1
     assert value(registry, "inferfleet_queue_lag") == 40
     assert value(registry, "inferfleet_queue_pending") == 7
+
+
+def test_docs_list_exactly_the_metrics_the_code_exports():
+    """docs/metrics.md's table against the families in worker/metrics.py (what the deploy checks use too)."""
+    import re
+    from pathlib import Path
+
+    from inferfleet.worker.metrics import metric_names
+
+    root = Path(__file__).resolve().parents[2]
+    table = re.findall(r"^\| `(inferfleet_\w+)` \|", (root / "docs" / "metrics.md").read_text(), re.MULTILINE)
+    assert sorted(table) == metric_names()
+    assert len(table) == len(set(table))
+
+
+def test_every_metric_the_docs_and_deploy_files_name_is_exported():
+    """Example queries, alert rules, probes and dashboards: a renamed metric leaves none of them behind."""
+    import re
+    from pathlib import Path
+
+    from inferfleet.worker.metrics import metric_names
+
+    root = Path(__file__).resolve().parents[2]
+    files = [root / "README.md", *(root / "docs").glob("*.md"), *root.glob("docker-compose*.yml"),
+             *(p for p in (root / "deploy").rglob("*") if p.is_file())]
+    exported = set(metric_names())
+    named = {(path.name, re.sub(r"_(bucket|sum|count|created)$", "", m))
+             for path in files for m in re.findall(r"\binferfleet_[a-z_]+", path.read_text(errors="replace"))}
+    unknown = {(name, m) for name, m in named if m not in exported and m != "inferfleet_example"}  # an ONNX key
+    assert not unknown
+    assert {m for _, m in named} >= {"inferfleet_queue_lag", "inferfleet_model_info", "inferfleet_requests_total"}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,9 +28,24 @@ def runtime(path, **settings):
     return load_runtime(WorkerSettings(name="q", model=str(path), **{"warmup_iters": 1, **settings}))
 
 
-def assert_int8_close(full: np.ndarray, quantized: np.ndarray, tolerance: float = 0.03) -> None:
+BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+
+
+@functools.cache
+def documented_int8_bound() -> float:
+    """The int8 accuracy docs/benchmarks.md states ("int8 moves outputs by at most X% of the output
+    range", max |int8 - fp32| over max |fp32|), as a fraction: the bound every int8 test holds to, so
+    the docs and the tests cannot drift apart. The docs measure 4096 rows of each example model
+    (scripts/accuracy_report.py); the tests' smaller inputs and toy nets stay within it (0.14-0.83%
+    measured when the bound was tied, from 3%)."""
+    match = re.search(r"int8 moves outputs by at most\s+([0-9.]+)%", BENCHMARKS.read_text())
+    assert match, "docs/benchmarks.md no longer states the int8 accuracy bound"
+    return float(match.group(1)) / 100
+
+
+def assert_int8_close(full: np.ndarray, quantized: np.ndarray) -> None:
     assert quantized.dtype == np.float32
-    assert np.abs(quantized - full).max() <= tolerance * np.abs(full).max()
+    assert np.abs(quantized - full).max() <= documented_int8_bound() * np.abs(full).max()
     assert not np.array_equal(quantized, full)  # it really ran in int8
 
 
@@ -55,6 +73,19 @@ class NoLinearHandler(TwoLayerHandler):
 # -- int8 arithmetic (pure) ----------------------------------------------------
 
 
+def test_the_documented_int8_bound_covers_every_int8_row_of_the_accuracy_table():
+    """The prose's "at most X%" against the table it sums up (max rel err, to the prose's precision)."""
+    bound, rows = documented_int8_bound(), []
+    for line in BENCHMARKS.read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 7 and cells[1] in ("torch int8", "ORT int8"):
+            rows.append((cells[0], cells[1], float(cells[3])))
+    assert len(rows) >= 6, rows  # affine, ctr, cnn x torch, ORT
+    digits = len(re.search(r"at most\s+([0-9.]+)%", BENCHMARKS.read_text()).group(1).partition(".")[2])
+    for model, variant, max_rel in rows:
+        assert round(max_rel * 100, digits) <= bound * 100 + 1e-9, (model, variant, max_rel, bound)
+
+
 def test_int8_linear_matches_float_linear_within_quantization_error():
     gen = torch.Generator().manual_seed(1)
     x, w, b = torch.randn(64, 40, generator=gen), torch.randn(24, 40, generator=gen), torch.randn(24, generator=gen)
@@ -62,7 +93,7 @@ def test_int8_linear_matches_float_linear_within_quantization_error():
     assert w_int8.dtype == torch.int8 and scale.shape == (24,)
     got, want = int8_linear(x, w_int8, scale, b), x @ w.T + b
     assert got.dtype == torch.float32 and got.shape == (64, 24)
-    assert (got - want).abs().max() <= 0.02 * want.abs().max()
+    assert (got - want).abs().max() <= documented_int8_bound() * want.abs().max()
 
 
 def test_int8_linear_keeps_leading_dimensions_and_zero_rows():

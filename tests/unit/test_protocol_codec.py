@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-import time
 import tracemalloc
 from typing import Any
 
@@ -466,9 +465,13 @@ def test_data_length_mismatch_is_bad_request(length: int) -> None:
 
 def test_huge_declared_shape_with_small_data_fails_without_allocating() -> None:
     shape = [1 << 24, 1 << 24, 1 << 24]
-    started = time.perf_counter()
-    expect_error(body_of(tensor_map(shape=shape, data=bytes(8))))
-    assert time.perf_counter() - started < 0.5
+    tracemalloc.start()
+    try:
+        expect_error(body_of(tensor_map(shape=shape, data=bytes(8))))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # what is allocated, not how long it took: a timing flakes on a loaded machine
 
 
 @pytest.mark.parametrize("bad", [2, 255, 17])
@@ -553,14 +556,12 @@ def test_unpack_alone_reports_too_large() -> None:
 def test_huge_declared_lengths_fail_fast_without_allocating(header: bytes) -> None:
     hostile = b"\x81\xa6inputs\x83\xa5dtype\xa5uint8\xa5shape\x91\xce\x80\x00\x00\x00\xa4data" + header + b"abc"
     tracemalloc.start()
-    started = time.perf_counter()
     try:
         for body in (hostile, header + b"abc"):
             expect_error(body)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert time.perf_counter() - started < 0.5
     assert peak < 1 << 20
 
 

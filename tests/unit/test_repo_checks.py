@@ -15,6 +15,31 @@ def test_cli_docs_match_the_commands():
     assert (ROOT / "docs" / "cli.md").read_text() == render(), "run python scripts/gen_cli_docs.py"
 
 
+def test_cli_docs_have_every_command_and_subcommand_with_its_options():
+    """Not the top level alone: ``dead list`` and any later group's commands, each with its options."""
+    import click
+
+    from inferfleet.worker.cli import main as cli
+    from scripts.gen_cli_docs import command_paths
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    paths = command_paths()
+    assert headings == paths
+    assert {f"inferfleet dead {name}" for name in ("list", "show", "replay", "purge")} <= set(paths)
+    sections = dict(zip(headings, text.split("\n## ")[1:]))
+    for path in paths:
+        command: click.Command = cli
+        for name in path.split()[1:]:
+            assert isinstance(command, click.Group)
+            command = command.commands[name]
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert param.opts[0] in sections[path], (path, param.opts[0])
+        if command.help:  # its opening words (click rewraps the rest to the page width)
+            assert " ".join(command.help.split()[:4]) in sections[path], path
+
+
 def test_packages_are_mypy_clean(tmp_path):
     # mypy cannot follow setuptools' package-dir mapping (nor the editable install's import
     # hook), so it checks a tree laid out as installed: inferfleet/{producer,worker} as links.
@@ -45,3 +70,13 @@ def test_ruff_is_clean_with_the_committed_config():
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_ci_switch_is_any_value_but_empty_0_or_false():
+    from tests.conftest import running_in_ci
+
+    for value in ("true", "1", "yes", "True", "TRUE", "on", "github-actions"):
+        assert running_in_ci({"CI": value}), value
+    for value in ("", "0", "false", "False", "FALSE", " "):
+        assert not running_in_ci({"CI": value}), value
+    assert not running_in_ci({})

@@ -68,6 +68,7 @@ __all__ = [
     "BenchReport",
     "FleetSetup",
     "FleetStartError",
+    "OpenLoop",
     "ProgressBars",
     "RunSpec",
     "Samples",
@@ -307,7 +308,7 @@ def run_closed(producer: Producer, pool: list[Any], requests: int, concurrency: 
     return tally.samples(time.perf_counter() - started)
 
 
-class _OpenLoop:
+class OpenLoop:
     """Send each request at its scheduled time (this thread); take replies as they come (another).
 
     Pacing uses the local clock, never a Redis blocking timeout (an idle
@@ -317,7 +318,7 @@ class _OpenLoop:
     """
 
     def __init__(self, producer: Producer, pool: list[Any], offsets: np.ndarray, timeout_s: float,
-                 on_progress: Callable[[int], None] | None) -> None:
+                 on_progress: Callable[[int], None] | None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.producer = producer
         self.bodies = [encode_body(x) for x in pool]
         self.offsets = offsets
@@ -327,12 +328,14 @@ class _OpenLoop:
         self.received: list[tuple[bytes, float]] = []  # (raw reply, when taken)
         self.failure: BaseException | None = None
         self.failed = threading.Event()
-        self.start = self.last_send = time.perf_counter()
+        self.clock = clock  # seconds, monotonic; tests pass a fake one
+        self.pause: Callable[[float], bool] = self.failed.wait  # sleeps; True if the receiver failed meanwhile
+        self.start = self.last_send = clock()
 
     def run(self) -> Samples:
         """Send every request on schedule, wait for every reply, return the samples."""
         receiver = threading.Thread(target=self._receive_all, name="bench-open-loop-receiver", daemon=True)
-        self.start = self.last_send = time.perf_counter()
+        self.start = self.last_send = self.clock()
         receiver.start()
         try:
             self._send_all()
@@ -346,10 +349,10 @@ class _OpenLoop:
     def _send_all(self) -> None:
         sent = 0
         while sent < len(self.offsets) and not self.failed.is_set():
-            wait = self.start + float(self.offsets[sent]) - time.perf_counter()
-            if wait > 0 and self.failed.wait(wait):
+            wait = self.start + float(self.offsets[sent]) - self.clock()
+            if wait > 0 and self.pause(wait):
                 break  # the receiver failed: stop sending
-            due = int(np.searchsorted(self.offsets, time.perf_counter() - self.start, side="right"))
+            due = int(np.searchsorted(self.offsets, self.clock() - self.start, side="right"))
             self._send(sent, max(due, sent + 1))
             sent = max(due, sent + 1)
 
@@ -364,7 +367,7 @@ class _OpenLoop:
             self.due_at[rid] = self.start + float(self.offsets[i])
         with translate_errors():
             pipe.execute()
-        self.last_send = time.perf_counter()
+        self.last_send = self.clock()
 
     def _receive_all(self) -> None:
         try:
@@ -378,7 +381,7 @@ class _OpenLoop:
         with translate_errors():
             got = self.producer.redis.blpop([self.producer.inbox], timeout=_POLL_S)
             more = self.producer.redis.lpop(self.producer.inbox, _POP_COUNT) if got else None
-        now = time.perf_counter()
+        now = self.clock()
         before = len(self.received)
         self.received.extend((raw, now) for raw in ([got[1]] if got else []) + (more or []))
         total = len(self.offsets)
@@ -413,7 +416,7 @@ def run_open(producer: Producer, pool: list[Any], offsets: np.ndarray, timeout_s
     time to the moment its reply was taken; ``send_rate`` is the rate the
     client achieved.
     """
-    return _OpenLoop(producer, pool, offsets, timeout_s, on_progress).run()
+    return OpenLoop(producer, pool, offsets, timeout_s, on_progress).run()
 
 
 # --------------------------------------------------------------------------- one target, every target

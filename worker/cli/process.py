@@ -13,9 +13,15 @@ from typing import Any
 
 import click
 
-__all__ = ["install_stop_handlers", "log_format_option", "log_level_option", "setup_logging"]
+from inferfleet.worker.errors import DeviceBroken
+
+__all__ = ["EXIT_DEVICE_BROKEN", "exit_device_broken", "install_stop_handlers", "log_format_option",
+           "log_level_option", "setup_logging"]
 
 log = logging.getLogger("inferfleet")
+
+#: Exit status of a worker whose device broke (a sticky CUDA error): restart it.
+EXIT_DEVICE_BROKEN = DeviceBroken.exit_status
 
 log_level_option = click.option("--log-level", default="info", envvar="INFERFLEET_LOG_LEVEL", show_envvar=True,
                                 type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
@@ -43,3 +49,17 @@ def install_stop_handlers(stop: threading.Event) -> None:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+
+
+def exit_device_broken(exc: BaseException) -> None:
+    """Exit at once, without acknowledging anything: the device is unusable (a sticky CUDA error).
+
+    ``os._exit``: no exit handler may touch the lost CUDA context and hang. The
+    entries this worker held stay pending; its restart (the supervisor's, or
+    the container's restart policy) replays them one at a time, and the
+    delivery limit dead-letters the one that breaks the device.
+    """
+    log.critical("%s; exiting with status %d so the worker is restarted on a fresh device context",
+                 exc, EXIT_DEVICE_BROKEN)
+    logging.shutdown()
+    os._exit(EXIT_DEVICE_BROKEN)

@@ -23,9 +23,15 @@ from inferfleet.worker.cli.options import (
     setting_option,
     shards_option,
 )
-from inferfleet.worker.cli.process import install_stop_handlers, log_format_option, log_level_option, setup_logging
+from inferfleet.worker.cli.process import (
+    exit_device_broken,
+    install_stop_handlers,
+    log_format_option,
+    log_level_option,
+    setup_logging,
+)
 from inferfleet.worker.config import PRECISIONS, WorkerSettings
-from inferfleet.worker.errors import ConfigError, ModelLoadError
+from inferfleet.worker.errors import ConfigError, DeviceBroken, ModelLoadError
 
 __all__ = ["child_main", "worker", "worker_options", "worker_settings"]
 
@@ -111,6 +117,8 @@ def worker(log_level: str, log_format: str, **options: Any) -> None:
         serve(settings, stop)
     except (ModelLoadError, ConfigError) as exc:  # ConfigError: the metrics port is taken
         raise click.ClickException(str(exc)) from exc
+    except DeviceBroken as exc:
+        exit_device_broken(exc)
 
 
 def child_main(settings: WorkerSettings, visible_device: str | None) -> None:
@@ -127,3 +135,5 @@ def child_main(settings: WorkerSettings, visible_device: str | None) -> None:
     except ModelLoadError as exc:
         log.error("worker %s cannot start: %s", settings.consumer, exc)
         sys.exit(3)
+    except DeviceBroken as exc:
+        exit_device_broken(exc)

@@ -79,7 +79,12 @@ def _run(settings: SupervisorSettings) -> None:
     """Run the fleet until a stop signal, with the host's one /metrics endpoint when asked."""
     stop = threading.Event()
     metrics = _fleet_metrics(settings.worker)  # before the first child: it sets PROMETHEUS_MULTIPROC_DIR
-    supervisor = Supervisor(settings, child_main, metrics=metrics)
+    try:
+        supervisor = Supervisor(settings, child_main, metrics=metrics)
+    except ConfigError as exc:  # a device the supervisor's CUDA_VISIBLE_DEVICES hides
+        if metrics is not None:
+            metrics.close()
+        raise click.UsageError(str(exc)) from exc
     _install_fleet_stop_handlers(stop, supervisor)
     try:
         supervisor.run(stop)

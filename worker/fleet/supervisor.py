@@ -39,7 +39,7 @@ import redis
 from inferfleet.producer.protocol import QueueKeys, shard_keys, workers_group
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import admin_client
-from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.errors import ConfigError, DeviceBroken
 from inferfleet.worker.fleet.scaling import Decision, Observation, PolicySettings, PolicyState, desired_workers
 from inferfleet.worker.heartbeat import read_heartbeats
 from inferfleet.worker.keys import supervisor_key
@@ -47,7 +47,7 @@ from inferfleet.worker.keys import supervisor_key
 if TYPE_CHECKING:
     from inferfleet.worker.metrics import FleetMetrics
 
-__all__ = ["SupervisorSettings", "Supervisor", "resolve_devices", "observe"]
+__all__ = ["SupervisorSettings", "Supervisor", "child_visible_devices", "resolve_devices", "observe"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,27 @@ def resolve_devices(devices: str) -> list[str]:
     if not parts:
         raise ConfigError("devices is empty: use auto, cpu or cuda:N[,cuda:M...]")
     return parts
+
+
+def child_visible_devices(devices: Sequence[str], parent_visible: str | None) -> dict[str, str]:
+    """Each ``cuda:N`` device's ``CUDA_VISIBLE_DEVICES`` value for a child placed on it.
+
+    ``cuda:N`` counts the GPUs *this* process sees, so the child gets the
+    N-th entry of the parent's own ``CUDA_VISIBLE_DEVICES`` (a scheduler's
+    ``2,3``, or MIG UUIDs), or plain ``N`` where the parent sees every GPU
+    (the variable unset). Raises ConfigError for an index the parent cannot see.
+    """
+    entries = None if parent_visible is None else [e.strip() for e in parent_visible.split(",") if e.strip()]
+    mapping = {}
+    for device in devices:
+        if not device.startswith("cuda:"):
+            continue
+        index = int(device.split(":", 1)[1])
+        if entries is not None and index >= len(entries):
+            raise ConfigError(f"device {device}: CUDA_VISIBLE_DEVICES={parent_visible!r} makes only "
+                              f"{len(entries)} GPUs visible to the supervisor (cuda:0 to cuda:{len(entries) - 1})")
+        mapping[device] = str(index) if entries is None else entries[index]
+    return mapping
 
 
 @dataclass(frozen=True)
@@ -167,6 +188,8 @@ class Supervisor:
         worker = settings.worker
         self.shard_keys = shard_keys(worker.name, worker.shards, worker.prefix)
         self.keys = self.shard_keys[0]
+        #: What each GPU slot's child gets as CUDA_VISIBLE_DEVICES (ConfigError if one is not visible).
+        self.visible = child_visible_devices(settings.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.redis = client or admin_client(worker.redis_url, worker.cluster)
         self.context = multiprocessing.get_context("spawn")
         self.slots: list[Slot] = []
@@ -255,7 +278,7 @@ class Supervisor:
         worker = replace(self.settings.worker, consumer=slot.consumer, shard=slot.shard,
                          heartbeat_file=_per_consumer(self.settings.worker.heartbeat_file, slot.consumer))
         if slot.device.startswith("cuda:"):
-            visible = slot.device.split(":", 1)[1]
+            visible = self.visible[slot.device]
             worker = replace(worker, device="cuda:0")  # the one GPU the child can see
         elif worker.device == "auto":
             worker = replace(worker, device="cpu")
@@ -304,7 +327,8 @@ class Supervisor:
         slot.next_start_s = now_s + backoff
         if self.metrics is not None:
             self.metrics.restarted()
-        log.warning("worker %s died (exit status %s); restarting in %.1f s", slot.consumer, code, backoff)
+        why = ": its GPU broke (a sticky CUDA error, see its log)" if code == DeviceBroken.exit_status else ""
+        log.warning("worker %s died (exit status %s%s); restarting in %.1f s", slot.consumer, code, why, backoff)
 
     def _publish(self, now_s: float) -> None:
         """The supervisor's own view, for ``inferfleet status`` (best effort)."""

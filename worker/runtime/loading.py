@@ -23,6 +23,7 @@ import hashlib
 import importlib
 import logging
 import os
+import shutil
 import time
 import warnings
 from collections.abc import Hashable
@@ -37,14 +38,20 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError, OutputError
 from inferfleet.worker.handler import Handler
 from inferfleet.worker.npfiles import load_inputs
+from inferfleet.worker.runtime.devices import (
+    is_out_of_memory,
+    release_device_memory,
+    select_device,
+    warn_emulated_precision,
+)
 from inferfleet.worker.runtime.memory import tune_allocator
 from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.onnx_backend import OnnxHandler, load_onnx
 from inferfleet.worker.runtime.quantize import quantize_handler
 from inferfleet.worker.runtime.signature import spec_of
 
-__all__ = ["ModelRuntime", "apply_precision", "file_version", "is_handler_spec", "is_out_of_memory", "load_runtime",
-           "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
+__all__ = ["ModelRuntime", "apply_precision", "c_compiler", "file_version", "is_handler_spec", "is_out_of_memory",
+           "load_runtime", "resolve_device", "EXAMPLE_EXTRA_FILE", "to_numpy"]
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +102,6 @@ def _as_float32(outputs: Any) -> Any:
     return outputs
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """True for a device out-of-memory error (CUDA's, or the generic torch one)."""
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
-
-
 class ModelRuntime:
     """One loaded, warmed-up model copy on one device."""
 
@@ -135,8 +137,7 @@ class ModelRuntime:
 
     def release_memory(self) -> None:
         """Return cached device memory (after an out-of-memory error)."""
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_device_memory(self.device)
 
     def warmup(self, max_rows: int, iters: int) -> float:
         """Run the example at every batch size in :func:`warmup_sizes`; return seconds spent.
@@ -226,8 +227,26 @@ def _load_torchscript(path: str, device: torch.device) -> tuple[Handler, Any]:
 def _load_export(path: str, device: torch.device) -> tuple[Handler, Any]:
     extra = {EXAMPLE_EXTRA_FILE: ""}
     program = torch.export.load(path, extra_files=extra)
-    module = program.module().to(device)
-    return ModuleHandler(module), _decode_example(extra[EXAMPLE_EXTRA_FILE])
+    return ModuleHandler(_exported_module(program, device)), _decode_example(extra[EXAMPLE_EXTRA_FILE])
+
+
+def _exported_module(program: Any, device: torch.device) -> Any:
+    """The program's module on ``device``, constants and graph-made tensors included.
+
+    ``module().to(device)`` moves parameters and buffers only: lifted tensor
+    constants, and devices written into the graph (``torch.arange(...,
+    device="cpu")``) stay on the CPU. ``torch.export.passes.move_to_device_pass``
+    rewrites the program itself; a torch without it gets the old move and a warning.
+    """
+    if device.type == "cpu":
+        return program.module()
+    try:
+        from torch.export.passes import move_to_device_pass as move
+    except ImportError:
+        log.warning("torch %s has no torch.export.passes.move_to_device_pass: constants and devices written "
+                    "into the .pt2 graph stay on the CPU (upgrade torch)", torch.__version__)
+        return program.module().to(device)
+    return move(program, device).module()
 
 
 def _load_handler(spec: str) -> Handler:
@@ -294,6 +313,8 @@ def apply_precision(handler: Handler, precision: str, device: torch.device) -> N
     elif precision in _AUTOCAST and isinstance(handler, OnnxHandler):
         raise ModelLoadError(f"--precision {precision} is torch autocast, which ONNX Runtime does not use: "
                              f"serve the .onnx model in fp32 or int8, or its torch form in {precision}")
+    else:
+        warn_emulated_precision(precision, device)
 
 
 def _load_example_file(path: str) -> Any:
@@ -303,22 +324,39 @@ def _load_example_file(path: str) -> Any:
         raise ModelLoadError(f"cannot read warm-up input: {exc}") from exc
 
 
+def c_compiler() -> str | None:
+    """The C compiler torch.compile would use ($CC, else cc, gcc or clang on PATH), or None."""
+    names = [os.environ["CC"].split()[0]] if os.environ.get("CC", "").strip() else ["cc", "gcc", "clang"]
+    return next((found for found in map(shutil.which, names) if found), None)
+
+
+def _compile(handler: Handler) -> None:
+    """``--compile``: refuse up front without a C compiler, which inductor (C++ on the CPU)
+    and Triton (its launcher, on GPUs) both build with at the first batch."""
+    if c_compiler() is None:
+        raise ModelLoadError("--compile needs a C compiler (torch.compile builds kernels and Triton's "
+                             "launcher with it) and none is on PATH (cc, gcc, clang or $CC): install one "
+                             "(apt-get install gcc; the python:*-slim image has none) or serve without --compile")
+    try:
+        handler.compile()
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
 def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     """Load, place and warm up the model that ``settings`` names."""
     if settings.tune_malloc:
         tune_allocator()
     _set_threads(settings.torch_threads)
     device = resolve_device(settings.device)
+    select_device(device)  # cuda:N: this thread's (the loop's, or a swap's) current device
     started = time.perf_counter()
     handler, example, version = load_model(settings.model, device)
     if settings.warmup_input:
         example = _load_example_file(settings.warmup_input)
     apply_precision(handler, settings.precision, device)
     if settings.compile:
-        try:
-            handler.compile()
-        except ValueError as exc:
-            raise ModelLoadError(str(exc)) from exc
+        _compile(handler)
     runtime = ModelRuntime(handler, settings.name, settings.model_version or version, device, example,
                            settings.precision)
     loaded = time.perf_counter() - started

@@ -62,11 +62,30 @@ def _session(model: str | bytes, device: torch.device, threads: int) -> Any:
     options.inter_op_num_threads = 1  # one batch at a time, like torch.set_num_interop_threads(1)
     options.log_severity_level = 3  # errors only: ORT's own warnings would go to stderr, not our log
     try:
-        return ort.InferenceSession(model, options, providers=_providers(ort, device))
+        session = ort.InferenceSession(model, options, providers=_providers(ort, device))
     except ModelLoadError:
         raise
     except Exception as exc:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) derive from Exception only
         raise ModelLoadError(f"onnxruntime cannot load the model: {exc}") from exc
+    if device.type == "cuda":
+        _require_cuda(session, device)
+    return session
+
+
+def _require_cuda(session: Any, device: torch.device) -> None:
+    """On a GPU, the CUDA provider must be the session's first, and stay so.
+
+    When the CUDA or cuDNN libraries fail to load, onnxruntime logs a warning
+    and builds a CPU-only session: a "GPU" worker would serve at CPU speed.
+    Refuse that; and disable the fallback that would rerun a failed CUDA call
+    on the CPU (a lost device must fail the batch, not slow it down).
+    """
+    providers = list(session.get_providers())
+    if not providers or providers[0] != "CUDAExecutionProvider":
+        raise ModelLoadError(f"device {device}: onnxruntime fell back to {', '.join(providers) or 'no provider'} "
+                             f"(its CUDA provider did not load: the CUDA or cuDNN libraries are missing or do "
+                             f"not match this onnxruntime-gpu build); fix them, or start with --device cpu")
+    session.disable_fallback()
 
 
 class OnnxHandler(Handler):

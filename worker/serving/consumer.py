@@ -25,8 +25,10 @@ from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error, e
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import stream_entries
 from inferfleet.worker.counters import Counters
+from inferfleet.worker.errors import DeviceBroken
 from inferfleet.worker.logs import batch_context
 from inferfleet.worker.metrics import worker_metrics
+from inferfleet.worker.runtime.devices import is_device_broken, release_device_memory
 from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
 from inferfleet.worker.serving.alerts import Alert
 from inferfleet.worker.serving.alerts import publish as publish_alerts
@@ -324,6 +326,8 @@ class Consumer:
             except Exception as exc:
                 if is_out_of_memory(exc):
                     self._out_of_memory(sum(r.rows for r in part))
+                elif is_device_broken(exc):  # no retry, no reply, no ack: the process must exit
+                    raise DeviceBroken(self.settings.consumer, exc) from exc
                 raise
             parts = split_outputs(outputs, [r.rows for r in part])
             suspicious = suspicious or self.results.batch_suspicious(outputs)
@@ -383,9 +387,10 @@ class Consumer:
         self.counters.model_version(new.version)
         log.info("consumer %s switched model %s from version %s to %s", self.settings.consumer,
                  self.settings.name, old.version, new.version)
-        old.release_memory()
+        device = old.device
         del old
-        gc.collect()  # the old copy's tensors go now, not at some later collection
+        gc.collect()  # the old copy's tensors go now, not at some later collection...
+        release_device_memory(device)  # ...so the cache they leave can be returned (two workers share a GPU)
 
     def heartbeat_fields(self) -> dict[str, Any]:
         """What the heartbeat publishes besides the counters: version, swap error, cache use."""

@@ -14,6 +14,7 @@ from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.heartbeat import Heartbeat
 from inferfleet.worker.logs import bind as bind_log_fields
 from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics
+from inferfleet.worker.runtime.devices import peak_memory_mib
 from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
 from inferfleet.worker.serving.consumer import Consumer
 from inferfleet.worker.serving.lifecycle import ModelWatcher, read_published
@@ -59,7 +60,16 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer:
     finally:
         heartbeat.state = "stopped"
         heartbeat.stop(remove=True)
+    _log_peak_memory(consumer)
     return consumer
+
+
+def _log_peak_memory(consumer: Consumer) -> None:
+    """On a GPU, what torch's allocator held at most (scripts/gpu_bench.py reads this line)."""
+    peak = peak_memory_mib(consumer.runtime.device)
+    if peak is not None:
+        log.info("consumer %s: peak GPU memory %.0f MiB allocated, %.0f MiB reserved on %s",
+                 consumer.settings.consumer, peak[0], peak[1], consumer.runtime.device)
 
 
 def _load_current(settings: WorkerSettings, client: redis.Redis) -> tuple[ModelRuntime, int, str]:
