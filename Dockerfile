@@ -5,30 +5,40 @@
 #   docker build -t inferfleet:0.1.0-cuda \
 #     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 .   # CUDA torch
 #
-# The example models are built into /app/models at build time (no download).
-FROM python:3.11-slim
+# The example models are built into /app/models at build time (no download). To serve your
+# own model, mount it or derive an image from this one (docs/deploy.md, "Your own model").
+
+# The base image: any Debian-like image with python3.11 and pip on PATH (the compose test
+# passes a stand-in built from Debian's packages where the public registry is out of reach).
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE}
 
 # Where torch comes from: the CPU wheel index by default, so a plain build never pulls a
 # multi-GB CUDA build; a CUDA index (cu126, cu128, ...) for GPU images.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-# Pin torch here if you need to ("torch==2.6.0"); the project needs torch>=2.2.
-ARG TORCH_SPEC="torch>=2.2"
+# The versions the project's tests ran with; the project itself needs torch>=2.2, redis>=5.
+ARG TORCH_SPEC="torch==2.13.0"
+ARG REDIS_SPEC="redis[hiredis]==8.1.0"
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-WORKDIR /app
-
 # torch first and on its own layer: it is the big one and changes least often.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 
+# The sources go to /src and are removed once installed: a copy of inferfleet/ next to the
+# scripts would shadow the installed package (whose producer/ and worker/ it lacks).
+WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY inferfleet ./inferfleet
 COPY producer ./producer
 COPY worker ./worker
-RUN pip install ".[worker]" && rm -rf build
+# worker: the fleet, the CLI, the bench; onnx: ONNX Runtime, to serve .onnx models.
+RUN pip install "${REDIS_SPEC}" ".[worker,onnx]" && rm -rf /src/*
+
+WORKDIR /app
 
 COPY scripts/build_models.py ./scripts/build_models.py
 RUN python scripts/build_models.py --out /app/models

@@ -64,6 +64,19 @@ def load_yaml_all(path: Path) -> list[Any]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
+_VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+
+
+def interpolate(data: Any) -> Any:
+    """A compose file as a user with none of its variables set sees it: ``${VAR:-default}``,
+    ``${VAR-default}`` and ``${VAR}`` replaced by their defaults (the last by nothing)."""
+    if isinstance(data, dict):
+        return {k: interpolate(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [interpolate(v) for v in data]
+    return _VARIABLE.sub(lambda m: m.group(2) or "", data) if isinstance(data, str) else data
+
+
 # --------------------------------------------------------------------------- the CLI
 
 
@@ -183,22 +196,39 @@ def package_copy_problems(instrs: list[tuple[str, str]], package_dirs: list[str]
             if os.path.normpath(d) not in copied]
 
 
+def base_image(instrs: list[tuple[str, str]]) -> str | None:
+    """The image the Dockerfile starts FROM, its ``${ARG}`` resolved to the ARG's default."""
+    args = dict(a.partition("=")[::2] for i, a in instrs if i == "ARG")
+    image = next((a for i, a in instrs if i == "FROM"), None)
+    return None if image is None else _VARIABLE.sub(lambda m: args.get(m.group(1), "").strip('"'), image)
+
+
 def build_steps_problems(instrs: list[tuple[str, str]]) -> list[str]:
     """Base image, the torch index build argument, the project install, the models."""
     args = dict(a.partition("=")[::2] for i, a in instrs if i == "ARG")
     runs = [a for i, a in instrs if i == "RUN"]
     problems = []
-    if ("FROM", "python:3.11-slim") not in instrs:
-        problems.append("the image is not FROM python:3.11-slim")
+    if base_image(instrs) != "python:3.11-slim":
+        problems.append(f"the image is not FROM python:3.11-slim (FROM {base_image(instrs)})")
     if "download.pytorch.org/whl/cpu" not in args.get("TORCH_INDEX_URL", ""):
         problems.append("ARG TORCH_INDEX_URL does not default to the PyTorch CPU index")
     if not any("--index-url" in r and "${TORCH_INDEX_URL}" in r for r in runs):
         problems.append("no RUN pip install takes torch from ${TORCH_INDEX_URL}")
-    if not any(re.search(r"""pip install ["']?\.\[worker[],]""", r) for r in runs):
-        problems.append("no RUN pip install \".[worker]\" (the project with its worker side)")
+    if not any(re.search(r"""pip install .*["']?\.\[worker,onnx\]""", r) for r in runs):
+        problems.append("no RUN pip install \".[worker,onnx]\" (the project, its worker side and ONNX Runtime)")
     if not any("scripts/build_models.py" in s for s in _copy_sources(instrs)):
         problems.append("scripts/build_models.py is not copied into the image")
     return problems
+
+
+def pin_problems(instrs: list[tuple[str, str]], tested: dict[str, str]) -> list[str]:
+    """torch and redis-py are pinned (ARG TORCH_SPEC, REDIS_SPEC) to ``tested``: the versions the tests ran."""
+    args = {k: v.strip('"') for k, v in (a.partition("=")[::2] for i, a in instrs if i == "ARG")}
+    runs = " ".join(a for i, a in instrs if i == "RUN")
+    wanted = {"TORCH_SPEC": f"torch=={tested['torch']}", "REDIS_SPEC": f"redis[hiredis]=={tested['redis']}"}
+    problems = [f"ARG {arg} is {args.get(arg)!r}, not {spec!r} (the version the tests ran)"
+                for arg, spec in wanted.items() if args.get(arg) != spec]
+    return problems + [f"no RUN pip install uses ${{{arg}}}" for arg in wanted if f"${{{arg}}}" not in runs]
 
 
 def built_models(instrs: list[tuple[str, str]]) -> set[str]:
@@ -320,6 +350,13 @@ def _named_mounts(compose: dict, service: dict) -> set[str]:
     """Container paths where a named volume (declared at the top level) is mounted."""
     mounts = [str(v).split(":") for v in service.get("volumes") or []]
     return {m[1] for m in mounts if len(m) > 1 and m[0] in (compose.get("volumes") or {})}
+
+
+def loopback_problems(compose: dict) -> list[str]:
+    """Every published port is on 127.0.0.1 unless the operator asks otherwise (a variable)."""
+    return [f"service {name}: port {port} is not published on 127.0.0.1"
+            for name, service in compose["services"].items() for port in service.get("ports") or []
+            if not str(port).startswith("127.0.0.1:")]
 
 
 def redis_url_problems(compose: dict) -> list[str]:
@@ -492,6 +529,35 @@ def _resource_problems(where: str, container: dict) -> list[str]:
     resources = container.get("resources") or {}
     return [f"{where}: no resources.{part}.{what}" for part in ("requests", "limits") for what in ("cpu", "memory")
             if what not in (resources.get(part) or {})]
+
+
+def liveness_problems(docs: list[dict]) -> list[str]:
+    """A worker pod is restarted when hung: a liveness probe reads the heartbeat file the worker
+    writes (its INFERFLEET_HEARTBEAT_FILE), and starts only once the model is loaded."""
+    problems = []
+    for name, dep in by_kind(docs, "Deployment").items():
+        container = dep["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container.get("env") or []}
+        live = " ".join(as_argv(((container.get("livenessProbe") or {}).get("exec") or {}).get("command")))
+        if not env.get("INFERFLEET_HEARTBEAT_FILE"):
+            problems.append(f"Deployment {name}: no INFERFLEET_HEARTBEAT_FILE: the worker writes no heartbeat file")
+        if "INFERFLEET_HEARTBEAT_FILE" not in live or "loop_ms" not in live or "last_seen_ms" not in live:
+            problems.append(f"Deployment {name}: the livenessProbe does not read the heartbeat file's ages")
+        start = ((container.get("startupProbe") or {}).get("exec") or {}).get("command")
+        problems += probe_problems(f"Deployment {name}: startupProbe", start, METRICS_PORT)
+    return problems
+
+
+def liveness_command(docs: list[dict]) -> list[str]:
+    """The first Deployment's liveness probe command (the tests run it on heartbeat files)."""
+    container = next(iter(by_kind(docs, "Deployment").values()))["spec"]["template"]["spec"]["containers"][0]
+    return as_argv(container["livenessProbe"]["exec"]["command"])
+
+
+def secret_problems(applied: list[dict]) -> list[str]:
+    """``kubectl apply -f deploy/k8s/`` creates no Secret: it would overwrite the real one."""
+    return [f"Secret {d['metadata']['name']} is in the applied manifests: applying them would overwrite "
+            "the real one" for d in applied if d.get("kind") == "Secret"]
 
 
 def grace_period_problems(docs: list[dict]) -> list[str]:

@@ -6,6 +6,7 @@ field's default, its environment variable (:data:`ENV_VARS`) and the help in its
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -108,6 +109,12 @@ class WorkerSettings:
         "help": "Answer model_error (and alert) for outputs holding NaN or Inf."})
     # observability: Prometheus /metrics on this port (0: off)
     metrics_port: int = field(default=0, metadata={"help": "Serve Prometheus metrics on this port (0: off)."})
+    heartbeat_file: str = field(default="", metadata={
+        "help": "Also write each heartbeat to this file (JSON: last_seen_ms, loop_ms, the consumer loop's last "
+                "round), for a liveness probe ('': off)."})
+    metrics_address: str = field(default="0.0.0.0", metadata={
+        "help": "Address the metrics port binds to: 0.0.0.0 every IPv4 interface, :: every interface, "
+                "127.0.0.1 this host only."})
     # Redis Cluster sharding: this worker serves shard `shard` of `shards` (queue NAME.shard)
     shards: int = field(default=1, metadata={
         "help": "Streams the queue is sharded into (queues NAME.0, NAME.1 ...); a request's shard is CRC-32 of "
@@ -149,6 +156,7 @@ class WorkerSettings:
         self._check_range("min_confidence", 0.0, 1.0)
         self._check_range("consistency_tol", 0.0, 1e30)
         self._check_range("metrics_port", 0, 65535)
+        _check_ip_address("metrics_address", self.metrics_address)
         if self.fleet_cache_ttl_s and not self.cache_size:
             raise ConfigError("fleet_cache_ttl_s needs cache_size: the fleet cache is a tier of the worker's cache")
         self._check_range("shards", 1, 1024)
@@ -184,6 +192,13 @@ class WorkerSettings:
     @property
     def max_wait_s(self) -> float:
         return self.max_wait_ms / 1000.0
+
+
+def _check_ip_address(name: str, value: str) -> None:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ConfigError(f"{name} {value!r} is not an IP address (e.g. 0.0.0.0, ::, 127.0.0.1)") from None
 
 
 def env_var(setting: Field[Any]) -> str:

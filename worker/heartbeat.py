@@ -15,6 +15,7 @@ is the process's resident memory (the soak benchmark plots it).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -109,7 +110,7 @@ class Heartbeat:
     def __init__(self, client: redis.Redis, keys: QueueKeys, consumer: str, counters: Counters,
                  fields: dict[str, Any], interval_s: float = 1.0,
                  extra: Callable[[], dict[str, Any]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, file: str | None = None) -> None:
         self.client = client
         self.keys = keys
         self.consumer = consumer
@@ -120,6 +121,7 @@ class Heartbeat:
         #: Called on every beat for fields that change (model version, swap error, cache use).
         self.extra = extra
         self.clock = clock
+        self.file = file  # each beat is written here too, Redis or not (a liveness probe reads it)
         self._last = (clock(), counters.snapshot())  # the rates of the next beat are since then
         self._fields = {"consumer": consumer, "pid": os.getpid(), "host": socket.gethostname(),
                         "started_ms": int(time.time() * 1000), **fields}
@@ -145,6 +147,8 @@ class Heartbeat:
                    "requests": totals.requests,
                    "batches": totals.batches, "rows": totals.rows, "rate_rps": round(rate, 2),
                    "busy": round(busy, 4), "last_seen_ms": now_ms}
+        if self.file:
+            _write_file(self.file, mapping)
         pipe = self.client.pipeline(transaction=True)
         pipe.hset(key, mapping=mapping)
         pipe.pexpire(key, self.ttl_ms)
@@ -179,6 +183,17 @@ class Heartbeat:
                 pipe.execute()
             except redis.exceptions.RedisError as exc:
                 log.warning("could not remove the heartbeat of %s: %s", self.consumer, exc)
+
+
+def _write_file(path: str, mapping: dict[str, Any]) -> None:
+    """Replace ``path`` with the beat as JSON (write and rename: a reader never sees half of it)."""
+    record = {k: mapping.get(k) for k in ("consumer", "pid", "state", "last_seen_ms", "loop_ms")}
+    try:
+        with open(f"{path}.tmp", "w") as fh:
+            json.dump(record, fh)
+        os.replace(f"{path}.tmp", path)
+    except OSError as exc:
+        log.warning("cannot write the heartbeat file %s: %s", path, exc)
 
 
 def read_heartbeats(client: redis.Redis, keys: QueueKeys) -> list[HeartbeatInfo]:

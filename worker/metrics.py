@@ -96,12 +96,12 @@ def reply_codes(answers: Sequence[Any], skip: Collection[int] = ()) -> dict[str,
     return codes
 
 
-def _http_server(port: int, registry: CollectorRegistry) -> Callable[[], None]:
-    """Serve ``registry`` on /metrics of ``port`` (all interfaces); returns a stop function."""
+def _http_server(port: int, registry: CollectorRegistry, address: str) -> Callable[[], None]:
+    """Serve ``registry`` on /metrics of ``address``:``port``; returns a stop function."""
     try:
-        server, thread = start_http_server(port, registry=registry)
+        server, thread = start_http_server(port, addr=address, registry=registry)
     except OSError as exc:
-        raise ConfigError(f"cannot serve metrics on port {port}: {exc.strerror or exc}") from exc
+        raise ConfigError(f"cannot serve metrics on {address} port {port}: {exc.strerror or exc}") from exc
 
     def stop() -> None:
         server.shutdown()
@@ -111,11 +111,15 @@ def _http_server(port: int, registry: CollectorRegistry) -> Callable[[], None]:
     return stop
 
 
-def serve_worker_metrics(port: int) -> Callable[[], None]:
-    """Serve the default registry's /metrics on ``port`` (all interfaces); returns a stop function."""
-    stop = _http_server(port, REGISTRY)
-    log.info("metrics on http://0.0.0.0:%d/metrics", port)
+def serve_worker_metrics(port: int, address: str = "0.0.0.0") -> Callable[[], None]:
+    """Serve the default registry's /metrics on ``address``:``port``; returns a stop function."""
+    stop = _http_server(port, REGISTRY, address)
+    log.info("metrics on http://%s/metrics", _host_port(address, port))
     return stop
+
+
+def _host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def observe_many(histogram: Any, values: Sequence[float]) -> None:
@@ -301,9 +305,10 @@ class FleetMetrics:
     are a collector read at scrape time (never files), so they appear once.
     """
 
-    def __init__(self, queue: str, port: int) -> None:
+    def __init__(self, queue: str, port: int, address: str = "0.0.0.0") -> None:
         self.queue = queue
         self.port = port
+        self.address = address
         self.path: str | None = None
         self.workers = 0
         self.restarts = 0
@@ -318,12 +323,13 @@ class FleetMetrics:
         MultiProcessCollector(registry, path=self.path)
         registry.register(self)  # type: ignore[arg-type]  # a collector: collect() below
         try:
-            self._stop_server = _http_server(self.port, registry)
+            self._stop_server = _http_server(self.port, registry, self.address)
         except ConfigError:
             self.close()
             raise
         os.environ[MULTIPROC_ENV] = self.path
-        log.info("metrics of the fleet on http://0.0.0.0:%d/metrics (children write to %s)", self.port, self.path)
+        log.info("metrics of the fleet on http://%s/metrics (children write to %s)",
+                 _host_port(self.address, self.port), self.path)
 
     def observed(self, workers: int, lag: int | None = None, pending: int | None = None) -> None:
         """The supervisor's latest view: live worker processes, and the group's lag and pending."""

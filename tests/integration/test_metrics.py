@@ -95,6 +95,37 @@ def test_a_worker_serves_its_metrics(spawn_worker, redis_url, models_dir):
                       and sample(s, "inferfleet_queue_lag", queue="m") == 0)(scrape(port)), 10, "the queue depth")
 
 
+def test_the_metrics_address_binds_that_address_only(spawn_worker, models_dir):
+    """--metrics-address 127.0.0.2: /metrics answers there and not on 127.0.0.1 (both loopback on Linux),
+    so the port is bound to the one address asked for, not to every interface."""
+    port = free_port()
+    spawn_worker("addr", str(models_dir / "affine.pt"), "--metrics-port", str(port), "--metrics-address", "127.0.0.2")
+
+    def answers(host: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
+                return b"inferfleet_model_info{" in response.read()
+        except OSError:
+            return False
+
+    wait_for(lambda: answers("127.0.0.2"), 30, "/metrics on 127.0.0.2")
+    assert not answers("127.0.0.1")
+
+
+def test_a_worker_writes_its_heartbeat_file_with_the_loop_s_age(spawn_worker, models_dir, tmp_path):
+    """--heartbeat-file: each beat rewrites it with the beat's time and the consumer loop's last round,
+    which an idle worker still goes round (its blocking read returns every idle_block_ms)."""
+    path = tmp_path / "hb.json"
+    spawn_worker("hbfile", str(models_dir / "affine.pt"), "--heartbeat-file", str(path), "--heartbeat-s", "0.2",
+                 consumer="hbfile-0")
+    first = wait_for(lambda: path.exists() and json.loads(path.read_text()), 30, "the heartbeat file")
+    assert first["consumer"] == "hbfile-0" and first["state"] == "serving"
+    later = wait_for(lambda: (lambda b: b if b["loop_ms"] > first["loop_ms"] + 1000 else None)(
+        json.loads(path.read_text())), 30, "the consumer loop's time to move on")
+    assert later["last_seen_ms"] > first["last_seen_ms"]
+    assert abs(later["last_seen_ms"] - later["loop_ms"]) < 10_000  # both recent: an idle loop goes round
+
+
 def test_a_taken_metrics_port_is_a_one_line_error(redis_url, models_dir):
     with socket.socket() as busy:
         busy.bind(("0.0.0.0", 0))
@@ -104,7 +135,7 @@ def test_a_taken_metrics_port_is_a_one_line_error(redis_url, models_dir):
                                str(models_dir / "affine.pt"), "--metrics-port", str(port)],
                               env=worker_env(redis_url), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert f"Error: cannot serve metrics on port {port}" in proc.stderr
+    assert f"Error: cannot serve metrics on 0.0.0.0 port {port}" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -48,7 +48,7 @@ def expected_shown(option: click.Option, default: Any) -> str | None:
         return None
     if isinstance(default, bool) and option.secondary_opts:
         return (option.opts if default else option.secondary_opts)[0].lstrip("-")
-    return str(default)
+    return str(default) if default != "" else '""'  # click shows an empty default as ""
 
 
 def test_every_env_var_of_the_worker_settings_is_read_by_an_option() -> None:

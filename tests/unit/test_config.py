@@ -149,3 +149,14 @@ def test_the_fleet_cache_needs_the_local_one() -> None:
     with pytest.raises(ConfigError, match="fleet_cache_ttl_s needs cache_size"):
         WorkerSettings(name="q", model="m.pt", fleet_cache_ttl_s=60)
     assert WorkerSettings(name="q", model="m.pt", fleet_cache_ttl_s=60, cache_size=10).fleet_cache_ttl_s == 60
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "127.0.0.1", "::1", "10.1.2.3"])
+def test_metrics_address_takes_an_ip_address(address: str) -> None:
+    assert settings(metrics_address=address).metrics_address == address
+
+
+@pytest.mark.parametrize("address", ["", "localhost", "0.0.0.0:9100", "256.1.1.1", "*"])
+def test_a_bad_metrics_address_says_what_is_expected(address: str) -> None:
+    with pytest.raises(ConfigError, match=r"metrics_address .* is not an IP address"):
+        settings(metrics_address=address)

@@ -16,8 +16,10 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import kubernetes_validate as kv
 import pytest
 
 from tests import deploy_checks as dc
@@ -25,6 +27,9 @@ from tests.conftest import running_in_ci
 
 ROOT = dc.ROOT
 K8S = ROOT / "deploy" / "k8s"
+# The Secret the manifests read: an example outside deploy/k8s/, which `kubectl apply -f deploy/k8s/`
+# must never overwrite; the checks resolve the manifests' secretKeyRefs against it.
+EXAMPLE_SECRET = ROOT / "deploy" / "examples" / "redis-secret.yaml"
 
 
 def pyproject_scripts() -> dict[str, str]:
@@ -37,10 +42,16 @@ def pyproject_scripts() -> dict[str, str]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
+def applied_docs() -> list[dict]:
+    """What ``kubectl apply -f`` gets from deploy/k8s/ and each variant folder of it."""
+    return [d for path in sorted(K8S.rglob("*.y*ml")) for d in dc.load_yaml_all(path)]
+
+
 def k8s_docs(variant: str) -> list[dict]:
     """The manifests ``kubectl apply`` gets: deploy/k8s/*.yaml, or those with gpu/ replacing
-    the Deployment of the same name."""
+    the Deployment of the same name; plus the example Secret, which the cluster already holds."""
     base = [d for path in sorted(K8S.glob("*.yaml")) for d in dc.load_yaml_all(path)]
+    base += dc.load_yaml_all(EXAMPLE_SECRET)
     if variant == "cpu":
         return base
     extra = [d for path in sorted((K8S / variant).glob("*.yaml")) for d in dc.load_yaml_all(path)]
@@ -55,13 +66,13 @@ def k8s_docs(variant: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def files() -> dict[str, Any]:
-    compose = dc.load_yaml(ROOT / "docker-compose.yml")
+    compose = dc.interpolate(dc.load_yaml(ROOT / "docker-compose.yml"))
     return {
         "dockerfile": (ROOT / "Dockerfile").read_text(),
         "dockerignore": [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                          if line.strip() and not line.startswith("#")],
         "compose": compose,
-        "compose_gpu": dc.merge_compose(compose, dc.load_yaml(ROOT / "docker-compose.gpu.yml")),
+        "compose_gpu": dc.merge_compose(compose, dc.interpolate(dc.load_yaml(ROOT / "docker-compose.gpu.yml"))),
         "prometheus": dc.load_yaml(ROOT / "deploy" / "prometheus" / "prometheus.yml"),
         "rules": dc.load_yaml(ROOT / "deploy" / "prometheus" / "alerts.yml"),
         "k8s": k8s_docs("cpu"),
@@ -81,12 +92,19 @@ def pyproject_package_dirs() -> list[str]:
     return re.findall(r'= "([^"]+)"', line)  # one inline table: no TOML parser needed on Python 3.10
 
 
+def versions_under_test() -> dict[str, str]:
+    """torch's and redis-py's versions in this test run (torch's local label, +cpu, dropped)."""
+    from importlib.metadata import version
+
+    return {"torch": version("torch").split("+")[0], "redis": version("redis")}
+
+
 def docker_problems(f: dict[str, Any]) -> list[str]:
     instrs = dc.parse_dockerfile(f["dockerfile"])
     models = dc.built_models(instrs)
     return (dc.copy_problems(instrs, ROOT, f["dockerignore"]) + dc.build_steps_problems(instrs)
             + dc.package_copy_problems(instrs, pyproject_package_dirs())
-            + dc.runtime_problems(instrs, pyproject_scripts())
+            + dc.runtime_problems(instrs, pyproject_scripts()) + dc.pin_problems(instrs, versions_under_test())
             + dc.compose_command_problems(f["compose"], models)[0]
             + dc.worker_pod_problems(f["k8s"], models)[0])
 
@@ -95,6 +113,7 @@ def compose_problems(f: dict[str, Any], key: str = "compose") -> list[str]:
     compose, instrs = f[key], dc.parse_dockerfile(f["dockerfile"])
     problems, parsed = dc.compose_command_problems(compose, dc.built_models(instrs))
     return (problems + dc.redis_service_problems(compose) + dc.redis_url_problems(compose)
+            + dc.loopback_problems(compose)
             + dc.metrics_problems(compose, parsed, f["prometheus"]) + dc.grace_problems(compose, parsed)
             + dc.prometheus_problems(compose, f["prometheus"], f["rules"], ROOT))
 
@@ -107,7 +126,7 @@ def k8s_problems(f: dict[str, Any], key: str = "k8s") -> list[str]:
     docs = f[key]
     problems, parsed = dc.worker_pod_problems(docs, dc.built_models(dc.parse_dockerfile(f["dockerfile"])))
     return (problems + dc.selector_problems(docs) + dc.keda_problems(docs, parsed)
-            + dc.grace_period_problems(docs))
+            + dc.grace_period_problems(docs) + dc.liveness_problems(docs))
 
 
 def gpu_k8s_problems(f: dict[str, Any]) -> list[str]:
@@ -152,6 +171,36 @@ def test_the_compose_gpu_override_reserves_nvidia_gpus_and_stays_valid(files: di
     assert gpu_compose_problems(files) == []
     env = dc.env_of(files["compose_gpu"]["services"]["supervisor"])
     assert env["INFERFLEET_DEVICES"] == "auto" and env["REDIS_URL"] == "redis://redis:6379/0"
+    # one worker per GPU: per device 1, and no cap below the GPU count (empty: the default)
+    assert env["INFERFLEET_WORKERS_PER_DEVICE"] == "1" and env["INFERFLEET_MAX_WORKERS"] == ""
+    _, parsed = dc.compose_command_problems(files["compose_gpu"], {"/app/models/ctr.pt"})
+    assert parsed["supervisor"]["max_workers"] is None and parsed["supervisor"]["workers_per_device"] == 1
+
+
+def test_applying_deploy_k8s_creates_no_secret() -> None:
+    assert dc.secret_problems(applied_docs()) == []
+    assert dc.secret_problems(dc.load_yaml_all(EXAMPLE_SECRET)) != []  # the check sees a Secret
+
+
+@pytest.mark.parametrize(("beat_age_s", "loop_age_s", "alive"), [
+    (1, 1, True), (1, 59, True), (1, 61, False), (61, 1, False), (None, None, False)])
+def test_the_liveness_probe_fails_on_a_stale_heartbeat_or_loop(files: dict[str, Any], tmp_path: Path,
+                                                               beat_age_s: float | None, loop_age_s: float | None,
+                                                               alive: bool) -> None:
+    """The manifest's own probe command, run on heartbeat files of known ages (None: no file)."""
+    import json
+    import sys
+    import time
+
+    path = tmp_path / "heartbeat.json"
+    if beat_age_s is not None:
+        now_ms = time.time() * 1000
+        path.write_text(json.dumps({"last_seen_ms": now_ms - beat_age_s * 1000, "loop_ms": now_ms - loop_age_s * 1000}))
+    argv = dc.liveness_command(files["k8s"])
+    assert argv[0] == "python"
+    out = subprocess.run([sys.executable, *argv[1:]], env={"INFERFLEET_HEARTBEAT_FILE": str(path)},
+                         capture_output=True, text=True, timeout=30)
+    assert (out.returncode == 0) == alive, out.stderr
 
 
 def test_kubernetes_worker_keda_pdb_and_grace_agree_with_the_code(files: dict[str, Any]) -> None:
@@ -275,6 +324,7 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
     # compose: metrics, Prometheus, grace
     ("metrics port", "compose", put((*SUP_ENV, "INFERFLEET_METRICS_PORT"), "9101"), "metrics port 9101, not 9100"),
     ("published port", "compose", put((*SUP, "ports"), ["9101:9101"]), "is not in its ports"),
+    ("published on every interface", "compose", put((*SUP, "ports"), ["9100:9100"]), "is not published on 127.0.0.1"),
     ("Prometheus target", "compose", put(("prometheus", "scrape_configs", 0, "static_configs", 0, "targets"),
                                          ["supervisor:9101"]), "does not scrape supervisor:9100"),
     ("Prometheus mount", "compose", put(("services", "prometheus", "volumes", 0), "./deploy/prom:/etc/prometheus:ro"),
@@ -314,6 +364,10 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
     ("containerPort", "k8s", put((*CONTAINER, "ports", 0, "containerPort"), 9101), "containerPort 'metrics'"),
     ("scrape annotation", "k8s", put((*POD, "metadata", "annotations", "prometheus.io/port"), "9000"),
      "annotation prometheus.io/port"),
+    ("no liveness probe", "k8s", drop((*CONTAINER, "livenessProbe")), "livenessProbe does not read the heartbeat"),
+    ("no heartbeat file", "k8s", lambda d: at(d, ENV).remove(at(d, (*ENV, "name=INFERFLEET_HEARTBEAT_FILE"))),
+     "no INFERFLEET_HEARTBEAT_FILE"),
+    ("no startup probe", "k8s", drop((*CONTAINER, "startupProbe")), "startupProbe does not read"),
     ("readiness probe port", "k8s", put((*CONTAINER, "readinessProbe", "exec", "command", 2),
                                         "import urllib.request as u; u.urlopen('http://127.0.0.1:9000/metrics')"),
      "readinessProbe does not read inferfleet_model_info from 127.0.0.1:9100/metrics"),
@@ -386,12 +440,16 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
      'ENTRYPOINT is not ["inferfleet"]'),
     ("package root not copied", "dockerfile", edit("COPY inferfleet ./inferfleet\n", ""),
      "the package folder inferfleet is not copied"),
-    ("install without the worker side", "dockerfile", edit('pip install ".[worker]"', "pip install ."),
-     'no RUN pip install ".[worker]"'),
+    ("install without the worker side", "dockerfile", edit('".[worker,onnx]"', "."),
+     'no RUN pip install ".[worker,onnx]"'),
     ("root user", "dockerfile", edit("USER inferfleet", "USER root"), "runs as root"),
     ("stop signal", "dockerfile", edit("STOPSIGNAL SIGTERM", "STOPSIGNAL SIGKILL"), "STOPSIGNAL is not SIGTERM"),
     ("exposed port", "dockerfile", edit("EXPOSE 9100", "EXPOSE 9000"), "9100 is not EXPOSEd"),
-    ("base image", "dockerfile", edit("FROM python:3.11-slim", "FROM python:3.12"), "not FROM python:3.11-slim"),
+    ("base image", "dockerfile", edit("ARG PYTHON_IMAGE=python:3.11-slim", "ARG PYTHON_IMAGE=python:3.12"),
+     "not FROM python:3.11-slim"),
+    ("torch not pinned", "dockerfile", edit('ARG TORCH_SPEC="torch==', 'ARG TORCH_SPEC="torch>='), "not 'torch=="),
+    ("redis-py not pinned", "dockerfile", edit('"${REDIS_SPEC}" ', ""), "no RUN pip install uses ${REDIS_SPEC}"),
+    ("no ONNX Runtime", "dockerfile", edit('".[worker,onnx]"', '".[worker]"'), 'no RUN pip install ".[worker,onnx]"'),
     ("CUDA torch by default", "dockerfile", edit("whl/cpu", "whl/cu126"), "does not default to the PyTorch CPU"),
     ("models elsewhere", "dockerfile", edit("--out /app/models", "--out /models"), "is not built into the image"),
     ("models not built", "dockerfile", edit("COPY scripts/build_models.py ./scripts/build_models.py\n", ""),
@@ -451,3 +509,38 @@ def test_docker_compose_config_accepts_the_compose_files() -> None:
                             timeout=60, input="services:\n  redis:\n    image: redis:7\n    stop_grace_priod: 45s\n")
     assert broken.returncode != 0 and "stop_grace_priod" in broken.stdout + broken.stderr, \
         "the validator accepted a misspelt key: it validates nothing"
+
+
+# --------------------------------------------------------------------------- the Kubernetes schemas
+
+#: Kubernetes' own objects validate against the schemas kubernetes-validate (PyPI) ships, strict
+#: (no unknown field). KEDA's ScaledObject and TriggerAuthentication are custom resources: no
+#: schema of theirs is installable here (kubeconform and the CRDs' JSON schemas are downloads),
+#: so the structural checks above are all they get.
+CUSTOM_API_GROUPS = ("keda.sh/",)
+
+
+def schema_docs() -> list[dict]:
+    return applied_docs() + dc.load_yaml_all(EXAMPLE_SECRET)
+
+
+def test_the_manifests_validate_against_the_kubernetes_schemas() -> None:
+    checked = set()
+    for doc in schema_docs():
+        if not doc["apiVersion"].startswith(CUSTOM_API_GROUPS):
+            kv.validate(doc, kv.latest_version(), strict=True)
+            checked.add(doc["kind"])
+    assert checked == {"Deployment", "PodDisruptionBudget", "Secret"}
+
+
+@pytest.mark.parametrize(("what", "mutate"), [
+    ("misspelt field", rename(("spec", "template", "spec", "containers", 0, "livenessProbe"), "livenesProbe")),
+    ("a number as a string", put(("spec", "template", "spec", "terminationGracePeriodSeconds"), "60")),
+    ("a probe command as a mapping", put(("spec", "template", "spec", "containers", 0, "livenessProbe", "exec",
+                                          "command", 2), {"sys.exit(f'hung": "x'"})),
+])
+def test_the_schema_validation_rejects_a_broken_deployment(what: str, mutate: Callable) -> None:
+    deployment = copy.deepcopy(next(d for d in dc.load_yaml_all(K8S / "worker.yaml") if d["kind"] == "Deployment"))
+    mutate(deployment)
+    with pytest.raises(kv.ValidationError):
+        kv.validate(deployment, kv.latest_version(), strict=True)

@@ -87,6 +87,8 @@ worker_options = _options(
     _setting("consistency_tol", "--consistency-tol", type=float),
     _setting("nan_guard", "--nan-guard/--no-nan-guard"),
     _setting("metrics_port", "--metrics-port", type=int),
+    _setting("metrics_address", "--metrics-address"),
+    _setting("heartbeat_file", "--heartbeat-file"),
     shards_option,
     cluster_option,
     log_level_option,

@@ -120,7 +120,7 @@ def _fleet_metrics(template: WorkerSettings) -> FleetMetrics | None:
         return None
     from inferfleet.worker.metrics import FleetMetrics
 
-    metrics = FleetMetrics(template.name, template.metrics_port)
+    metrics = FleetMetrics(template.name, template.metrics_port, template.metrics_address)
     try:
         metrics.start()
     except ConfigError as exc:

@@ -362,7 +362,8 @@ class Supervisor:
 
     def _start(self, slot: Slot) -> None:
         visible = None
-        worker = replace(self.settings.worker, consumer=slot.consumer, shard=slot.shard)
+        worker = replace(self.settings.worker, consumer=slot.consumer, shard=slot.shard,
+                         heartbeat_file=_per_consumer(self.settings.worker.heartbeat_file, slot.consumer))
         if slot.device.startswith("cuda:"):
             visible = self.visible[slot.device]
             worker = replace(worker, device="cuda:0")  # the one GPU the child can see
@@ -463,3 +464,8 @@ class Supervisor:
         except redis.exceptions.RedisError:
             pass
         log.info("supervisor stopped; every worker has exited")
+
+
+def _per_consumer(path: str, consumer: str) -> str:
+    """A supervised child's own heartbeat file: ``PATH.CONSUMER`` (one file each, never shared)."""
+    return f"{path}.{consumer}" if path else ""

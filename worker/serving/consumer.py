@@ -131,6 +131,7 @@ class Consumer:
         self.intake = Intake(self.keys, settings.limits, runtime.model_meta,
                              runtime.input_spec, runtime.accepts_params, runtime.per_request)
         self._ready = False
+        self.loop_at_s = time.time()  # when the loop last went round (wall clock: another process reads it)
         self._prefetched: list[Request | Answer | Columns] = []  # read ahead, answered next round
         self._pool: ThreadPoolExecutor | None = None
         self.prefetch = settings.prefetch == "on" or (settings.prefetch == "auto" and runtime.device.type == "cuda")
@@ -164,6 +165,7 @@ class Consumer:
         """Serve until ``stop`` is set; Redis outages are waited out with backoff."""
         backoff = 0.1
         while not stop.is_set():
+            self.loop_at_s = time.time()  # once a round (or a retry): the heartbeat's loop_ms, for liveness
             try:
                 if not self._ready:
                     self.prepare()
@@ -363,7 +365,7 @@ class Consumer:
 
     def heartbeat_fields(self) -> dict[str, Any]:
         """What the heartbeat publishes besides the counters: version, swap error, cache use."""
-        return {"version": self.runtime.version, "model": self.model_source,
+        return {"version": self.runtime.version, "model": self.model_source, "loop_ms": int(self.loop_at_s * 1000),
                 "swap_error": self.watcher.error if self.watcher else "", **self.results.cache_fields()}
 
     # -- housekeeping ------------------------------------------------------

@@ -42,7 +42,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     bind_log_fields(consumer=settings.consumer)
     stop_metrics = None
     if metrics_mode(settings.metrics_port) == "serve":
-        stop_metrics = serve_worker_metrics(settings.metrics_port)
+        stop_metrics = serve_worker_metrics(settings.metrics_port, settings.metrics_address)
     try:
         return _serve(settings, stop)
     finally:
@@ -68,7 +68,8 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer,
                           consumer.counters, {"device": str(runtime.device)},
                           interval_s=settings.heartbeat_s,
-                          extra=lambda: {**consumer.heartbeat_fields(), **hooks.heartbeat_fields()})
+                          extra=lambda: {**consumer.heartbeat_fields(), **hooks.heartbeat_fields()},
+                          file=settings.heartbeat_file or None)
     heartbeat.state = "serving"
     heartbeat.start()
     try:
