@@ -530,7 +530,7 @@ def test_the_manifests_validate_against_the_kubernetes_schemas() -> None:
         if not doc["apiVersion"].startswith(CUSTOM_API_GROUPS):
             kv.validate(doc, kv.latest_version(), strict=True)
             checked.add(doc["kind"])
-    assert checked == {"Deployment", "PodDisruptionBudget", "Secret"}
+    assert checked == {"Deployment", "PodDisruptionBudget", "Secret", "Job", "PersistentVolumeClaim"}
 
 
 @pytest.mark.parametrize(("what", "mutate"), [
