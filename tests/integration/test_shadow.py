@@ -155,7 +155,8 @@ def test_a_candidate_that_fails_to_load_leaves_the_live_model_serving(redis_url,
     assert published.returncode == 0, published.stderr
     alerts = wait_until(lambda: read_alerts(redis_client, KEYS, kind="shadow_failed"), "the shadow_failed alert")
     assert "v9" in alerts[0].detail
-    assert shadow_states(redis_client) == ["v9 failed"]
+    # the state travels with the next heartbeat (every heartbeat_s), the alert at once: wait for it
+    wait_until(lambda: shadow_states(redis_client) == ["v9 failed"], "the heartbeat to show the failed load")
     with Producer(redis_url, "q") as producer:
         replies = send(producer, range(5))
         assert all(r.ok and r.model_version == "scale-1" for _, r in replies), \
