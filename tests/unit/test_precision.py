@@ -17,7 +17,7 @@ from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.handler import Handler
 from inferfleet.worker.runtime.loading import apply_precision, file_version, load_runtime
 from inferfleet.worker.runtime.modules import ModuleHandler
-from inferfleet.worker.runtime.onnx_backend import OnnxHandler
+from inferfleet.worker.runtime.onnx_backend import OnnxHandler, int8_weight_kind, quantize_onnx
 from inferfleet.worker.runtime.quantize import DynamicInt8Linear, int8_linear, quantize_module, quantize_weight
 from scripts.build_models import example_inputs
 
@@ -139,6 +139,40 @@ def test_int8_onnx_quantized_at_load_stays_close_to_fp32(onnx_models_dir, kind):
     x = example_inputs(kind, rows=64, seed=2)
     full = runtime(onnx_models_dir / f"{kind}.onnx").predict(x, {})
     assert_int8_close(full, runtime(onnx_models_dir / f"{kind}.onnx", precision="int8").predict(x, {}))
+
+
+# u8 weights give the same integers on every CPU, so measuring them here measures them on x86
+# without VNNI too; s8 weights are exact only where this host would pick them.
+WEIGHT_KINDS = ["u8"] + (["s8"] if int8_weight_kind() == "s8" else [])
+
+
+@pytest.mark.parametrize("weights", WEIGHT_KINDS)
+@pytest.mark.parametrize("kind", ["affine", "ctr"])
+def test_int8_onnx_weight_kinds_each_stay_close_to_fp32(onnx_models_dir, tmp_path, kind, weights):
+    quantize_onnx(str(onnx_models_dir / f"{kind}.onnx"), str(tmp_path / "q.onnx"), weights)
+    x = example_inputs(kind, rows=64, seed=2)
+    assert_int8_close(runtime(onnx_models_dir / f"{kind}.onnx").predict(x, {}), runtime(tmp_path / "q.onnx").predict(x, {}))
+
+
+@pytest.mark.parametrize(
+    ("flags", "machine", "kind"),
+    [
+        ("fpu sse2 avx2 avx512f avx512_vnni", "x86_64", "s8"),
+        ("fpu sse2 avx2 avx_vnni", "AMD64", "s8"),
+        ("fpu sse2 avx2 avx512f", "x86_64", "u8"),  # the CPU that CI saw saturate
+        ("fp asimd asimddp", "aarch64", "s8"),
+    ],
+)
+def test_int8_weight_kind_avoids_saturating_kernels(flags, machine, kind):
+    assert int8_weight_kind(flags, machine) == kind
+
+
+def test_int8_weight_kind_obeys_the_override_and_refuses_a_bad_one(monkeypatch):
+    monkeypatch.setenv("INFERFLEET_INT8_WEIGHTS", "U8")
+    assert int8_weight_kind("avx512_vnni", "x86_64") == "u8"
+    monkeypatch.setenv("INFERFLEET_INT8_WEIGHTS", "int4")
+    with pytest.raises(ValueError, match="must be s8 or u8, not 'int4'"):
+        int8_weight_kind()
 
 
 def test_int8_onnx_copy_from_export_script_keeps_its_example_and_matches_load_time_int8(onnx_models_dir):
