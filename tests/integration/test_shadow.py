@@ -152,7 +152,7 @@ def test_the_canary_answers_its_share_then_rolls_back_when_it_fails(redis_url, r
 def test_a_candidate_that_fails_to_load_leaves_the_live_model_serving(redis_url, redis_client, spawn_worker):
     spawn_worker("q", SCALE, *FAST)
     published = shadow_cli(redis_url, "--model", "tests.handlers:NoSuchHandler", "--version", "v9", "--no-check")
-    assert published.returncode == 0, published.stderr
+    assert published.returncode == 1 and ": v9 failed" in published.stdout, published.stdout  # waited, and says so
     alerts = wait_until(lambda: read_alerts(redis_client, KEYS, kind="shadow_failed"), "the shadow_failed alert")
     assert "v9" in alerts[0].detail
     # the state travels with the next heartbeat (every heartbeat_s), the alert at once: wait for it

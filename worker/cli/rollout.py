@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from typing import Any
 
 import click
@@ -110,6 +111,25 @@ def _promote(client: Any, shard_list: list, force: bool, wait_s: float) -> None:
         sys.exit(1)
 
 
+def _wait_loaded(client: Any, shard_list: list, version: str, timeout_s: float) -> bool:
+    """Until every live worker has loaded candidate ``version`` (or failed to); print each one's state."""
+    from inferfleet.worker.heartbeat import heartbeat_key, read_heartbeats
+
+    done = (f"{version} loaded", f"{version} failed")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = {w.consumer: (client.hget(heartbeat_key(keys, w.consumer), "shadow") or b"").decode()
+                  for keys in shard_list for w in read_heartbeats(client, keys)}
+        if all(s in done for s in states.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for consumer, state in sorted(states.items()):
+        click.echo(f"  {consumer}: {state or 'no candidate yet'}")
+    if not states:
+        click.echo("  no live workers (new ones load the candidate at start)")
+    return all(s == done[0] for s in states.values())
+
+
 @click.command()
 @pass_queue_config
 @click.option("--model", default=None, **_env("MODEL"),
@@ -139,15 +159,17 @@ def _promote(client: Any, shard_list: list, force: bool, wait_s: float) -> None:
 @click.option("--min-compared", type=int, default=100, show_default=True, **_env("MIN_COMPARED"),
               help="Requests compared before a promotion, a divergence alert or a rollback on divergence.")
 @click.option("--wait-s", type=float, default=60.0, show_default=True, **_env("WAIT_S"),
-              help="With --promote: wait this long for every live worker to switch (0: do not wait).")
+              help="Wait this long for every live worker to load the candidate (--model) or switch to it "
+                   "(--promote); exit status 1 if one did not (0: do not wait).")
 def shadow(queue: QueueConfig, model: str | None, version: str | None, sample: float, canary: float | None,
            report: bool, as_json: bool, promote: bool, force: bool, stop: bool, check: bool, min_agreement: float,
            max_rel_error: float, min_rank_corr: float, decision_threshold: float, max_error_rate: float,
            min_compared: int, wait_s: float) -> None:
     """Run a candidate model version beside the live one, compare, then promote or stop it.
 
-    --model publishes a candidate: every worker loads it in the background and
-    runs it on --sample of its batches after their replies are written;
+    --model publishes a candidate: every worker loads it in the background (the
+    command waits until each has, up to --wait-s) and runs it on --sample of its
+    batches after their replies are written;
     --canary makes it answer that percent of requests, rolled back
     automatically past the thresholds. --report shows the comparison,
     --promote swaps to it (through inferfleet swap) when the thresholds are
@@ -202,6 +224,8 @@ def _act(client: Any, shard_list: list, model: str | None, version: str | None, 
             cand = publish_candidate(client, keys, model, version, sample, canary or 0.0, thresholds)
             click.echo(f"{keys.name}: candidate {cand.version} ({cand.model}) published: sample {cand.sample:g}, "
                        f"canary {cand.canary:g}%")
+        if wait_s and not _wait_loaded(client, shard_list, cand.version, wait_s):
+            sys.exit(1)
     else:
         for keys in shard_list:
             changed = set_canary(client, keys, canary or 0.0)
