@@ -5,14 +5,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["code_blocks", "commands"]
+__all__ = ["FENCE", "code_blocks", "commands"]
 
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+#: A fenced block: (language, body).
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def code_blocks(page: Path, language: str) -> list[str]:
     """The bodies of the page's ``` blocks in ``language``, in order."""
-    return [body for lang, body in _FENCE.findall(page.read_text()) if lang == language]
+    return [body for lang, body in FENCE.findall(page.read_text()) if lang == language]
 
 
 def commands(block: str) -> list[str]:
