@@ -157,3 +157,28 @@ def test_save_model_command_writes_a_file_the_worker_serves_with_its_spec(tmp_pa
     bad = subprocess.run([*argv[:-1], "int64[N,L"], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and "Forms: float32[N,16]" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_status_and_dead_list_keep_full_columns_when_piped_to_a_narrow_reader(redis_url, redis_client):
+    """Piped (not a terminal) with COLUMNS=40, every cell stays whole on its line: nothing cut, folded or elided."""
+    from inferfleet.producer.protocol import QueueKeys
+    from inferfleet.worker.serving.deadletter import dead_fields
+
+    name = "queue-" + "n" * 50
+    keys = QueueKeys(name)
+    request_id = "request-" + "r" * 60
+    reason = "poison: the model raised on every one of 3 deliveries, " + "x" * 40
+    redis_client.xadd(keys.dead, dead_fields(b"1-0", {b"id": request_id.encode(), b"body": b"?"}, reason, 3,
+                                             "consumer-" + "c" * 40))
+    consumer = "a-consumer-whose-name-is-far-wider-than-forty-columns"
+    redis_client.xgroup_create(keys.requests, "workers", id="0", mkstream=True)
+    redis_client.xadd(keys.requests, {"id": "r1", "body": b"?"})
+    redis_client.xreadgroup("workers", consumer, {keys.requests: ">"}, count=1)
+    env = {**worker_env(redis_url), "COLUMNS": "40", "LINES": "10"}
+    dead = _cli(["dead", "list", "--name", name], env)
+    status = _cli(["status", "--name", name], env)
+    assert dead.returncode == status.returncode == 0, dead.stderr + status.stderr
+    assert any(request_id in line and reason in line for line in dead.stdout.splitlines()), dead.stdout  # one row, whole
+    assert f"dead letters of {name}" in dead.stdout
+    assert any(consumer in line for line in status.stdout.splitlines()), status.stdout
+    assert name in status.stdout and "…" not in status.stdout + dead.stdout
