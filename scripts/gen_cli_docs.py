@@ -21,7 +21,10 @@ HEADER = """# inferfleet command line
 
 Generated from the commands' own `--help` by `python scripts/gen_cli_docs.py`;
 a test fails when this file is stale. Every option can also be set from the
-environment variable shown beside it (`REDIS_URL` for the Redis URL).
+environment variable shown beside it (`REDIS_URL` for the Redis URL), but for
+one request's own data (`enqueue --input`, `--param`, `--request-id`), the
+endless `--watch` and `--follow`, and one-shot actions (`--promote`, `--force`,
+`--rollback`, `--yes` ...), which must be typed each time.
 Exit status: 0 success, 1 a failed request or runtime error, 2 bad usage.
 
 """

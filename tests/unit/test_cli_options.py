@@ -186,3 +186,82 @@ def test_env_var_is_inferfleet_name_unless_the_field_names_one() -> None:
     assert env_var(_field(WorkerSettings, "max_batch_rows")) == "INFERFLEET_MAX_BATCH_ROWS"
     assert env_var(_field(WorkerSettings, "redis_url")) == "REDIS_URL"
     assert env_var(_field(PolicySettings, "kind")) == "INFERFLEET_POLICY"
+
+
+#: Standard environment variables an option may read instead of an INFERFLEET_* one.
+STANDARD_ENV_VARS = {"REDIS_URL"}
+
+_ACTION = "an action, not a setting: a variable left set would repeat it on every call"
+_ENDLESS = "runs until interrupted: a variable left set would turn every scripted call into an endless one"
+_ONE_REQUEST = "one request's own data: a variable left set would send it again with every request"
+
+#: Options that have no environment variable on purpose, and why.
+NO_ENV_VAR: dict[tuple[str, str], str] = {
+    ("inferfleet", "--version"): "click's own: prints the version",
+    ("inferfleet enqueue", "--input"): _ONE_REQUEST,
+    ("inferfleet enqueue", "--param"): _ONE_REQUEST,
+    ("inferfleet enqueue", "--request-id"): "one request's id: a variable left set would reuse it, and replies are "
+                                            "read once",
+    ("inferfleet status", "--watch"): _ENDLESS,
+    ("inferfleet alerts", "--follow"): _ENDLESS,
+    ("inferfleet dead replay", "--all"): _ACTION,
+    ("inferfleet dead purge", "--yes"): "skips the confirmation of a deletion: it must be typed each time",
+    ("inferfleet swap", "--rollback"): _ACTION,
+    ("inferfleet shadow", "--report"): _ACTION,
+    ("inferfleet shadow", "--promote"): _ACTION,
+    ("inferfleet shadow", "--force"): "overrides the evidence for one promotion: it must be typed each time",
+    ("inferfleet shadow", "--stop"): _ACTION,
+    ("inferfleet limit", "--show"): _ACTION,
+    ("inferfleet limit", "--clear"): _ACTION,
+}
+
+
+def _options() -> Iterator[tuple[str, click.Option]]:
+    for path, cmd in commands():
+        for param in cmd.params:
+            if isinstance(param, click.Option) and param.name != "help":
+                yield path, param
+
+
+def test_every_option_of_every_command_has_an_env_var_or_a_reason_not_to() -> None:
+    missing = []
+    for path, option in _options():
+        exempt = (path, option.opts[0]) in NO_ENV_VAR
+        if option.envvar:
+            assert not exempt, f"{path} {option.opts[0]} has {option.envvar}: drop it from NO_ENV_VAR"
+            names = [option.envvar] if isinstance(option.envvar, str) else list(option.envvar)
+            assert all(n.startswith("INFERFLEET_") or n in STANDARD_ENV_VARS for n in names), (path, names)
+            assert option.show_envvar, f"{path} {option.opts[0]}: --help must show {option.envvar}"
+        elif not exempt:
+            missing.append(f"{path} {option.opts[0]}")
+    assert missing == [], "options without an environment variable (add envvar=, or a reason in NO_ENV_VAR)"
+    assert set(NO_ENV_VAR) <= {(path, option.opts[0]) for path, option in _options()}, "stale NO_ENV_VAR entries"
+
+
+def test_no_command_reads_one_env_var_into_two_options() -> None:
+    for path, cmd in commands():
+        names = [p.envvar for p in cmd.params if isinstance(p, click.Option) and isinstance(p.envvar, str)]
+        assert len(names) == len(set(names)), (path, sorted(n for n in names if names.count(n) > 1))
+
+
+@pytest.mark.parametrize(("name", "args", "env", "param", "value"), [
+    ("status", [], {"INFERFLEET_STATUS_JSON": "1"}, "as_json", True),
+    ("dead list", ["--name", "q"], {"INFERFLEET_DEAD_LIST_JSON": "true", "INFERFLEET_DEAD_LIST_COUNT": "7"},
+     "count", 7),
+    ("shadow", ["--name", "q"], {"INFERFLEET_SHADOW_JSON": "1"}, "as_json", True),
+    ("swap", ["--name", "q"], {"INFERFLEET_SWAP_WAIT_S": "5", "INFERFLEET_SWAP_CHECK": "false"}, "wait_s", 5.0),
+    ("swap", ["--name", "q"], {"INFERFLEET_SWAP_CHECK": "false"}, "check", False),
+    ("result", ["--name", "q", "r1"], {"INFERFLEET_RESULT_TIMEOUT_S": "2.5"}, "timeout_s", 2.5),
+    ("alerts", ["--name", "q"], {"INFERFLEET_ALERTS_KIND": "non_finite"}, "kind", "non_finite"),
+    ("save-model", ["m:M"], {"INFERFLEET_SAVE_MODEL_EXAMPLE": __file__, "INFERFLEET_SAVE_MODEL_OUT": "o.pt2",
+                             "INFERFLEET_SAVE_MODEL_INPUT_SPEC": "int64[N,L]"}, "input_spec", "int64[N,L]"),
+    ("split", [], {"INFERFLEET_SPLIT_MODEL": "m.pt2", "INFERFLEET_SPLIT_EXAMPLE": "x.npy",
+                   "INFERFLEET_SPLIT_AT": "blocks.3", "INFERFLEET_SPLIT_OUT": "out"}, "split_at", ["blocks.3"]),
+])
+def test_an_option_reads_its_env_var(name: str, args: list[str], env: dict[str, str], param: str, value: Any,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, text in env.items():
+        monkeypatch.setenv(key, text)
+    cmd = command(name)
+    with cmd.make_context(name, list(args)) as ctx:
+        assert ctx.params[param] == value

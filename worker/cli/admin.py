@@ -23,8 +23,10 @@ __all__ = ["dead", "status"]
 @queue_options(name=click.option("--name", default="", envvar=ENV_VARS["name"], show_envvar=True,
                                  help="One queue (default: every queue under the prefix)."))
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
-@click.option("--interval-s", type=float, default=1.0, show_default=True, help="Refresh period with --watch.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for scripts) instead of tables.")
+@click.option("--interval-s", type=float, default=1.0, show_default=True, envvar="INFERFLEET_STATUS_INTERVAL_S",
+              show_envvar=True, help="Refresh period with --watch.")
+@click.option("--json", "as_json", is_flag=True, envvar="INFERFLEET_STATUS_JSON", show_envvar=True,
+              help="Print one JSON document (for scripts) instead of tables.")
 def status(queue: QueueConfig, watch: bool, interval_s: float, as_json: bool) -> None:
     """Show each queue: length, lag, pending, dead letters, consumers and workers.
 
@@ -104,8 +106,11 @@ def dead() -> None:
 
 @dead.command("list")
 @pass_queue_config
-@click.option("--count", type=int, default=100, show_default=True, help="Most entries to show.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for scripts) instead of a table.")
+@click.option("--count", type=int, default=100, show_default=True, envvar="INFERFLEET_DEAD_LIST_COUNT",
+              show_envvar=True,
+              help="Most entries to show.")
+@click.option("--json", "as_json", is_flag=True, envvar="INFERFLEET_DEAD_LIST_JSON", show_envvar=True,
+              help="Print one JSON document (for scripts) instead of a table.")
 def dead_list(queue: QueueConfig, count: int, as_json: bool) -> None:
     """List dead letters, oldest first (shard by shard)."""
     from datetime import datetime, timezone

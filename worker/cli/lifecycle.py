@@ -169,15 +169,18 @@ def wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool:
 
 @click.command()
 @pass_queue_config
-@click.option("--model", default=None, help="The new model: a file every worker can read, module:Handler, or a "
-              "split's directory (every stage of a pipeline swaps to it).")
-@click.option("--version", "version", default=None, help="Its version (default: the file's hash).")
+@click.option("--model", default=None, envvar="INFERFLEET_SWAP_MODEL", show_envvar=True,
+              help="The new model: a file every worker can read, module:Handler, or a "
+                   "split's directory (every stage of a pipeline swaps to it).")
+@click.option("--version", "version", default=None, envvar="INFERFLEET_SWAP_VERSION", show_envvar=True,
+              help="Its version (default: the file's hash).")
 @click.option("--rollback", is_flag=True,
               help="Return to the last version the fleet served before the current one (never one that failed).")
-@click.option("--check/--no-check", default=True, show_default=True,
+@click.option("--check/--no-check", default=True, show_default=True, envvar="INFERFLEET_SWAP_CHECK", show_envvar=True,
               help="Load the model here first and run its example (and the served version's) through it: a "
                    "broken file, another signature or bad outputs never reach the fleet.")
-@click.option("--wait-s", type=float, default=60.0, show_default=True,
+@click.option("--wait-s", type=float, default=60.0, show_default=True, envvar="INFERFLEET_SWAP_WAIT_S",
+              show_envvar=True,
               help="Wait this long for every live worker to switch (0: do not wait).")
 def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: bool, check: bool,
          wait_s: float) -> None:
@@ -222,8 +225,9 @@ def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: b
 
 @click.command()
 @pass_queue_config
-@click.option("--count", type=int, default=20, show_default=True, help="Most alerts to show.")
-@click.option("--kind", default=None,
+@click.option("--count", type=int, default=20, show_default=True, envvar="INFERFLEET_ALERTS_COUNT", show_envvar=True,
+              help="Most alerts to show.")
+@click.option("--kind", default=None, envvar="INFERFLEET_ALERTS_KIND", show_envvar=True,
               type=click.Choice(["low_confidence", "non_finite", "inconsistent", "swap_failed", "shadow_failed",
                                  "shadow_divergence", "canary_rollback", "many"]),
               help="Only alerts of this kind.")

@@ -36,9 +36,11 @@ Examples:
   inferfleet save-model scripts.build_models:CTR --example models/features.npz --out ctr-packed.pt2""")
 @click.argument("source")
 @click.option("--example", "example_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              envvar="INFERFLEET_SAVE_MODEL_EXAMPLE", show_envvar=True,
               help="One request's inputs: .npy (one tensor) or .npz (arr_0.. positional, other names keyword).")
-@click.option("--out", required=True, help="The file to write (.pt2 for an nn.Module, TorchScript for a .pt).")
-@click.option("--input-spec", "input_spec", default=None,
+@click.option("--out", required=True, envvar="INFERFLEET_SAVE_MODEL_OUT", show_envvar=True,
+              help="The file to write (.pt2 for an nn.Module, TorchScript for a .pt).")
+@click.option("--input-spec", "input_spec", default=None, envvar="INFERFLEET_SAVE_MODEL_INPUT_SPEC", show_envvar=True,
               help="Which dimensions vary, e.g. 'int64[N,L]' (default: only the batch, N).")
 def save_model_command(source: str, example_path: str, out: str, input_spec: str | None) -> None:
     """Save SOURCE (module:attr giving an nn.Module, or a TorchScript file) with its example and input spec.

@@ -45,14 +45,16 @@ def _report(manifest: Any, out: str) -> None:
 
 
 @click.command()
-@click.option("--model", required=True,
+@click.option("--model", required=True, envvar="INFERFLEET_SPLIT_MODEL", show_envvar=True,
               help="package.module:callable returning an nn.Module (from PYTHONPATH), or a .pt2 torch.export file.")
-@click.option("--example", required=True, type=click.Path(dir_okay=False),
+@click.option("--example", required=True, type=click.Path(dir_okay=False), envvar="INFERFLEET_SPLIT_EXAMPLE",
+              show_envvar=True,
               help="Example inputs (.npy, or .npz for several): traced, and checked against the stages.")
-@click.option("--split-at", "split_at", required=True, callback=_names,
+@click.option("--split-at", "split_at", required=True, callback=_names, envvar="INFERFLEET_SPLIT_AT", show_envvar=True,
               help="Submodule names (as in named_modules()), comma-separated; each starts a new stage.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write the split to.")
-@click.option("--log-level", default="warning", show_default=True,
+@click.option("--out", required=True, type=click.Path(file_okay=False), envvar="INFERFLEET_SPLIT_OUT", show_envvar=True,
+              help="Directory to write the split to.")
+@click.option("--log-level", default="warning", show_default=True, envvar="INFERFLEET_LOG_LEVEL", show_envvar=True,
               type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
 def split(model: str, example: str, split_at: list[str], out: str, log_level: str) -> None:
     """Split a model by layers into pipeline stages, one torch.export program each, plus a manifest.

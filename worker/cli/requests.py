@@ -83,15 +83,19 @@ Examples:
 @click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help=".npy (one tensor) or .npz (arr_0.. positional, other names keyword) inputs.")
 @click.option("--param", "params", multiple=True, help="KEY=VALUE (VALUE parsed as JSON if it can be).")
-@click.option("--deadline-s", type=float, default=None, help="Answer 'expired' if not picked up in time.")
+@click.option("--deadline-s", type=float, default=None, envvar="INFERFLEET_DEADLINE_S", show_envvar=True,
+              help="Answer 'expired' if not picked up in time.")
 @click.option("--request-id", default=None, help="Choose the request id (default: a fresh one).")
 @click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True,
               envvar="INFERFLEET_PRIORITY", show_envvar=True, help="The lane: high, normal or low.")
 @click.option("--tenant", default=None, envvar="INFERFLEET_TENANT", show_envvar=True,
               help="The caller's name, which fleet-wide quotas apply to.")
-@click.option("--wait/--no-wait", default=False, help="Wait for the reply and print it as one line of JSON.")
-@click.option("--timeout-s", type=float, default=30.0, show_default=True, help="With --wait: longest wait.")
-@click.option("--output", default=None, help="With --wait: save outputs to this .npy/.npz file.")
+@click.option("--wait/--no-wait", default=False, envvar="INFERFLEET_ENQUEUE_WAIT", show_envvar=True,
+              help="Wait for the reply and print it as one line of JSON.")
+@click.option("--timeout-s", type=float, default=30.0, show_default=True, envvar="INFERFLEET_RESULT_TIMEOUT_S",
+              show_envvar=True, help="With --wait: longest wait.")
+@click.option("--output", default=None, envvar="INFERFLEET_OUTPUT", show_envvar=True,
+              help="With --wait: save outputs to this .npy/.npz file.")
 def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadline_s: float | None,
             request_id: str | None, priority: str, tenant: str | None, wait: bool, timeout_s: float,
             output: str | None) -> None:
@@ -116,8 +120,10 @@ def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadli
 @click.command()
 @pass_queue_config
 @click.argument("request_id")
-@click.option("--timeout-s", type=float, default=30.0, show_default=True, help="Longest wait for the reply.")
-@click.option("--output", default=None, help="Save outputs to this .npy/.npz file.")
+@click.option("--timeout-s", type=float, default=30.0, show_default=True, envvar="INFERFLEET_RESULT_TIMEOUT_S",
+              show_envvar=True, help="Longest wait for the reply.")
+@click.option("--output", default=None, envvar="INFERFLEET_OUTPUT", show_envvar=True,
+              help="Save outputs to this .npy/.npz file.")
 def result(queue: QueueConfig, request_id: str, timeout_s: float, output: str | None) -> None:
     """Wait for the reply to REQUEST_ID and print it (exit 1 if it failed)."""
     with producer_for(queue) as producer:

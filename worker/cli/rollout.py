@@ -140,7 +140,7 @@ def _wait_loaded(client: Any, shard_list: list, version: str, timeout_s: float) 
 @click.option("--canary", type=float, default=None, **_env("CANARY"),
               help="Percent of requests the candidate answers (0: shadow only); alone, changes the running one's.")
 @click.option("--report", is_flag=True, help="Print the comparison of the candidate with the live version.")
-@click.option("--json", "as_json", is_flag=True, help="With --report: as JSON.")
+@click.option("--json", "as_json", is_flag=True, **_env("JSON"), help="With --report: as JSON.")
 @click.option("--promote", is_flag=True, help="Swap to the candidate if the comparison meets the thresholds.")
 @click.option("--force", is_flag=True, help="With --promote: promote even if it does not.")
 @click.option("--stop", is_flag=True, help="Unload the candidate from every worker.")
