@@ -178,7 +178,7 @@ def test_status_and_dead_list_keep_full_columns_when_piped_to_a_narrow_reader(re
     dead = _cli(["dead", "list", "--name", name], env)
     status = _cli(["status", "--name", name], env)
     assert dead.returncode == status.returncode == 0, dead.stderr + status.stderr
-    assert any(request_id in line and reason in line for line in dead.stdout.splitlines()), dead.stdout  # one row, whole
+    assert any(request_id in line and reason in line for line in dead.stdout.splitlines()), dead.stdout  # one row
     assert f"dead letters of {name}" in dead.stdout
     assert any(consumer in line for line in status.stdout.splitlines()), status.stdout
     assert name in status.stdout and "…" not in status.stdout + dead.stdout

@@ -118,7 +118,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _normal(text: str) -> str:
     """Output with its numbers (counts, ratios, versions, ids) made one word: the README shows one run's."""
-    return re.sub(r"\d[0-9a-z.]*", "N", text.strip())
+    hashes = re.sub(r"\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b", "N", text.strip())  # versions, ids: a00a1fa9e4c3
+    return re.sub(r"\d[0-9a-z.]*", "N", hashes)
 
 
 def _run(step: Step, env: dict[str, str]) -> None:
