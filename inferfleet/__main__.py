@@ -1,6 +1,7 @@
 """``inferfleet`` and ``python -m inferfleet``: the command line.
 
-The command line is the worker side's (``pip install 'inferfleet[worker]'``);
+The command line is the worker side's (``pip install -e '.[worker]'`` in a
+checkout: the package is not published on PyPI);
 on an SDK-only install it says so in one line instead of a traceback.
 """
 
@@ -21,7 +22,7 @@ def main() -> None:
         if (exc.name or "").split(".")[0] not in WORKER_MODULES:
             raise
         sys.stderr.write(f"inferfleet: the command line is part of the worker side, and {exc.name} is not "
-                         f"installed: pip install 'inferfleet[worker]'\n")
+                         f"installed: run pip install -e '.[worker]' in an inferfleet checkout\n")
         sys.exit(2)
     cli()
 
