@@ -106,14 +106,14 @@ RUN_BY: dict[str, str] = {
         _RELIABILITY + "test_a_request_that_kills_its_worker_is_dead_lettered_while_others_flow",
     r"^docs/reliability\.md: python scripts/chaos\.py swap ":
         _RELIABILITY + "test_hot_swaps_while_workers_are_killed_lose_nothing_and_name_their_version",
+    r"^README\.md: \./scripts/demo$":
+        "tests/e2e/test_demo.py::test_the_demo_runs_as_written_answers_every_request_and_stops_what_it_started",
     r"^docs/deploy\.md: (docker compose (build|up -d|run --rm -e|stop|exec redis|down)|curl -s 'http://127)":
         "tests/e2e/test_compose.py::test_build_up_bench_stop_up",
 }
 
 #: "page: command" pattern -> why no test here runs it.
 EXEMPT: dict[str, str] = {
-    r"^README\.md: \./scripts/demo$": "the demo starts its own Redis and fleet and runs 5,000 requests "
-                                       "(a minute); its parts are the usage block's",
     r"^README\.md: \./scripts/test$": "how every test here runs: the suite cannot run itself",
     r"^docs/benchmarks\.md: ": _BENCHMARK,
     r"^docs/metrics\.md: python scripts/bench_metrics\.py ": _BENCHMARK,
