@@ -15,8 +15,9 @@ from inferfleet.producer import Producer
 from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.heartbeat import heartbeat_key, read_heartbeats
 from inferfleet.worker.serving.alerts import read_alerts
+from inferfleet.worker.serving.comparison import Thresholds
 from inferfleet.worker.serving.lifecycle import read_published
-from inferfleet.worker.serving.rollout import read_candidate, read_pairs
+from inferfleet.worker.serving.rollout import publish_candidate, read_candidate, read_pairs
 from tests.conftest import ROOT, worker_env
 
 SCALE, TRIPLE, FRAGILE = "tests.handlers:Scale", "tests.handlers:Triple", "tests.handlers:Fragile"
@@ -198,6 +199,30 @@ def test_a_swap_during_a_shadow_compares_against_the_new_live_version(redis_url,
     assert by_live["scale-1"]["rel_error_max"] == 0.0 and by_live["scale-1"]["compared"] == 5
     assert by_live["triple-1"]["rel_error_max"] > 0.3 and by_live["triple-1"]["compared"] == 5
     assert shadow_states(redis_client) == ["scale-2 loaded"]  # the candidate stays through the swap
+
+
+def test_status_shows_the_candidate_and_each_workers_copy(redis_url, redis_client, spawn_worker):
+    spawn_worker("q", SCALE, *FAST, consumer="w-0")
+    publish_candidate(redis_client, KEYS, TRIPLE, "triple-1", 0.5, 10.0, Thresholds())
+    wait_loaded(redis_client, "triple-1", 1)
+    env = {**worker_env(redis_url), "COLUMNS": "300"}
+    shown = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "q", "--json"], env=env,
+                           cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert shown.returncode == 0, shown.stderr
+    (queue,) = json.loads(shown.stdout)["queues"]
+    assert {k: queue["candidate"][k] for k in ("model", "version", "state", "sample", "canary_percent", "loaded",
+                                               "failed", "workers")} == \
+        {"model": TRIPLE, "version": "triple-1", "state": "canary", "sample": 0.5, "canary_percent": 10.0,
+         "loaded": 1, "failed": 0, "workers": 1}
+    (worker,) = queue["workers"]
+    assert (worker["consumer"], worker["shadow"], worker["shadow_error"]) == ("w-0", "triple-1 loaded", "")
+    table = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "q"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=90)
+    assert table.returncode == 0, table.stderr
+    lines = [line.strip() for line in table.stdout.splitlines()]
+    assert "candidate" in lines  # the candidate's table, by its title
+    assert any(TRIPLE in line and "canary" in line and "10%" in line and "1 of 1" in line for line in lines)
+    assert any(line.startswith("│ w-0") and "triple-1 loaded" in line for line in lines)
 
 
 def test_bad_input_is_refused_clearly(redis_url, redis_client):
