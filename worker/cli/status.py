@@ -179,8 +179,8 @@ def render(status: QueueStatus) -> Group:
         c = consumers.pop(w.consumer, {"pending": 0, "idle_ms": 0})
         version = w.version + (f" [red](swap failed: {w.swap_error})[/red]" if w.swap_error else "")
         hits = "off" if w.cache_hit_rate is None else f"{w.cache_hit_rate:.0%}"
-        candidate = (w.shadow or "-") + (f" [red]({w.shadow_error})[/red]" if w.shadow_error else "")
-        workers.add_row(w.consumer, str(w.pid), w.host, w.device, version, candidate, w.state, f"{w.rate_rps:,.0f}",
+        copy = (w.shadow or "-") + (f" [red]({w.shadow_error})[/red]" if w.shadow_error else "")
+        workers.add_row(w.consumer, str(w.pid), w.host, w.device, version, copy, w.state, f"{w.rate_rps:,.0f}",
                         f"{w.busy:.0%}", f"{w.requests:,}", hits, str(c["pending"]), _age(c["idle_ms"]),
                         _age(now_ms - w.last_seen_ms) + " ago")
     for name, c in sorted(consumers.items()):  # in the group, but no heartbeat: gone or foreign
