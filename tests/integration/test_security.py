@@ -444,6 +444,30 @@ def test_acl_worker_user_shadows_a_candidate(acl_port, acl_admin, tmp_path):
     assert denials(acl_admin) == []
 
 
+def test_acl_worker_user_rolls_a_failing_canary_back(acl_port, acl_admin, tmp_path):
+    """The canary's replies and its rollback (the end script by EVALSHA: HGET, HSET) as the worker user."""
+    from inferfleet.producer.protocol import QueueKeys
+    from inferfleet.worker.serving.alerts import read_alerts
+    from inferfleet.worker.serving.comparison import Thresholds
+    from inferfleet.worker.serving.rollout import publish_candidate, read_candidate
+
+    log_path, keys = tmp_path / "worker.log", QueueKeys(QUEUE)
+    with fleet_process(shadowing_worker_cmd(), acl_url(acl_port, "worker"), log_path) as proc:
+        wait_serving(acl_admin, proc, log_path)
+        publish_candidate(acl_admin, keys, "tests.handlers:Fragile", "fragile-1", 0.2, 50.0,
+                          Thresholds(min_compared=5, max_error_rate=0.05))
+        wait_for(lambda: shadow_state(acl_admin) == "fragile-1 loaded", START_TIMEOUT_S, "the canary to load")
+        with producer_for(acl_url(acl_port, "producer")) as producer:
+            for value in range(1000, 1030):  # values the candidate raises on: recomputed on the live model
+                x = np.array([[float(value), 1.0, 2.0, 3.0]], np.float32)
+                assert producer.result(producer.submit(x), timeout_s=20).model_version == "scale-1"
+        wait_for(lambda: read_candidate(acl_admin, keys).state == "rolled_back", START_TIMEOUT_S, "the rollback")
+        wait_for(lambda: read_alerts(acl_admin, keys, kind="canary_rollback"), START_TIMEOUT_S, "its alert")
+        assert proc.poll() is None
+    assert proc.returncode == 0, log_path.read_text(errors="replace")
+    assert denials(acl_admin) == []
+
+
 def test_acl_a_refused_shadow_command_stops_the_shadow_and_serving_goes_on(acl_port, acl_admin, tmp_path):
     """A worker user without HINCRBYFLOAT: the flush script is refused; the worker stops the shadow,
     alerts shadow_failed once, and its live replies go on."""
