@@ -10,7 +10,10 @@ version state requests batches rows rate_rps busy started_ms last_seen_ms``.
 ``rate_rps`` is requests per second over the last interval; ``busy`` is the
 fraction of that interval spent computing and replying (not waiting), so
 ``rate_rps / busy`` estimates what the worker could do flat out. ``rss_mb``
-is the process's resident memory (the soak benchmark plots it).
+is the process's resident memory (the soak benchmark plots it). ``shadow`` is
+the candidate version of ``inferfleet shadow`` as this worker has it
+(``VERSION loaded``, ``loading``, ``failed`` or ``off``; empty without one) and
+``shadow_error`` why it failed to load or was stopped.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ class HeartbeatInfo:
     rss_mb: float = 0.0
     swap_error: str = ""
     cache_hit_rate: float | None = None  # None: this worker has no result cache
+    shadow: str = ""  # the candidate as this worker has it: "VERSION loaded" (loading, failed, off); "" for none
+    shadow_error: str = ""  # why its candidate failed to load or was stopped
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> HeartbeatInfo:
@@ -96,7 +101,8 @@ class HeartbeatInfo:
                    _int(d.get("batches")), _int(d.get("rows")), _rate(d.get("rate_rps")),
                    min(_rate(d.get("busy")), 1.0), _int(d.get("started_ms")), _int(d.get("last_seen_ms")),
                    _rate(d.get("rss_mb")), d.get("swap_error", ""),
-                   _rate(d["cache_hit_rate"]) if "cache_hit_rate" in d else None)
+                   _rate(d["cache_hit_rate"]) if "cache_hit_rate" in d else None,
+                   d.get("shadow", ""), d.get("shadow_error", ""))
 
     @property
     def capacity_rps(self) -> float | None:

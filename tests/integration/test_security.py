@@ -65,6 +65,9 @@ WORKER_RULES = (
     # unstamped entries (FCALL inferfleet_check and the commands it calls)
     "+function|load", "+fcall", "+exists", "+zmscore", "+zremrangebyscore", "+hget", "+hmget", "+hexists",
     "+hincrby", "+time",
+    # a shadow or canary candidate (worker/serving/rollout.py, shadow.py): the flush script (EVALSHA) adds
+    # this worker's comparisons to the pair's hash and indexes it; the divergence alert is flagged once
+    "+hincrbyfloat", "+sadd", "+hsetnx",
 )
 #: XADD to the request streams (the three lanes) and read their length and groups (lag,
 #: max_backlog); pop replies from the queue's reply keys and inboxes; see whether fleet-wide
@@ -389,6 +392,112 @@ def test_acl_supervisor_with_worker_user(acl_port, acl_admin, models_dir, expect
     text = log_path.read_text(errors="replace")
     assert proc.returncode == 0 and "NOPERM" not in text, text
     assert denials(acl_admin) == []
+
+
+# --------------------------------------------------------------------------- a shadow under the ACL
+
+
+SCALE, TRIPLE = "tests.handlers:Scale", "tests.handlers:Triple"  # x * 2 (scale-1), x * 3 (triple-1)
+
+
+def shadowing_worker_cmd() -> list[str]:
+    """A worker whose housekeeping (where the shadow flushes, alerts and follows the hash) runs often."""
+    return [sys.executable, "-m", "inferfleet", "worker", "--name", QUEUE, "--model", SCALE, "--consumer", "c1",
+            "--housekeeping-s", "0.1", "--heartbeat-s", "0.1", "--max-wait-ms", "1"]
+
+
+def shadow_state(admin: redis.Redis) -> str:
+    """The candidate as worker c1's last heartbeat shows it (``VERSION loaded``, ``VERSION failed``)."""
+    return (admin.hget(KEY_BASE + "hb:c1", "shadow") or b"").decode()
+
+
+def answered_by_live(url: str, count: int) -> None:
+    """``count`` requests, one at a time (a batch each), all answered by the live model (x * 2)."""
+    with producer_for(url) as producer:
+        for i in range(count):
+            x = np.array([[float(i), 1.0, 2.0, 3.0]], np.float32)
+            reply = producer.result(producer.submit(x), timeout_s=20)
+            assert reply.model_version == "scale-1" and np.array_equal(reply.outputs, x * 2)
+
+
+def test_acl_worker_user_shadows_a_candidate(acl_port, acl_admin, tmp_path):
+    """The flush script (EVALSHA: HGET, HSET, HINCRBYFLOAT, SADD, HGETALL) and the divergence flag
+    (HSETNX) and alert run as the documented worker user, with nothing refused."""
+    from inferfleet.producer.protocol import QueueKeys
+    from inferfleet.worker.serving.alerts import read_alerts
+    from inferfleet.worker.serving.comparison import Thresholds
+    from inferfleet.worker.serving.rollout import publish_candidate, read_pairs
+
+    log_path, keys = tmp_path / "worker.log", QueueKeys(QUEUE)
+    with fleet_process(shadowing_worker_cmd(), acl_url(acl_port, "worker"), log_path) as proc:
+        wait_serving(acl_admin, proc, log_path)
+        publish_candidate(acl_admin, keys, TRIPLE, "triple-1", 1.0, 0.0, Thresholds(min_compared=5))
+        wait_for(lambda: shadow_state(acl_admin) == "triple-1 loaded", START_TIMEOUT_S, "the candidate to load")
+        answered_by_live(acl_url(acl_port, "producer"), 12)
+        wait_for(lambda: [s.compared for _, _, s in read_pairs(acl_admin, keys)] == [12], START_TIMEOUT_S,
+                 "12 comparisons in the fleet's totals")
+        wait_for(lambda: read_alerts(acl_admin, keys, kind="shadow_divergence"), START_TIMEOUT_S,
+                 "the divergence alert")
+        assert shadow_state(acl_admin) == "triple-1 loaded" and proc.poll() is None
+    text = log_path.read_text(errors="replace")
+    assert proc.returncode == 0 and "refused a shadow command" not in text, text
+    assert denials(acl_admin) == []
+
+
+def test_acl_worker_user_rolls_a_failing_canary_back(acl_port, acl_admin, tmp_path):
+    """The canary's replies and its rollback (the end script by EVALSHA: HGET, HSET) as the worker user."""
+    from inferfleet.producer.protocol import QueueKeys
+    from inferfleet.worker.serving.alerts import read_alerts
+    from inferfleet.worker.serving.comparison import Thresholds
+    from inferfleet.worker.serving.rollout import publish_candidate, read_candidate
+
+    log_path, keys = tmp_path / "worker.log", QueueKeys(QUEUE)
+    with fleet_process(shadowing_worker_cmd(), acl_url(acl_port, "worker"), log_path) as proc:
+        wait_serving(acl_admin, proc, log_path)
+        publish_candidate(acl_admin, keys, "tests.handlers:Fragile", "fragile-1", 0.2, 50.0,
+                          Thresholds(min_compared=5, max_error_rate=0.05))
+        wait_for(lambda: shadow_state(acl_admin) == "fragile-1 loaded", START_TIMEOUT_S, "the canary to load")
+        with producer_for(acl_url(acl_port, "producer")) as producer:
+            for value in range(1000, 1030):  # values the candidate raises on: recomputed on the live model
+                x = np.array([[float(value), 1.0, 2.0, 3.0]], np.float32)
+                assert producer.result(producer.submit(x), timeout_s=20).model_version == "scale-1"
+        wait_for(lambda: read_candidate(acl_admin, keys).state == "rolled_back", START_TIMEOUT_S, "the rollback")
+        wait_for(lambda: read_alerts(acl_admin, keys, kind="canary_rollback"), START_TIMEOUT_S, "its alert")
+        assert proc.poll() is None
+    assert proc.returncode == 0, log_path.read_text(errors="replace")
+    assert denials(acl_admin) == []
+
+
+def test_acl_a_refused_shadow_command_stops_the_shadow_and_serving_goes_on(acl_port, acl_admin, tmp_path):
+    """A worker user without HINCRBYFLOAT: the flush script is refused; the worker stops the shadow,
+    alerts shadow_failed once, and its live replies go on."""
+    from inferfleet.producer.protocol import QueueKeys
+    from inferfleet.worker.serving.alerts import read_alerts
+    from inferfleet.worker.serving.comparison import Thresholds
+    from inferfleet.worker.serving.rollout import publish_candidate
+
+    rules = tuple(">noshadow-pw" if r == ">worker-pw" else r for r in WORKER_RULES if r != "+hincrbyfloat")
+    acl_admin.execute_command("ACL", "SETUSER", "noshadow", *rules)
+    log_path, keys = tmp_path / "worker.log", QueueKeys(QUEUE)
+    try:
+        with fleet_process(shadowing_worker_cmd(), acl_url(acl_port, "noshadow"), log_path) as proc:
+            wait_serving(acl_admin, proc, log_path)
+            publish_candidate(acl_admin, keys, SCALE, "scale-2", 1.0, 0.0, Thresholds())
+            wait_for(lambda: shadow_state(acl_admin) == "scale-2 loaded", START_TIMEOUT_S, "the candidate to load")
+            answered_by_live(acl_url(acl_port, "producer"), 5)
+            wait_for(lambda: read_alerts(acl_admin, keys, kind="shadow_failed"), START_TIMEOUT_S,
+                     "the shadow_failed alert")
+            wait_for(lambda: shadow_state(acl_admin) == "scale-2 failed", START_TIMEOUT_S,
+                     "the heartbeat to show the stopped shadow")
+            answered_by_live(acl_url(acl_port, "producer"), 5)  # after the refusal: still served, no more flushes
+            assert proc.poll() is None
+            (alert,) = read_alerts(acl_admin, keys, kind="shadow_failed")
+            assert alert.version == "scale-2" and "refused a shadow command" in alert.detail
+            assert "shadow stopped" in (acl_admin.hget(KEY_BASE + "hb:c1", "shadow_error") or b"").decode()
+    finally:
+        acl_admin.execute_command("ACL", "DELUSER", "noshadow")
+    assert proc.returncode == 0, log_path.read_text(errors="replace")
+    assert any("hincrbyfloat" in denial for denial in denials(acl_admin)), denials(acl_admin)
 
 
 PRODUCER_DENIED = {

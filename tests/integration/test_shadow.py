@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -15,11 +16,13 @@ from inferfleet.producer import Producer
 from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.heartbeat import heartbeat_key, read_heartbeats
 from inferfleet.worker.serving.alerts import read_alerts
+from inferfleet.worker.serving.comparison import Thresholds
 from inferfleet.worker.serving.lifecycle import read_published
-from inferfleet.worker.serving.rollout import read_candidate, read_pairs
-from tests.conftest import ROOT, worker_env
+from inferfleet.worker.serving.rollout import publish_candidate, read_candidate, read_pairs
+from tests.conftest import ROOT, stop_process, worker_env
 
 SCALE, TRIPLE, FRAGILE = "tests.handlers:Scale", "tests.handlers:Triple", "tests.handlers:Fragile"
+SLOW = "tests.handlers:Slow"  # Scale (scale-1) taking SLOW_BATCH_S per batch
 FAST = ("--housekeeping-s", "0.1", "--heartbeat-s", "0.1", "--max-wait-ms", "1")
 KEYS = QueueKeys("q")
 
@@ -198,6 +201,87 @@ def test_a_swap_during_a_shadow_compares_against_the_new_live_version(redis_url,
     assert by_live["scale-1"]["rel_error_max"] == 0.0 and by_live["scale-1"]["compared"] == 5
     assert by_live["triple-1"]["rel_error_max"] > 0.3 and by_live["triple-1"]["compared"] == 5
     assert shadow_states(redis_client) == ["scale-2 loaded"]  # the candidate stays through the swap
+
+
+def worker_state(client, consumer: str) -> str:
+    return (client.hget(heartbeat_key(KEYS, consumer), "shadow") or b"").decode()
+
+
+def fleet_compared(client) -> int:
+    return sum(stats.compared for _, _, stats in read_pairs(client, KEYS))
+
+
+def kill_while_holding_entries(client, proc: subprocess.Popen, consumer: str) -> list[bytes]:
+    """SIGKILL ``consumer`` once it holds entries and the fleet has compared some; the entries it held."""
+    def holding() -> bool:
+        return fleet_compared(client) >= 4 and client.xpending_range(KEYS.requests, "workers", "-", "+", 10,
+                                                                     consumername=consumer) != []
+    wait_until(holding, f"{consumer} to hold entries while comparisons come in", timeout_s=30)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    return [p["message_id"] for p in client.xpending_range(KEYS.requests, "workers", "-", "+", 100,
+                                                           consumername=consumer)]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_during_a_shadow_loses_nothing_and_its_replacement_shadows_again(
+        redis_url, redis_client, spawn_worker, monkeypatch):
+    """SIGKILL one of two shadowing workers mid-traffic: every request is still answered once (its entries
+    are taken over), a replacement loads the candidate again and adds to the same comparison, and the
+    report reads as before: one pair, full agreement, no more comparisons than requests."""
+    monkeypatch.setenv("SLOW_BATCH_S", "0.05")  # a batch takes a while: the victim dies holding entries
+    args = (*FAST, "--max-batch-rows", "2", "--claim-idle-s", "0.5")
+    victim = spawn_worker("q", SLOW, *args, consumer="w-a")
+    other = spawn_worker("q", SLOW, *args, consumer="w-b")
+    publish_candidate(redis_client, KEYS, SCALE, "scale-2", 1.0, 0.0, Thresholds())
+    wait_loaded(redis_client, "scale-2", 2)
+    with Producer(redis_url, "q") as producer:
+        inputs = [np.array([[float(v), 1.0, 2.0, 3.0]], dtype=np.float32) for v in range(200)]
+        rids = producer.submit_many(inputs)
+        held = kill_while_holding_entries(redis_client, victim, "w-a")
+        replacement = spawn_worker("q", SLOW, *args, consumer="w-c")
+        replies = producer.results(rids, 60)
+        assert held and all(r.ok and r.model_version == "scale-1" for r in replies)
+        assert all(np.array_equal(r.outputs, x * 2) for x, r in zip(inputs, replies))
+        # answered once: nothing pending, no second reply left behind, nothing dead-lettered
+        assert redis_client.xpending(KEYS.requests, "workers")["pending"] == 0
+        assert [k for k in redis_client.scan_iter(match="inferfleet:{q}:*") if b":reply:" in k or b":inbox:" in k] == []
+        assert redis_client.xlen(KEYS.dead) == 0
+        wait_until(lambda: worker_state(redis_client, "w-c") == "scale-2 loaded", "the replacement to load it")
+        stop_process(other)  # only the replacement serves from here
+        before = fleet_compared(redis_client)
+        send(producer, range(20))
+        wait_until(lambda: fleet_compared(redis_client) >= before + 20, "the replacement's 20 comparisons")
+    assert replacement.poll() is None
+    shown = report(redis_url)
+    (pair,) = shown["pairs"]
+    assert (pair["live"], pair["candidate"], pair["agreement"]) == ("scale-1", "scale-2", 1.0)
+    assert before + 20 <= pair["compared"] <= 220 and pair["candidate_errors"] == 0 and pair["verdict"] == "ok"
+    assert shown["workers"] == {"w-c": "scale-2 loaded"}  # the victim's heartbeat expired, w-b left cleanly
+
+
+def test_status_shows_the_candidate_and_each_workers_copy(redis_url, redis_client, spawn_worker):
+    spawn_worker("q", SCALE, *FAST, consumer="w-0")
+    publish_candidate(redis_client, KEYS, TRIPLE, "triple-1", 0.5, 10.0, Thresholds())
+    wait_loaded(redis_client, "triple-1", 1)
+    env = {**worker_env(redis_url), "COLUMNS": "300"}
+    shown = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "q", "--json"], env=env,
+                           cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert shown.returncode == 0, shown.stderr
+    (queue,) = json.loads(shown.stdout)["queues"]
+    assert {k: queue["candidate"][k] for k in ("model", "version", "state", "sample", "canary_percent", "loaded",
+                                               "failed", "workers")} == \
+        {"model": TRIPLE, "version": "triple-1", "state": "canary", "sample": 0.5, "canary_percent": 10.0,
+         "loaded": 1, "failed": 0, "workers": 1}
+    (worker,) = queue["workers"]
+    assert (worker["consumer"], worker["shadow"], worker["shadow_error"]) == ("w-0", "triple-1 loaded", "")
+    table = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "q"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=90)
+    assert table.returncode == 0, table.stderr
+    lines = [line.strip() for line in table.stdout.splitlines()]
+    assert "candidate" in lines  # the candidate's table, by its title
+    assert any(TRIPLE in line and "canary" in line and "10%" in line and "1 of 1" in line for line in lines)
+    assert any(line.startswith("│ w-0") and "triple-1 loaded" in line for line in lines)
 
 
 def test_bad_input_is_refused_clearly(redis_url, redis_client):

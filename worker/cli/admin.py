@@ -28,12 +28,12 @@ __all__ = ["dead", "status"]
 @click.option("--json", "as_json", is_flag=True, envvar="INFERFLEET_STATUS_JSON", show_envvar=True,
               help="Print one JSON document (for scripts) instead of tables.")
 def status(queue: QueueConfig, watch: bool, interval_s: float, as_json: bool) -> None:
-    """Show each queue: length, lag, pending, dead letters, consumers and workers.
+    """Show each queue: length, lag, pending, dead letters, consumers, workers and candidate.
 
     A sharded queue shows each shard (NAME.0, NAME.1 ...) as a queue of its own, a pipelined
-    model each stage (NAME stage 1, ...) with its stream's lag, its workers and their rates.
-    Piped, the tables keep every column (they are not cut to 80 characters); --json prints
-    the same as JSON.
+    model each stage (NAME stage 1, ...) with its stream's lag, its workers and their rates; a
+    candidate version (inferfleet shadow) shows with how many workers have it loaded. Piped,
+    the tables keep every column (not cut to 80 characters); --json prints the same as JSON.
     """
     import time
 

@@ -5,7 +5,10 @@
 found with SCAN when no name is given (on every master of a Redis Cluster);
 each shard of a sharded queue (``NAME.s``) is a queue of its own here, and
 so is each stage of a pipelined model (:func:`with_stages`): its stream,
-lag, workers and rates.
+lag, workers and rates. A candidate version (``inferfleet shadow``) gets a
+table of its own (model, version, state, sample and canary share, how many
+workers have it loaded) and each worker's ``candidate`` column says how that
+worker has it (``VERSION loaded``, ``loading``, ``failed``: why, ``off``).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from inferfleet.producer.sharing import LaneState, read_lanes
 from inferfleet.worker.cli.sharing import read_limits
 from inferfleet.worker.heartbeat import HeartbeatInfo, read_heartbeats
 from inferfleet.worker.keys import MAX_STAGES, StageKeys, stage_keys, supervisor_key
+from inferfleet.worker.serving.rollout import read_candidate
 
-__all__ = ["QueueStatus", "gather", "render", "find_queues", "with_stages"]
+__all__ = ["QueueStatus", "candidate_status", "gather", "render", "find_queues", "with_stages"]
 
 
 @dataclass
@@ -41,6 +45,19 @@ class QueueStatus:
     supervisor: dict[str, str] = field(default_factory=dict)
     lanes: list[LaneState] = field(default_factory=list)  # high, normal, low
     limits: dict[str, Any] = field(default_factory=dict)  # read_limits(): limits in force, per-tenant counts
+    candidate: dict[str, Any] | None = None  # the last candidate published (candidate_status()); None: never one
+
+
+def candidate_status(client: redis.Redis, keys: QueueKeys, workers: list[HeartbeatInfo]) -> dict[str, Any] | None:
+    """The queue's candidate (``inferfleet shadow``) and how many of ``workers`` have it loaded or failed it."""
+    cand = read_candidate(client, keys)
+    if cand is None:
+        return None
+    states = [w.shadow for w in workers]
+    return {"model": cand.model, "version": cand.version, "state": cand.state, "sample": cand.sample,
+            "canary_percent": cand.canary, "reason": cand.reason,
+            "loaded": states.count(f"{cand.version} loaded"), "failed": states.count(f"{cand.version} failed"),
+            "workers": len(workers)}
 
 
 def find_queues(client: redis.Redis, prefix: str) -> list[str]:
@@ -87,7 +104,19 @@ def gather(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
     except redis.exceptions.ResponseError:  # a lane without its group yet
         status.lanes = []
     status.limits = read_limits(client, keys)
+    status.candidate = candidate_status(client, keys, status.workers)
     return status
+
+
+def _candidate_table(cand: dict[str, Any]) -> Table:
+    """The candidate: what it is, its shares, how many workers have it loaded."""
+    table = Table(title="candidate", show_header=True, title_justify="left")
+    for column in ("model", "version", "state", "sample", "canary", "loaded", "failed"):
+        table.add_column(column, justify="left" if column in ("model", "version", "state") else "right")
+    state = cand["state"] + (f" ({cand['reason']})" if cand["reason"] else "")
+    table.add_row(cand["model"], cand["version"], state, f"{cand['sample']:g}", f"{cand['canary_percent']:g}%",
+                  f"{cand['loaded']} of {cand['workers']}", str(cand["failed"]))
+    return table
 
 
 def _sharing_tables(status: QueueStatus) -> list[Table]:
@@ -140,20 +169,22 @@ def render(status: QueueStatus) -> Group:
     summary.add_row(str(status.length), "unknown" if status.lag is None else str(status.lag),
                     str(status.pending), str(status.dead), str(len(status.workers)), sup_text)
     workers = Table(show_header=True, title="workers", title_justify="left")
-    for column in ("consumer", "pid", "host", "device", "version", "state", "req/s", "busy", "requests",
-                   "cache hits", "pending", "idle", "seen"):
+    for column in ("consumer", "pid", "host", "device", "version", "candidate", "state", "req/s", "busy",
+                   "requests", "cache hits", "pending", "idle", "seen"):
         workers.add_column(column, justify="left" if column in ("consumer", "host", "device", "version",
-                                                                  "state") else "right")
+                                                                  "candidate", "state") else "right")
     consumers = {c["name"]: c for c in status.consumers}
     now_ms = time.time() * 1000
     for w in sorted(status.workers, key=lambda w: w.consumer):
         c = consumers.pop(w.consumer, {"pending": 0, "idle_ms": 0})
         version = w.version + (f" [red](swap failed: {w.swap_error})[/red]" if w.swap_error else "")
         hits = "off" if w.cache_hit_rate is None else f"{w.cache_hit_rate:.0%}"
-        workers.add_row(w.consumer, str(w.pid), w.host, w.device, version, w.state, f"{w.rate_rps:,.0f}",
+        copy = (w.shadow or "-") + (f" [red]({w.shadow_error})[/red]" if w.shadow_error else "")
+        workers.add_row(w.consumer, str(w.pid), w.host, w.device, version, copy, w.state, f"{w.rate_rps:,.0f}",
                         f"{w.busy:.0%}", f"{w.requests:,}", hits, str(c["pending"]), _age(c["idle_ms"]),
                         _age(now_ms - w.last_seen_ms) + " ago")
     for name, c in sorted(consumers.items()):  # in the group, but no heartbeat: gone or foreign
-        workers.add_row(f"[yellow]{name}[/yellow]", "-", "-", "-", "-", "no heartbeat", "-", "-", "-", "-",
+        workers.add_row(f"[yellow]{name}[/yellow]", "-", "-", "-", "-", "-", "no heartbeat", "-", "-", "-", "-",
                         str(c["pending"]), _age(c["idle_ms"]), "-")
-    return Group(summary, *_sharing_tables(status), workers)
+    candidate = [_candidate_table(status.candidate)] if status.candidate else []
+    return Group(summary, *_sharing_tables(status), *candidate, workers)

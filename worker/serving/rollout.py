@@ -16,6 +16,10 @@ number that grows with every publish, and a ``state``:
 Each worker adds its comparison totals to the hash of its (live, candidate)
 pair (:func:`flush_stats`, one script call per housekeeping tick) and gets
 the fleet's totals back, on which it decides alerts and canary rollbacks.
+
+Both scripts run by EVALSHA (redis-py's ``register_script``, loading them on
+``NOSCRIPT``), as the reply script does: the worker's ACL user has ``evalsha``
+and ``script|load``, not ``eval`` (docs/security.md).
 """
 
 from __future__ import annotations
@@ -138,8 +142,9 @@ def set_canary(client: redis.Redis, keys: QueueKeys, percent: float) -> Candidat
 
 def end_candidate(client: redis.Redis, keys: QueueKeys, state: str, reason: str, seq: int | None = None) -> bool:
     """Move an active candidate to ``state`` (promoted, stopped, rolled_back); False if none was active."""
-    return bool(client.eval(END_SCRIPT, 1, shadow_key(keys), state, reason, str(_now_ms()),
-                            "" if seq is None else str(seq)))
+    ended = client.register_script(END_SCRIPT)(keys=[shadow_key(keys)],
+                                               args=[state, reason, str(_now_ms()), "" if seq is None else str(seq)])
+    return bool(ended)
 
 
 def flush_stats(client: redis.Redis, keys: QueueKeys, live: str, candidate: str, stats: PairStats) -> PairStats:
@@ -147,7 +152,8 @@ def flush_stats(client: redis.Redis, keys: QueueKeys, live: str, candidate: str,
     args: list[str] = []
     for name, value in stats.fields().items():
         args += [name, repr(float(value)), "max" if name in PairStats.MAXIMA else "sum"]
-    flat = client.eval(FLUSH_SCRIPT, 2, shadow_pair_key(keys, live, candidate), shadow_pairs_key(keys), *args)
+    flat = client.register_script(FLUSH_SCRIPT)(keys=[shadow_pair_key(keys, live, candidate), shadow_pairs_key(keys)],
+                                                args=args)
     return PairStats.from_fields(_text(dict(zip(flat[::2], flat[1::2]))))
 
 

@@ -8,7 +8,8 @@ batch while no candidate is loaded (``ready`` is False):
   raises the divergence alert or rolls a canary back on the fleet's totals, and
   follows the shadow hash: a new candidate is loaded and warmed in a background
   thread (refused when the device has no room for a second copy), an ended one
-  is unloaded;
+  is unloaded. A shadow command Redis refuses (an ACL without it) stops the
+  shadow on this worker with a ``shadow_failed`` alert; serving goes on;
 * :meth:`ShadowRunner.canary_due` / :meth:`ShadowRunner.canary` before a batch:
   the candidate answers ``canary`` percent of batches (their replies name its
   version); a batch it fails on (an exception, NaN or Inf) is counted and
@@ -89,6 +90,7 @@ class ShadowRunner:
         self._pending: list[tuple[list[Request], list[Any], bool]] = []
         self._stats: dict[str, PairStats] = {}  # live version -> this worker's totals since the last flush
         self._alerted = 0  # the seq whose divergence this worker has seen alerted
+        self._refused_seq: int | None = None  # the seq whose shadow Redis refused a command of (-1: no candidate)
 
     # -- the hot path: one test per batch while nothing is loaded ----------------
 
@@ -170,7 +172,33 @@ class ShadowRunner:
     # -- housekeeping: flush, decide, follow the shadow hash --------------------
 
     def poll(self, live: ModelRuntime) -> None:
-        """Every housekeeping tick; Redis errors propagate (the loop waits them out)."""
+        """Every housekeeping tick. An outage propagates (the loop waits it out); a refused
+        command (an ACL without it, a script's command refused) stops the shadow, never the loop."""
+        try:
+            self._follow(live)
+        except redis.exceptions.ResponseError as exc:
+            self._refused(exc)
+
+    def _refused(self, exc: redis.exceptions.ResponseError) -> None:
+        """Stop this worker's shadow (or canary) of the candidate and alert ``shadow_failed``, once per candidate."""
+        spec = self.spec
+        seq = -1 if spec is None else spec.seq
+        if spec is None or self._refused_seq == seq:  # no candidate to stop, or stopped already: log it once
+            if self._refused_seq != seq:
+                log.warning("model %s: Redis refused a shadow command (%s)", self.keys.name, exc)
+            self._refused_seq = seq
+            return
+        self._refused_seq = seq
+        self.ready, self.runtime, self.encoder, self._pending, self._stats = False, None, None, [], {}
+        self.error = f"version {spec.version}: Redis refused a shadow command ({exc}); shadow stopped on this worker"
+        log.error("model %s: %s; serving the live model only", self.keys.name, self.error)
+        try:
+            self.alert([Alert("shadow_failed", self.error, self.settings.consumer, spec.version)])
+        except redis.exceptions.RedisError as alert_exc:
+            log.warning("model %s: the shadow_failed alert was not published: %s", self.keys.name, alert_exc)
+
+    def _follow(self, live: ModelRuntime) -> None:
+        """Flush and judge this worker's comparisons, then follow the shadow hash."""
         self._take_loaded()
         self._flush()
         current = read_candidate(self.client, self.keys)
