@@ -89,7 +89,8 @@ def test_the_cli_without_the_worker_side_names_the_extra_to_install(tmp_path: Pa
                                 "runpy.run_module('inferfleet', run_name='__main__')")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out
-    assert "pip install -e '.[worker]' in an inferfleet checkout" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert "pip install -e '.[worker]' in an inferfleet checkout" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
 
 
 def test_a_regular_install_carries_every_module_under_inferfleet(tmp_path: Path) -> None:
