@@ -104,6 +104,31 @@ def test_an_equal_candidate_agrees_fully_and_is_promoted(redis_url, redis_client
     assert not read_alerts(redis_client, KEYS, kind="shadow_divergence")
 
 
+def test_promote_waits_for_the_comparisons_it_needs_then_decides(redis_url, redis_client, spawn_worker):
+    """Workers add comparisons once a housekeeping tick: --promote right after the traffic waits
+    (up to --wait-s) for --min-compared of them instead of refusing on "nothing compared yet"."""
+    spawn_worker("q", SCALE, *FAST)
+    published = shadow_cli(redis_url, "--model", SCALE, "--version", "scale-2", "--sample", "1",
+                           "--min-compared", "20", "--no-check")
+    assert published.returncode == 0, published.stderr
+    early = shadow_cli(redis_url, "--promote", "--wait-s", "0.5")  # no traffic: waits, then refuses
+    assert early.returncode == 1 and "nothing compared yet" in early.stderr, early.stdout + early.stderr
+    assert "waiting up to 0.5 s for 20 requests compared (0 so far)" in early.stdout
+    # --promote first, the traffic once it says it waits: it must promote on comparisons made after it started
+    promote = subprocess.Popen([sys.executable, "-m", "inferfleet", "shadow", "--name", "q", "--promote",
+                                "--wait-s", "60"], env=worker_env(redis_url), cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert "waiting up to 60 s for 20 requests compared (0 so far)" in promote.stdout.readline()
+        with Producer(redis_url, "q") as producer:
+            send(producer, range(30))
+        out, err = promote.communicate(timeout=90)
+    finally:
+        stop_process(promote)
+    assert promote.returncode == 0 and "candidate scale-2 promoted" in out, out + err
+    assert read_published(redis_client, KEYS).version == "scale-2"
+
+
 def test_a_scaled_candidate_diverges_alerts_and_is_refused_promotion(redis_url, redis_client, spawn_worker):
     spawn_worker("q", SCALE, *FAST)
     published = shadow_cli(redis_url, "--model", TRIPLE, "--sample", "0.5", "--min-compared", "10")

@@ -85,19 +85,15 @@ def _print_report(report: dict[str, Any]) -> None:
 
 def _promote(client: Any, shard_list: list, force: bool, wait_s: float) -> None:
     """Swap every shard to its candidate if the evidence meets the thresholds (or ``force``)."""
-    from inferfleet.worker.serving.comparison import verdict
-    from inferfleet.worker.serving.lifecycle import publish, read_published
-    from inferfleet.worker.serving.rollout import end_candidate, read_candidate, read_pairs
+    from inferfleet.worker.serving.lifecycle import publish
+    from inferfleet.worker.serving.rollout import end_candidate, read_candidate
 
     candidates = []
     for keys in shard_list:
         cand = read_candidate(client, keys)
         if cand is None or not cand.active:
             raise click.ClickException(f"{keys.name}: no active candidate to promote")
-        published = read_published(client, keys)
-        live = published.version if published else serving_pair(client, keys)[1]
-        stats = [s for lv, _, s in read_pairs(client, keys, cand.version) if not live or lv == live]
-        reasons = [r for s in stats for r in verdict(s, cand.thresholds)] if stats else ["nothing compared yet"]
+        reasons = _evidence_against(client, keys, cand, 0.0 if force else wait_s)
         if reasons and not force:
             raise click.ClickException(f"{keys.name}: candidate {cand.version} not promoted: {'; '.join(reasons)} "
                                        f"(--force promotes it anyway)")
@@ -109,6 +105,32 @@ def _promote(client: Any, shard_list: list, force: bool, wait_s: float) -> None:
                    + (" (forced)" if reasons else ""))
     if wait_s and not wait_for(client, shard_list, candidates[0][1].version, wait_s):
         sys.exit(1)
+
+
+def _evidence_against(client: Any, keys: Any, cand: Any, wait_s: float) -> list[str]:
+    """Why ``cand`` may not be promoted on the comparisons in Redis (empty: it may).
+
+    Workers add their comparisons to Redis once a housekeeping tick, so traffic sent just
+    before ``--promote`` may not be counted yet: while the only reason is too few requests
+    compared, wait up to ``wait_s`` for them. Divergence is final at once.
+    """
+    from inferfleet.worker.serving.comparison import verdict
+    from inferfleet.worker.serving.lifecycle import read_published
+    from inferfleet.worker.serving.rollout import read_pairs
+
+    deadline, told = time.monotonic() + wait_s, False
+    while True:
+        published = read_published(client, keys)
+        live = published.version if published else serving_pair(client, keys)[1]
+        stats = [s for lv, _, s in read_pairs(client, keys, cand.version) if not live or lv == live]
+        short = not stats or any(s.compared < cand.thresholds.min_compared for s in stats)
+        if not short or time.monotonic() >= deadline:
+            return [r for s in stats for r in verdict(s, cand.thresholds)] if stats else ["nothing compared yet"]
+        if not told:
+            click.echo(f"{keys.name}: waiting up to {wait_s:g} s for {cand.thresholds.min_compared} requests "
+                       f"compared ({sum(s.compared for s in stats)} so far)")
+            told = True
+        time.sleep(0.2)
 
 
 def _wait_loaded(client: Any, shard_list: list, version: str, timeout_s: float) -> bool:
@@ -159,8 +181,9 @@ def _wait_loaded(client: Any, shard_list: list, version: str, timeout_s: float) 
 @click.option("--min-compared", type=int, default=100, show_default=True, **_env("MIN_COMPARED"),
               help="Requests compared before a promotion, a divergence alert or a rollback on divergence.")
 @click.option("--wait-s", type=float, default=60.0, show_default=True, **_env("WAIT_S"),
-              help="Wait this long for every live worker to load the candidate (--model) or switch to it "
-                   "(--promote); exit status 1 if one did not (0: do not wait).")
+              help="Wait this long for every live worker to load the candidate (--model), or for "
+                   "--min-compared requests compared and every worker to switch (--promote); exit status 1 "
+                   "if one did not (0: do not wait).")
 def shadow(queue: QueueConfig, model: str | None, version: str | None, sample: float, canary: float | None,
            report: bool, as_json: bool, promote: bool, force: bool, stop: bool, check: bool, min_agreement: float,
            max_rel_error: float, min_rank_corr: float, decision_threshold: float, max_error_rate: float,
