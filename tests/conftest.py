@@ -9,9 +9,11 @@ redis-server is an error, never a silent fallback.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -101,6 +103,31 @@ def wait_for_consumer(client: redis.Redis, stream: str, consumer: str, proc: sub
             pass  # group not created yet
         time.sleep(0.05)
     raise TimeoutError(f"consumer {consumer} did not join {stream} within {timeout_s} s")
+
+
+def freeze_while_holding(client: redis.Redis, stream: str, consumer: str, pid: int,
+                         ready: Callable[[], bool] = lambda: True, timeout_s: float = 120) -> None:
+    """SIGSTOP process ``pid`` at a moment its ``consumer`` holds read, unacknowledged entries of
+    ``stream`` (and ``ready()`` holds); the caller then kills it mid-run for sure.
+
+    Seeing a worker hold entries and then killing it races its acknowledgement (CI lost that race
+    on a loaded machine); a stopped process acknowledges nothing, so the check is made again once
+    it is stopped, and it is let go to try again if it acknowledged in between.
+    """
+    from inferfleet.producer.protocol import GROUP
+
+    def holding() -> bool:
+        return bool(client.xpending_range(stream, GROUP, "-", "+", 1, consumername=consumer))
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert time.monotonic() < deadline, f"{consumer} never held entries of {stream}: no kill could land mid-run"
+        if ready() and holding():
+            os.kill(pid, signal.SIGSTOP)
+            if holding():
+                return
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.005)
 
 
 def stop_process(proc: subprocess.Popen, timeout_s: float = 10.0) -> int:

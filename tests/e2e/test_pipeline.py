@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ import torch
 from inferfleet.producer import Producer
 from inferfleet.producer.protocol import GROUP, QueueKeys
 from inferfleet.worker.keys import stage_keys
-from tests.conftest import ROOT, stack_model, stop_process, wait_for_consumer, worker_env
+from tests.conftest import ROOT, freeze_while_holding, stack_model, stop_process, wait_for_consumer, worker_env
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -164,7 +163,7 @@ def test_a_stage_worker_killed_mid_run_loses_nothing_and_answers_nothing_twice(
     sender = threading.Thread(target=lambda: ids.extend(_trickle(producer, inputs)))
     sender.start()
     stream = stage_keys(QueueKeys("chaos"), 1).requests
-    _freeze_while_holding(victim, redis_client, stream)
+    freeze_while_holding(redis_client, stream, victim.consumer, victim.pid)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     held = redis_client.xpending_range(stream, GROUP, "-", "+", 10_000, consumername=victim.consumer)
@@ -179,24 +178,6 @@ def test_a_stage_worker_killed_mid_run_loses_nothing_and_answers_nothing_twice(
     assert leftover_replies(redis_client, "chaos") == 0
     assert nothing_pending(redis_client, "chaos", 3) == [0, 0, 0]
     assert all(proc.poll() is None for proc in others)
-
-
-def _freeze_while_holding(victim: Any, client: redis.Redis, stream: str, timeout_s: float = 120) -> None:
-    """SIGSTOP ``victim`` at a moment it holds read, unacknowledged entries of ``stream``.
-
-    Seeing it hold entries and then killing it races its acknowledgement (CI lost that race on a
-    loaded machine); a stopped process acknowledges nothing, so the check is made again once it is
-    stopped, and it is let go to try again if it acknowledged in between.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert time.monotonic() < deadline, "the victim never held entries: the kill could not land mid-run"
-        if client.xpending_range(stream, GROUP, "-", "+", 1, consumername=victim.consumer):
-            os.kill(victim.pid, signal.SIGSTOP)
-            if client.xpending_range(stream, GROUP, "-", "+", 1, consumername=victim.consumer):
-                return
-            os.kill(victim.pid, signal.SIGCONT)
-        time.sleep(0.005)
 
 
 def _trickle(producer: Producer, inputs: list[np.ndarray]) -> list[str]:

@@ -19,7 +19,7 @@ from inferfleet.worker.serving.alerts import read_alerts
 from inferfleet.worker.serving.comparison import Thresholds
 from inferfleet.worker.serving.lifecycle import read_published
 from inferfleet.worker.serving.rollout import publish_candidate, read_candidate, read_pairs
-from tests.conftest import ROOT, stop_process, worker_env
+from tests.conftest import ROOT, freeze_while_holding, stop_process, worker_env
 
 SCALE, TRIPLE, FRAGILE = "tests.handlers:Scale", "tests.handlers:Triple", "tests.handlers:Fragile"
 SLOW = "tests.handlers:Slow"  # Scale (scale-1) taking SLOW_BATCH_S per batch
@@ -238,10 +238,8 @@ def fleet_compared(client) -> int:
 
 def kill_while_holding_entries(client, proc: subprocess.Popen, consumer: str) -> list[bytes]:
     """SIGKILL ``consumer`` once it holds entries and the fleet has compared some; the entries it held."""
-    def holding() -> bool:
-        return fleet_compared(client) >= 4 and client.xpending_range(KEYS.requests, "workers", "-", "+", 10,
-                                                                     consumername=consumer) != []
-    wait_until(holding, f"{consumer} to hold entries while comparisons come in", timeout_s=30)
+    freeze_while_holding(client, KEYS.requests, consumer, proc.pid, ready=lambda: fleet_compared(client) >= 4,
+                         timeout_s=30)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     return [p["message_id"] for p in client.xpending_range(KEYS.requests, "workers", "-", "+", 100,
