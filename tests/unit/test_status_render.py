@@ -63,3 +63,14 @@ def test_json_gives_the_candidate_and_each_workers_shadow_fields() -> None:
     parsed = json.loads(json.dumps(asdict(status), default=str))
     assert parsed["candidate"] == CANDIDATE
     assert (parsed["workers"][0]["shadow"], parsed["workers"][0]["shadow_error"]) == ("triple-1 failed", "no room")
+
+
+def test_errors_and_reasons_show_literally_even_with_brackets() -> None:
+    """Exception texts carry brackets (``[Errno 2]``, tensor shapes); rich must not read them as markup."""
+    worker = _worker("w1", "triple-1 failed", "[Errno 2] no such file [/red] x[1, 4]")
+    worker.swap_error = "version v9: [bold]Missing[/bold]"
+    status = QueueStatus("q", candidate={**CANDIDATE, "reason": "rolled back: [red]NaN[/red]"}, workers=[worker])
+    text = "\n".join(_text(status))
+    assert "failed ([Errno 2] no such file [/red] x[1, 4])" in text
+    assert "swap failed: version v9: [bold]Missing[/bold]" in text
+    assert "canary (rolled back: [red]NaN[/red])" in text

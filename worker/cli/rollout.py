@@ -39,7 +39,7 @@ _COLUMNS = [("live", "live"), ("candidate", "candidate"), ("compared", "compared
 
 def _report(client: Any, shard_list: list, as_json: bool) -> dict[str, Any]:
     """Every shard's candidate, pairs and workers; printed as a table or JSON."""
-    from inferfleet.worker.heartbeat import heartbeat_key, read_heartbeats
+    from inferfleet.worker.heartbeat import read_heartbeats
     from inferfleet.worker.serving.comparison import verdict
     from inferfleet.worker.serving.rollout import read_candidate, read_pairs
 
@@ -51,8 +51,7 @@ def _report(client: Any, shard_list: list, as_json: bool) -> dict[str, Any]:
             reasons = verdict(stats, cand.thresholds) if cand else []
             pairs.append({"live": live, "candidate": version, **stats.summary(),
                           "verdict": "ok" if not reasons else "; ".join(reasons)})
-        workers = {info.consumer: (client.hget(heartbeat_key(keys, info.consumer), "shadow") or b"").decode()
-                   for info in read_heartbeats(client, keys)}
+        workers = {info.consumer: info.shadow for info in read_heartbeats(client, keys)}
         report[keys.name] = {"candidate": None if cand is None else {
             "model": cand.model, "version": cand.version, "state": cand.state, "sample": cand.sample,
             "canary_percent": cand.canary, "reason": cand.reason, "thresholds": cand.thresholds.__dict__},
@@ -135,13 +134,12 @@ def _evidence_against(client: Any, keys: Any, cand: Any, wait_s: float) -> list[
 
 def _wait_loaded(client: Any, shard_list: list, version: str, timeout_s: float) -> bool:
     """Until every live worker has loaded candidate ``version`` (or failed to); print each one's state."""
-    from inferfleet.worker.heartbeat import heartbeat_key, read_heartbeats
+    from inferfleet.worker.heartbeat import read_heartbeats
 
     done = (f"{version} loaded", f"{version} failed")
     deadline = time.monotonic() + timeout_s
     while True:
-        states = {w.consumer: (client.hget(heartbeat_key(keys, w.consumer), "shadow") or b"").decode()
-                  for keys in shard_list for w in read_heartbeats(client, keys)}
+        states = {w.consumer: w.shadow for keys in shard_list for w in read_heartbeats(client, keys)}
         if all(s in done for s in states.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.2)

@@ -19,6 +19,7 @@ from typing import Any
 
 import redis
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 
 from inferfleet.producer.protocol import GROUP, QueueKeys, workers_group
@@ -113,7 +114,7 @@ def _candidate_table(cand: dict[str, Any]) -> Table:
     table = Table(title="candidate", show_header=True, title_justify="left")
     for column in ("model", "version", "state", "sample", "canary", "loaded", "failed"):
         table.add_column(column, justify="left" if column in ("model", "version", "state") else "right")
-    state = cand["state"] + (f" ({cand['reason']})" if cand["reason"] else "")
+    state = cand["state"] + (f" ({escape(cand['reason'])})" if cand["reason"] else "")
     table.add_row(cand["model"], cand["version"], state, f"{cand['sample']:g}", f"{cand['canary_percent']:g}%",
                   f"{cand['loaded']} of {cand['workers']}", str(cand["failed"]))
     return table
@@ -177,9 +178,9 @@ def render(status: QueueStatus) -> Group:
     now_ms = time.time() * 1000
     for w in sorted(status.workers, key=lambda w: w.consumer):
         c = consumers.pop(w.consumer, {"pending": 0, "idle_ms": 0})
-        version = w.version + (f" [red](swap failed: {w.swap_error})[/red]" if w.swap_error else "")
+        version = w.version + (f" [red](swap failed: {escape(w.swap_error)})[/red]" if w.swap_error else "")
         hits = "off" if w.cache_hit_rate is None else f"{w.cache_hit_rate:.0%}"
-        copy = (w.shadow or "-") + (f" [red]({w.shadow_error})[/red]" if w.shadow_error else "")
+        copy = (w.shadow or "-") + (f" [red]({escape(w.shadow_error)})[/red]" if w.shadow_error else "")
         workers.add_row(w.consumer, str(w.pid), w.host, w.device, version, copy, w.state, f"{w.rate_rps:,.0f}",
                         f"{w.busy:.0%}", f"{w.requests:,}", hits, str(c["pending"]), _age(c["idle_ms"]),
                         _age(now_ms - w.last_seen_ms) + " ago")
