@@ -41,7 +41,7 @@ try:  # redis-py's parser internals: without them, every reply goes through read
 except ImportError:  # pragma: no cover - other redis-py versions
     NOT_ENOUGH_DATA = _HiredisParser = _AsyncHiredisParser = None  # type: ignore[assignment,misc]
 
-__all__ = ["Round", "run", "arun"]
+__all__ = ["Round", "arun", "pack_command", "run"]
 
 #: get_connection() takes no arguments from redis-py 5.3 on; older ones use the pipeline.
 _DIRECT = tuple(int(part) for part in redis.__version__.split(".")[:2]) >= (5, 3)
@@ -104,7 +104,7 @@ class Round:
             elif op[0] == "lpop":
                 out.append(_pack_lpop(op[1], op[2]))
             elif op[0] == "command":
-                out.append(_pack_command(op[1]))
+                out.append(pack_command(op[1]))
             elif op[0] == "blpop":
                 parts = [b"BLPOP", *(key.encode() for key in op[1]), op[2].encode()]
                 out.append(b"*%d\r\n%s" % (len(parts), b"".join(_bulk(part) for part in parts)))
@@ -144,7 +144,8 @@ def _pack_xadds(stream: str, rids: Sequence[str], bodies: Sequence[bytes], field
     return b"".join([template % (len(rid), rid, len(body), body) for rid, body in zip(map(str.encode, rids), bodies)])
 
 
-def _pack_command(args: Sequence[Any]) -> bytes:
+def pack_command(args: Sequence[Any]) -> bytes:
+    """One command as RESP (bytes as they are, anything else as its ``str``)."""
     parts = [arg if isinstance(arg, bytes) else str(arg).encode() for arg in args]
     return b"*%d\r\n%s" % (len(parts), b"".join([_bulk(part) for part in parts]))
 

@@ -68,6 +68,8 @@ for i = 2, #KEYS do
 end
 return {pushed, failed}
 """
+GROUPED = open("/tmp/probe/grouped.lua").read()
+RUNS = open("/tmp/probe/runs.lua").read()
 NO_EXPIRE = REPLY_SCRIPT.replace("redis.call('PEXPIRE', key, ttl)", "local _ = key")
 FUNCTION = ("#!lua name=inferfleet_bench\n"
             "local function reply(KEYS, ARGV)\n" + REPLY_SCRIPT + "\nend\n"
@@ -98,7 +100,8 @@ def pending_entries(client: redis.Redis, entries: int) -> list[bytes]:
 
 def answer(client: redis.Redis, variant: str, ids: list[bytes], batch: int) -> None:
     scripts = {"script": REPLY_SCRIPT, "script-inbox": REPLY_SCRIPT, "no-expire": NO_EXPIRE,
-               "inline": INLINE, "inline-inbox": INLINE}
+               "inline": INLINE, "inline-inbox": INLINE, "grouped": GROUPED, "grouped-inbox": GROUPED,
+               "runs": RUNS, "runs-inbox": RUNS}
     sha = client.script_load(scripts.get(variant, REPLY_SCRIPT))
     for start in range(0, len(ids), batch):
         part = ids[start:start + batch]
@@ -113,8 +116,11 @@ def answer(client: redis.Redis, variant: str, ids: list[bytes], batch: int) -> N
             pipe.execute()
             continue
         args: list = [GROUP, 300_000]
-        for entry_id in part:
-            args += [entry_id, PAYLOAD]
+        if variant.startswith("runs"):
+            args += part + [PAYLOAD] * len(part)
+        else:
+            for entry_id in part:
+                args += [entry_id, PAYLOAD]
         if variant == "function":
             client.fcall("reply", len(keys) + 1, STREAM, *keys, *args)
         else:

@@ -150,6 +150,8 @@ class Consumer:
         self.recovery = Recovery(client, self.keys, settings, self.counters)
         self.cache_round = CacheRound(self.results, self.counters)
         self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
+        if not self.prefetch:  # a read-ahead thread reads while this one writes: nothing may be held between
+            self.replies.send_behind_reads()
         self.computer = BatchComputer(settings, runtime, self.results, self.cache_round, self.replies,
                                       self.counters, self.row_limit)
         self.lanes = LaneReader(self.keys)
@@ -169,12 +171,13 @@ class Consumer:
             try:
                 if not self._ready:
                     self.prepare()
-                self.run_once()
+                self._round()  # its replies may stay held for the next round's read (behind.py)
                 backoff = 0.1
             except _RETRYABLE as exc:
                 log.warning("%s (%s); retrying in %.1f s", _describe_outage(exc), exc, backoff)
                 self.work.replay_own()
                 self.lanes.drop_held()
+                self.replies.drop_held()
                 self._prefetched = []  # still pending on us: the replay brings them back
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -182,6 +185,7 @@ class Consumer:
                 if "NOGROUP" not in str(exc):
                     raise
                 log.warning("stream or group %s vanished; recreating it", self.keys.requests)
+                self.replies.drop_held()
                 self._ready = False
         self._finish_prefetched()
         if self._pool is not None:
@@ -191,13 +195,16 @@ class Consumer:
                  self.settings.consumer, self.counters.requests, self.counters.batches)
 
     def _finish_prefetched(self) -> None:
-        """Answer what was read ahead before stopping (best effort: else it is taken over)."""
+        """Answer what was read ahead, and write the replies held for the next read, before stopping
+        or switching models (best effort: else another consumer takes them over)."""
         try:
             if self._prefetched:
                 items, self._prefetched = self._prefetched, []
                 self._answer(items)
+            self.replies.settle()
         except redis.exceptions.RedisError as exc:
-            log.warning("consumer %s could not answer its read-ahead entries: %s", self.settings.consumer, exc)
+            log.warning("consumer %s could not answer its read-ahead or held entries: %s",
+                        self.settings.consumer, exc)
 
     def leave(self) -> bool:
         """Leave the group if this consumer holds no pending entries (:func:`leave_group`)."""
@@ -215,10 +222,20 @@ class Consumer:
                  self.keys.requests, self.settings.max_batch_rows, self.settings.max_wait_ms)
 
     def run_once(self) -> int:
-        """One round: collect entries, answer them, acknowledge. Returns entries handled."""
+        """One round: collect entries, answer them, acknowledge. Returns entries handled.
+
+        Every reply of the round is written when it returns; :meth:`run` lets
+        a fast-path round's replies go out with the next round's read instead.
+        """
+        handled = self._round()
+        self.replies.settle()
+        return handled
+
+    def _round(self) -> int:
         if self.watcher is not None:
             self._maybe_switch()
         if self.work.replay_due():
+            self.replies.settle()  # what it holds is pending on us too: answer it before the replay
             self._prefetched = []  # pending on us too: they come back among the suspects
             self.lanes.drop_held()
             self.work.replay_own_pending()
@@ -290,7 +307,11 @@ class Consumer:
         # never block in Redis, which ends a short BLOCK only at its next timer tick
         # (up to 100 ms with the default hz 10); collect() sleeps between polls instead.
         block = self.settings.idle_block_ms if timeout_s is None else None
-        entries, lanes = self.lanes.read(self.redis, self.settings.consumer, count, block)
+        entries, lanes = self._read_behind(count)
+        if not entries:
+            if block is not None:  # never wait for entries with replies held
+                self.replies.settle()
+            entries, lanes = self.lanes.read(self.redis, self.settings.consumer, count, block)
         self.work.read_said(self.lanes.cancels)
         now_ms = time.time() * 1000.0
         special = lanes is not None or self.work.limits.active or self.lanes.cancels
@@ -303,6 +324,15 @@ class Consumer:
         if special:
             self.work.after_read(self.intake, entries, items, lanes)
         return items if self.hooks is None else self.hooks.read(entries, items)
+
+    def _read_behind(self, count: int) -> tuple[list, list[int] | None]:
+        """A read (not blocking) with the last round's held reply call behind it, in one write (behind.py)."""
+        behind = self.replies.behind
+        packed = self.lanes.packed_read(self.settings.consumer, count) if behind and behind.unsent else None
+        if behind is None or packed is None:
+            return [], None
+        response, cancels = behind.send_with(packed, 2)
+        return self.lanes.take(response, cancels, count)
 
     def _run_suspect(self, delivery: Delivery, lane: int = NORMAL) -> int:
         """Compute one entry whose previous holder died, alone, counting the attempt.

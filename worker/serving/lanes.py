@@ -33,6 +33,7 @@ import redis
 
 from inferfleet.producer.protocol import GROUP, QueueKeys
 from inferfleet.producer.sharing import PRIORITIES, cancels_key, lane_keys
+from inferfleet.producer.transport import pack_command
 
 __all__ = ["NORMAL", "WEIGHTS", "LaneReader", "favoured_order", "lane_view", "pick"]
 
@@ -113,8 +114,6 @@ class LaneReader:
     def read(self, client: redis.Redis, consumer: str, count: int,
              block: int | None) -> tuple[list[Entry], list[int] | None]:
         """One read of up to ``count`` entries; ``block`` ms as XREADGROUP takes it (None: do not block)."""
-        order = favoured_order(self.reads)
-        self.reads += 1
         wanted = [stream for lane, stream in enumerate(self.streams) if not self.held[lane]]
         if self.holding:
             block = None  # something is ready now
@@ -123,8 +122,24 @@ class LaneReader:
             pipe.xreadgroup(GROUP, consumer, dict.fromkeys(wanted, ">"), count=count, block=block)
         pipe.exists(self.cancels_key)
         *response, cancels = pipe.execute()
+        return self.take(response[0] if response else None, cancels, count)
+
+    def packed_read(self, consumer: str, count: int) -> bytes | None:
+        """:meth:`read`'s commands, not blocking, as RESP to send with others (None while entries are held).
+
+        Their two answers go to :meth:`take`.
+        """
+        if self.holding:
+            return None
+        return (pack_command(["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count, "STREAMS", *self.streams,
+                              *(">" * len(self.streams))]) + pack_command(["EXISTS", self.cancels_key]))
+
+    def take(self, response: Any, cancels: Any, count: int) -> tuple[list[Entry], list[int] | None]:
+        """What :meth:`read` returns, from the answers to its XREADGROUP and EXISTS."""
+        order = favoured_order(self.reads)
+        self.reads += 1
         self.cancels = bool(cancels)
-        found = _by_stream(response[0] if response else None)
+        found = _by_stream(response)
         if not self.holding and (not found or (len(found) == 1 and self._lane_of[found[0][0]] == NORMAL)):
             entries = found[0][1] if found else []
             self.taken[NORMAL] += len(entries)

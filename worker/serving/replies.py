@@ -26,6 +26,7 @@ import redis
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import GROUP, QueueKeys, ReplyTemplate, encode_reply_error
 from inferfleet.worker.counters import Counters
+from inferfleet.worker.serving.behind import BehindRead
 from inferfleet.worker.serving.columns import Columns
 from inferfleet.worker.serving.deadletter import DEAD_MAXLEN
 from inferfleet.worker.serving.intake import Answer
@@ -95,6 +96,7 @@ class ReplyWriter:
         self._script = client.register_script(REPLY_SCRIPT)
         # the script's call packed by hand (a Columns batch) where the client is one plain Redis
         self._direct = isinstance(client, redis.Redis) and getattr(client, "connection", None) is None
+        self.behind: BehindRead | None = None  # Columns calls held for the next read (send_behind_reads)
 
     def load(self) -> None:
         """Load the script now (at start: a missing permission shows before the first reply)."""
@@ -104,6 +106,7 @@ class ReplyWriter:
         """Reply and XACK every answer in one atomic script call (dead letters first)."""
         if not answers:
             return
+        self.settle()  # a held call first: replies go out in the order they were computed
         dead = [a.dead for a in answers if a.dead is not None]
         if dead:  # dead letter first: a crash before the reply duplicates it, never loses it
             pipe = self.redis.pipeline(transaction=False)
@@ -137,8 +140,35 @@ class ReplyWriter:
                 rid=rid.decode("ascii")) for i, (entry_id, rid, key)
                 in enumerate(zip(cols.entry_ids, cols.rids, cols.reply_keys))])
             return
-        args = _packed_pairs(cols, template, tail, data, ReplyTemplate.queued_bytes(waits))
-        pushed, failed = self._call_packed(cols.reply_keys, args)
+        packed = self._packed_call(cols.reply_keys, _packed_pairs(cols, template, tail, data,
+                                                                  ReplyTemplate.queued_bytes(waits)))
+        if self.behind is not None:  # goes out with the next read (behind.py)
+            self.behind.hold(packed, lambda pushed, failed: self._columns_done(cols, pushed, failed))
+            return
+        pushed, failed = self._call_packed(packed)
+        self._columns_done(cols, int(pushed), [int(i) for i in failed])
+
+    def send_behind_reads(self) -> None:
+        """Hold each Columns round's call until the next read (:mod:`~inferfleet.worker.serving.behind`).
+
+        Only on a plain Redis client (a cluster routes the call itself), and
+        only for a consumer whose reads and writes take turns on one thread.
+        """
+        if self._direct:
+            self.behind = BehindRead(self.redis, self._call_packed, self.load)
+
+    def settle(self) -> None:
+        """Write the replies held for the next read now (see :meth:`send_behind_reads`)."""
+        if self.behind is not None:
+            self.behind.settle()
+
+    def drop_held(self) -> None:
+        """Forget a held call after a lost connection: its entries are pending on us, and replayed."""
+        if self.behind is not None:
+            self.behind.drop()
+
+    def _columns_done(self, cols: Columns, pushed: int, failed: list[int]) -> None:
+        """Count a Columns round's replies and answer those whose key held another type elsewhere."""
         self.counters.replied_ok(len(cols) - len(failed))
         if pushed < len(cols) - len(failed):
             self.counters.replies_skipped(len(cols) - len(failed) - pushed)
@@ -148,20 +178,22 @@ class ReplyWriter:
             self._reply_elsewhere([Answer(cols.entry_ids[i], cols.reply_keys[i].decode("ascii"), None, True,
                                           rid=cols.rids[i].decode("ascii")) for i in failed])
 
-    def _call_packed(self, reply_keys: list[bytes], packed_args: bytes) -> tuple[int, list[int]]:
-        """EVALSHA the reply script over ``reply_keys`` and the RESP-packed (entry id, payload) pairs."""
+    def _packed_call(self, reply_keys: list[bytes], packed_args: bytes) -> bytes:
+        """The reply script's EVALSHA over ``reply_keys`` and the RESP-packed (entry id, payload) pairs."""
         count = len(reply_keys)
         head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%b\r\n%b%b" % (
             3 * count + 6, self._script.sha.encode("ascii"), _bulk(b"%d" % (count + 1)),
             _bulk(self.keys.requests.encode()))
-        packed = b"".join((head, _bulks(reply_keys), _bulk(GROUP.encode()), _bulk(b"%d" % self.reply_ttl_ms),
-                           packed_args))
+        return b"".join((head, _bulks(reply_keys), _bulk(GROUP.encode()), _bulk(b"%d" % self.reply_ttl_ms),
+                         packed_args))
+
+    def _call_packed(self, packed: bytes) -> Any:
+        """Send a packed EVALSHA of the reply script and return its answer (loading the script if Redis lost it)."""
         try:
-            pushed, failed = self._send(packed)
+            return self._send(packed)
         except redis.exceptions.NoScriptError:
             self.load()  # Redis restarted or flushed its scripts
-            pushed, failed = self._send(packed)
-        return int(pushed), [int(i) for i in failed]
+            return self._send(packed)
 
     def _send(self, packed: bytes) -> Any:
         pool = self.redis.connection_pool
