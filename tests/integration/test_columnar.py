@@ -31,7 +31,7 @@ from tests.handlers import POISON
 
 def consumer_on(redis_url: str, model: str, **overrides) -> Consumer:
     settings = WorkerSettings(name="q", model=model, redis_url=redis_url, consumer="c1", warmup_iters=1,
-                              idle_block_ms=50, **overrides)
+                              **{"idle_block_ms": 50, **overrides})
     consumer = Consumer(settings, load_runtime(settings), worker_client(redis_url))
     consumer.prepare()
     return consumer

@@ -309,7 +309,7 @@ class Consumer:
         block = self.settings.idle_block_ms if timeout_s is None else None
         entries, lanes = self._read_behind(count)
         if not entries:
-            if block is not None:  # never wait for entries with replies held
+            if block is not None:  # never wait for entries with a held call's answer unread (its counts, its errors)
                 self.replies.settle()
             entries, lanes = self.lanes.read(self.redis, self.settings.consumer, count, block)
         self.work.read_said(self.lanes.cancels)

@@ -1,0 +1,163 @@
+"""The fast path's reply call held for the next read (worker/serving/behind.py), on a real redis-server.
+
+``Consumer.run`` lets a Columns round's EVALSHA go out in the same write as
+the next read. These tests check that the loop really does so, that a held
+call never waits on an idle queue, that a held call lost with its connection
+still ends in exactly one reply per request, and that a script Redis lost
+while the call was out is loaded and sent again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+from inferfleet.producer import Producer
+from inferfleet.producer.protocol import GROUP, decode_reply, encode_body
+from inferfleet.worker.serving.behind import BehindRead
+from tests.integration.test_columnar import consumer_on
+
+BODY = encode_body(np.ones((1, 16), np.float32))
+
+
+@pytest.fixture
+def sends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the reads that carried a held reply call."""
+    calls: list[int] = []
+    send_with = BehindRead.send_with
+
+    def counted(self, before, answers):
+        calls.append(answers)
+        return send_with(self, before, answers)
+
+    monkeypatch.setattr(BehindRead, "send_with", counted)
+    return calls
+
+
+def warmed(consumer):
+    """``consumer`` once it has answered a first request (its body template is known: the next reads are Columns)."""
+    consumer.redis.xadd(consumer.keys.requests, {"id": "warm", "body": BODY})
+    assert consumer.run_once() == 1
+    return consumer
+
+
+def serve(consumer):
+    stop = threading.Event()
+    thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def test_the_loop_sends_replies_behind_reads(redis_url, redis_client, models_dir, sends):
+    consumer = consumer_on(redis_url, str(models_dir / "affine.pt"), max_batch_rows=16)
+    inputs = [np.full((1, 16), i, np.float32) for i in range(400)]
+    stop, thread = serve(consumer)
+    try:
+        with Producer(redis_url, "q") as producer:
+            replies = producer.map(inputs, timeout_s=30)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert [r.ok for r in replies] == [True] * 400
+    model = torch.jit.load(str(models_dir / "affine.pt"))
+    with torch.no_grad():
+        for x, reply in zip(inputs, replies):
+            np.testing.assert_allclose(reply.outputs, model(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert len(sends) >= 5, "rounds under load send their replies with the next read"
+    assert int(redis_client.xpending(consumer.keys.requests, GROUP)["pending"]) == 0
+
+
+def test_a_held_call_never_waits_for_new_entries(redis_url, redis_client, models_dir):
+    """The loop blocks 5 s on an idle queue: a lone request's reply must not wait for that block to end."""
+    consumer = consumer_on(redis_url, str(models_dir / "affine.pt"), idle_block_ms=5000)
+    assert consumer.replies.behind is not None
+    stop, thread = serve(consumer)
+    try:
+        time.sleep(0.3)  # the loop is blocked in its idle read
+        for i in range(3):
+            started = time.monotonic()
+            redis_client.xadd(consumer.keys.requests, {"id": f"lone{i}", "body": BODY})
+            popped = redis_client.blpop([consumer.keys.reply(f"lone{i}")], timeout=4)
+            assert popped is not None, "the reply was held until the idle block ended"
+            assert decode_reply(popped[1]).ok
+            assert time.monotonic() - started < 2.5
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_a_held_call_lost_with_its_connection_is_answered_once(redis_url, redis_client, models_dir):
+    consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt")))
+    keys = consumer.keys
+    for i in range(30):
+        redis_client.xadd(keys.requests, {"id": f"a{i}", "body": BODY})
+    assert consumer._round() == 30  # answered, the call held
+    assert redis_client.exists(keys.reply("a0")) == 0
+    for i in range(30):
+        redis_client.xadd(keys.requests, {"id": f"b{i}", "body": BODY})
+    assert consumer._round() == 30  # a's call went out behind b's read; b's is held
+    redis_client.client_kill_filter(_type="normal", skipme=True)  # the worker's connections, mid-flight
+    stop, thread = serve(consumer)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if int(redis_client.xpending(keys.requests, GROUP)["pending"]) == 0:
+                break
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(10)
+    lengths = [redis_client.llen(keys.reply(f"{p}{i}")) for p in "ab" for i in range(30)]
+    assert lengths == [1] * 60
+    assert int(redis_client.xpending(keys.requests, GROUP)["pending"]) == 0
+
+
+def test_a_script_lost_while_the_call_was_out_is_sent_again(redis_url, redis_client, models_dir):
+    consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt")))
+    keys = consumer.keys
+    for i in range(10):
+        redis_client.xadd(keys.requests, {"id": f"a{i}", "body": BODY})
+    assert consumer._round() == 10
+    assert redis_client.exists(keys.reply("a0")) == 0  # held
+    redis_client.script_flush()  # the held call will find no script
+    redis_client.xadd(keys.requests, {"id": "b0", "body": BODY})
+    consumer._round()  # a's call out behind the read (NOSCRIPT), loaded and sent again when settled
+    consumer.replies.settle()
+    assert [redis_client.llen(keys.reply(f"a{i}")) for i in range(10)] == [1] * 10
+    assert redis_client.llen(keys.reply("b0")) == 1
+    assert int(redis_client.xpending(keys.requests, GROUP)["pending"]) == 0
+
+
+def test_run_once_writes_its_replies_before_returning(redis_url, redis_client, models_dir):
+    consumer = consumer_on(redis_url, str(models_dir / "affine.pt"))
+    for i in range(5):
+        redis_client.xadd(consumer.keys.requests, {"id": f"r{i}", "body": BODY})
+    assert consumer.run_once() == 5
+    assert [redis_client.llen(consumer.keys.reply(f"r{i}")) for i in range(5)] == [1] * 5
+
+
+def test_a_prefetching_consumer_holds_nothing(redis_url, models_dir):
+    """The read-ahead thread reads while the main thread writes: no call may be held between them."""
+    assert consumer_on(redis_url, str(models_dir / "affine.pt"), prefetch="on").replies.behind is None
+
+
+def test_behind_read_drop_closes_the_connection_of_a_sent_call(redis_url, redis_client):
+    client = redis.Redis.from_url(redis_url)
+    done: list[tuple[int, list[int]]] = []
+    behind = BehindRead(client, lambda packed: client.execute_command("EVAL", "return {1, {}}", 0), lambda: None)
+    behind.hold(b"*3\r\n$4\r\nEVAL\r\n$14\r\nreturn {2, {}}\r\n$1\r\n0\r\n", lambda p, f: done.append((p, f)))
+    assert behind.unsent
+    (pong,) = behind.send_with(b"*1\r\n$4\r\nPING\r\n", 1)
+    assert pong in (b"PONG", "PONG", True) and not behind.unsent
+    behind.settle()
+    assert done == [(2, [])]
+    behind.hold(b"*3\r\n$4\r\nEVAL\r\n$14\r\nreturn {3, {}}\r\n$1\r\n0\r\n", lambda p, f: done.append((p, f)))
+    behind.send_with(b"*1\r\n$4\r\nPING\r\n", 1)
+    behind.drop()
+    behind.settle()  # nothing held any more
+    assert done == [(2, [])]
