@@ -13,6 +13,10 @@ entries really pending in a stream (a private redis-server; its CPU time from
 * ``function``: the same script as a Redis Function (FCALL);
 * ``inline``, ``inline-inbox``: PEXPIRE right after each answered push,
   skipped while the key repeats the previous one (no table of keys);
+* ``grouped``, ``grouped-inbox``: one RPUSH per distinct key (payloads
+  gathered in a Lua table), then an XACK per entry, LREM to take one back;
+* ``runs``, ``runs-inbox``: one RPUSH per run of entries to the same key,
+  unpacked straight from ARGV (ids first, then payloads), then an XACK per entry;
 * ``no-expire``: without PEXPIRE (what the TTL costs);
 * ``plain``: RPUSH + EXPIRE per reply and one XACK for the batch in a
   pipeline, no exactly-once check (the plain worker's commands).
@@ -68,8 +72,97 @@ for i = 2, #KEYS do
 end
 return {pushed, failed}
 """
-GROUPED = open("/tmp/probe/grouped.lua").read()
-RUNS = open("/tmp/probe/runs.lua").read()
+#: one RPUSH per distinct reply key (payloads gathered in a table), then XACK each entry, LREM to take back
+GROUPED = """
+local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
+local keys, lists = {}, {}
+for i = 2, #KEYS do
+  local payload = ARGV[2 * i]
+  if payload ~= '' then
+    local key = KEYS[i]
+    local list = lists[key]
+    if list == nil then
+      list = {}
+      lists[key] = list
+      keys[#keys + 1] = key
+    end
+    list[#list + 1] = payload
+  end
+end
+local refused, err = {}, nil
+for _, key in ipairs(keys) do
+  local list = lists[key]
+  for s = 1, #list, 1024 do
+    local res = redis.pcall('RPUSH', key, unpack(list, s, math.min(s + 1023, #list)))
+    if type(res) == 'table' and res.err then
+      refused[key] = true
+      if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then err = err or res.err end
+      break
+    end
+  end
+end
+local pushed, failed = 0, {}
+for i = 2, #KEYS do
+  local id, payload, key = ARGV[2 * i - 1], ARGV[2 * i], KEYS[i]
+  if payload == '' then
+    redis.call('XACK', stream, group, id)
+  elseif refused[key] then
+    if not err then failed[#failed + 1] = i - 2 end
+  elseif redis.call('XACK', stream, group, id) == 1 then
+    pushed = pushed + 1
+  else
+    redis.call('LREM', key, -1, payload)
+  end
+end
+for _, key in ipairs(keys) do
+  if not refused[key] then redis.call('PEXPIRE', key, ttl) end
+end
+if err then return redis.error_reply(err) end
+return {pushed, failed}
+"""
+#: one RPUSH per run of entries to the same key, straight from ARGV (ids first, then payloads), then XACK each
+RUNS = """
+local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
+local n = #KEYS - 1
+local at = 2 + n  -- ARGV[at + i] is entry i's payload, ARGV[2 + i] its id
+local refused, err, i = {}, nil, 1
+while i <= n do
+  local key, j = KEYS[i + 1], i
+  if ARGV[at + i] ~= '' then
+    while j < n and KEYS[j + 2] == key and ARGV[at + j + 1] ~= '' do j = j + 1 end
+    for s = i, j, 1024 do
+      local res = redis.pcall('RPUSH', key, unpack(ARGV, at + s, at + math.min(s + 1023, j)))
+      if type(res) == 'table' and res.err then
+        for k = i, j do refused[k] = true end
+        if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then err = err or res.err end
+        break
+      end
+    end
+  end
+  i = j + 1
+end
+local pushed, failed, last = 0, {}, nil
+for i = 1, n do
+  local id, payload, key = ARGV[2 + i], ARGV[at + i], KEYS[i + 1]
+  if payload == '' then
+    redis.call('XACK', stream, group, id)
+  elseif refused[i] then
+    if not err then failed[#failed + 1] = i - 1 end
+  else
+    if redis.call('XACK', stream, group, id) == 1 then
+      pushed = pushed + 1
+    else
+      redis.call('LREM', key, -1, payload)
+    end
+    if key ~= last then
+      redis.call('PEXPIRE', key, ttl)
+      last = key
+    end
+  end
+end
+if err then return redis.error_reply(err) end
+return {pushed, failed}
+"""
 NO_EXPIRE = REPLY_SCRIPT.replace("redis.call('PEXPIRE', key, ttl)", "local _ = key")
 FUNCTION = ("#!lua name=inferfleet_bench\n"
             "local function reply(KEYS, ARGV)\n" + REPLY_SCRIPT + "\nend\n"
@@ -145,7 +238,8 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--variants", default="script,inline,script-inbox,inline-inbox,function,no-expire,plain")
+    parser.add_argument("--variants", default="script,inline,grouped,runs,script-inbox,inline-inbox,grouped-inbox,"
+                                               "runs-inbox,function,no-expire,plain")
     args = parser.parse_args()
     variants = args.variants.split(",")
     results: dict[str, list[float]] = {v: [] for v in variants}
