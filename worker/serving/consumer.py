@@ -307,7 +307,7 @@ class Consumer:
         # never block in Redis, which ends a short BLOCK only at its next timer tick
         # (up to 100 ms with the default hz 10); collect() sleeps between polls instead.
         block = self.settings.idle_block_ms if timeout_s is None else None
-        entries, lanes = self._read_behind(count)
+        entries, lanes = self.lanes.read_behind(self.replies.behind, self.settings.consumer, count)
         if not entries:
             if block is not None:  # never wait for entries with a held call's answer unread (its counts, its errors)
                 self.replies.settle()
@@ -324,15 +324,6 @@ class Consumer:
         if special:
             self.work.after_read(self.intake, entries, items, lanes)
         return items if self.hooks is None else self.hooks.read(entries, items)
-
-    def _read_behind(self, count: int) -> tuple[list, list[int] | None]:
-        """A read (not blocking) with the last round's held reply call behind it, in one write (behind.py)."""
-        behind = self.replies.behind
-        packed = self.lanes.packed_read(self.settings.consumer, count) if behind and behind.unsent else None
-        if behind is None or packed is None:
-            return [], None
-        response, cancels = behind.send_with(packed, 2)
-        return self.lanes.take(response, cancels, count)
 
     def _run_suspect(self, delivery: Delivery, lane: int = NORMAL) -> int:
         """Compute one entry whose previous holder died, alone, counting the attempt.

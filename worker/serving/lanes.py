@@ -34,6 +34,7 @@ import redis
 from inferfleet.producer.protocol import GROUP, QueueKeys
 from inferfleet.producer.sharing import PRIORITIES, cancels_key, lane_keys
 from inferfleet.producer.transport import pack_command
+from inferfleet.worker.serving.behind import BehindRead
 
 __all__ = ["NORMAL", "WEIGHTS", "LaneReader", "favoured_order", "lane_view", "pick"]
 
@@ -124,15 +125,18 @@ class LaneReader:
         *response, cancels = pipe.execute()
         return self.take(response[0] if response else None, cancels, count)
 
-    def packed_read(self, consumer: str, count: int) -> bytes | None:
-        """:meth:`read`'s commands, not blocking, as RESP to send with others (None while entries are held).
+    def read_behind(self, behind: BehindRead | None, consumer: str,
+                    count: int) -> tuple[list[Entry], list[int] | None]:
+        """:meth:`read`, not blocking, with ``behind``'s unsent reply call after it in one write (behind.py).
 
-        Their two answers go to :meth:`take`.
+        Nothing (``[]``) where no call waits to go out or entries are held.
         """
-        if self.holding:
-            return None
-        return (pack_command(["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count, "STREAMS", *self.streams,
-                              *(">" * len(self.streams))]) + pack_command(["EXISTS", self.cancels_key]))
+        if behind is None or not behind.unsent or self.holding:
+            return [], None
+        packed = pack_command(["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count, "STREAMS", *self.streams,
+                               *(">" * len(self.streams))]) + pack_command(["EXISTS", self.cancels_key])
+        response, cancels = behind.send_with(packed, 2)
+        return self.take(response, cancels, count)
 
     def take(self, response: Any, cancels: Any, count: int) -> tuple[list[Entry], list[int] | None]:
         """What :meth:`read` returns, from the answers to its XREADGROUP and EXISTS."""
