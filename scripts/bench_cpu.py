@@ -23,6 +23,7 @@ Two kinds of run, each repeated ``--runs`` times with the targets interleaved
     python scripts/bench_cpu.py --kind drain --requests 100000 --runs 3
     python scripts/bench_cpu.py --kind sdk --requests 60000 --runs 3
     python scripts/bench_cpu.py --model models/ctr.pt --kind sdk   # CTR inputs are made from its example
+    python scripts/bench_cpu.py --kind sdk --commandstats   # and redis-server's time per command
 """
 
 from __future__ import annotations
@@ -159,33 +160,45 @@ def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str,
         try:
             wait_joined(client, proc, "fleet-0")
             call = _sdk_call(mode, server.url, inputs)
+            client.config_resetstat()
             worker0, redis0, client0 = cpu_s(proc.pid), cpu_s(server.pid), time.process_time()
             started = time.perf_counter()
             ok = call()
             wall = time.perf_counter() - started
             client_s = time.process_time() - client0
             worker_s, redis_s = cpu_s(proc.pid) - worker0, cpu_s(server.pid) - redis0
+            commands = client.info("commandstats")
         finally:
             proc.terminate()
             proc.wait(30)
     n = len(inputs)
     if ok != n:
         raise RuntimeError(f"{mode}: {n - ok} of {n} replies were errors")
-    return {"client_us": client_s / n * 1e6, "worker_us": worker_s / n * 1e6, "redis_us": redis_s / n * 1e6,
-            "rps": n / wall}
+    row = {"client_us": client_s / n * 1e6, "worker_us": worker_s / n * 1e6, "redis_us": redis_s / n * 1e6,
+           "rps": n / wall}
+    if args.commandstats:  # redis-server's own time per command, a request's share (INFO commandstats)
+        row.update({f"{name.removeprefix('cmdstat_')}_us": stats["usec"] / n for name, stats in commands.items()
+                    if stats["usec"] / n >= 0.01})
+    return row
+
+
+#: Figures read from /proc (10 ms ticks: a tenth of a us a request at best); commandstats' are in us.
+_CPU_COLUMNS = {"client_us", "worker_us", "redis_us", "redis_xadd_us", "rps", "drain_rps"}
 
 
 def median_rows(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    return {target: {k: statistics.median(run[target][k] for run in runs) for k in runs[0][target]}
+    """Each target's median of each figure over the runs (a figure some run lacks counts as 0 there)."""
+    return {target: {k: statistics.median(run[target].get(k, 0.0) for run in runs)
+                     for k in dict.fromkeys(k for run in runs for k in run[target])}
             for target in runs[0]}
 
 
 def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
-    columns = list(next(iter(rows.values())))
+    columns = list(dict.fromkeys(c for row in rows.values() for c in row))
     print(f"\n{title}")
     print(" | ".join(["target", *columns]))
     for target, row in rows.items():
-        print(" | ".join([target, *(f"{row[c]:,.1f}" for c in columns)]))
+        print(" | ".join([target, *(f"{row.get(c, 0.0):,.{1 if c in _CPU_COLUMNS else 2}f}" for c in columns)]))
 
 
 def main() -> None:
@@ -198,6 +211,8 @@ def main() -> None:
     parser.add_argument("--targets", default="fleet,plain", help="drain targets, comma-separated: fleet, plain")
     parser.add_argument("--modes", default="map,submit_many,async", help="sdk modes: map, submit_many, async")
     parser.add_argument("--worker-arg", action="append", default=[], help="extra inferfleet worker option")
+    parser.add_argument("--commandstats", action="store_true",
+                        help="sdk runs: also redis-server's time per command (INFO commandstats), us a request")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--json", dest="json_out", default=None, help="write every run and the medians here")
     args = parser.parse_args()

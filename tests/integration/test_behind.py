@@ -161,3 +161,27 @@ def test_behind_read_drop_closes_the_connection_of_a_sent_call(redis_url, redis_
     behind.drop()
     behind.settle()  # nothing held any more
     assert done == [(2, [])]
+
+
+def test_a_held_call_refused_by_a_full_redis_leaves_its_entries_pending(redis_url, redis_client, models_dir):
+    """maxmemory (noeviction) below what Redis holds: the held script is refused when it goes out,
+    nothing of it is acknowledged, and the replay answers every entry once Redis has room."""
+    consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt")))
+    keys = consumer.keys
+    for i in range(10):
+        redis_client.xadd(keys.requests, {"id": f"a{i}", "body": BODY})
+    assert consumer._round() == 10  # held
+    used = int(redis_client.info("memory")["used_memory"])
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    redis_client.config_set("maxmemory", used // 2)
+    try:
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            consumer.replies.settle()
+        assert int(redis_client.xpending(keys.requests, GROUP)["pending"]) == 10
+        assert redis_client.exists(*(keys.reply(f"a{i}") for i in range(10))) == 0
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    consumer.work.replay_own()  # what the loop does after an outage: its own pending entries again
+    assert sum(consumer.run_once() for _ in range(20)) == 10
+    assert [redis_client.llen(keys.reply(f"a{i}")) for i in range(10)] == [1] * 10
+    assert int(redis_client.xpending(keys.requests, GROUP)["pending"]) == 0

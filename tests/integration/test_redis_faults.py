@@ -93,14 +93,19 @@ def test_a_full_redis_is_waited_out_without_losing_replies(redis_url, redis_clie
 
 
 def test_redis_full_for_several_backoff_rounds_dead_letters_nothing(redis_url, redis_client, models_dir, caplog):
-    """Held at maxmemory >= 6 s under load: each failed reply write makes the worker replay its own
-    pending entries; those retries are not deliveries, so no innocent request is dead-lettered."""
+    """Full for >= 6 s under load: each failed reply write makes the worker replay its own
+    pending entries; those retries are not deliveries, so no innocent request is dead-lettered.
+
+    maxmemory is set well below what Redis holds, so that every reply write of the period is
+    refused (pinned at what it holds, memory hovers around the limit and whether a reply is
+    refused is a matter of timing)."""
     caplog.set_level(logging.WARNING, logger="inferfleet.worker.serving.consumer")
     settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=redis_url,
                               consumer="c1", idle_block_ms=100, warmup_iters=1, max_deliveries=3)
     consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
+    consumer.prepare()  # joined before Redis is full: the rounds that fail are reply writes
     producer = Producer(redis_url, "q")
-    accepted: list[str] = []
+    accepted: list[str] = producer.submit_many([np.ones((1, 16), np.float32)] * 50)
     stop, stop_load = threading.Event(), threading.Event()
 
     def load() -> None:  # a steady stream of requests; the ones Redis refuses while full are not accepted
@@ -113,13 +118,11 @@ def test_redis_full_for_several_backoff_rounds_dead_letters_nothing(redis_url, r
 
     threads = [threading.Thread(target=consumer.run, args=(stop,), daemon=True),
                threading.Thread(target=load, daemon=True)]
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    redis_client.config_set("maxmemory", int(redis_client.info("memory")["used_memory"]) // 2)
     for thread in threads:
         thread.start()
     try:
-        while len(accepted) < 50:
-            time.sleep(0.05)
-        redis_client.config_set("maxmemory-policy", "noeviction")
-        redis_client.config_set("maxmemory", int(redis_client.info("memory")["used_memory"]))
         time.sleep(6.5)  # full for several of the worker's backoff rounds (0.1, 0.2, 0.4 ... s)
         redis_client.config_set("maxmemory", 0)
         stop_load.set()
