@@ -146,7 +146,7 @@ def test_a_prefetching_consumer_holds_nothing(redis_url, models_dir):
     assert consumer_on(redis_url, str(models_dir / "affine.pt"), prefetch="on").replies.behind is None
 
 
-def test_behind_read_drop_closes_the_connection_of_a_sent_call(redis_url, redis_client):
+def test_behind_read_reports_a_sent_call_once_and_closes_a_dropped_ones_connection(redis_url, redis_client):
     client = redis.Redis.from_url(redis_url)
     done: list[tuple[int, list[int]]] = []
     behind = BehindRead(client, lambda packed: client.execute_command("EVAL", "return {1, {}}", 0), lambda: None)
@@ -158,7 +158,9 @@ def test_behind_read_drop_closes_the_connection_of_a_sent_call(redis_url, redis_
     assert done == [(2, [])]
     behind.hold(b"*3\r\n$4\r\nEVAL\r\n$14\r\nreturn {3, {}}\r\n$1\r\n0\r\n", lambda p, f: done.append((p, f)))
     behind.send_with(b"*1\r\n$4\r\nPING\r\n", 1)
+    conn = behind._held.conn
     behind.drop()
+    assert conn._sock is None, "its answer is still on the way: the connection must not be read again"
     behind.settle()  # nothing held any more
     assert done == [(2, [])]
 
