@@ -17,6 +17,9 @@ entries really pending in a stream (a private redis-server; its CPU time from
   gathered in a Lua table), then an XACK per entry, LREM to take one back;
 * ``runs``, ``runs-inbox``: one RPUSH per run of entries to the same key,
   unpacked straight from ARGV (ids first, then payloads), then an XACK per entry;
+* ``pcheck``, ``pcheck-inbox``: one XPENDING over the batch's id range for
+  this consumer instead of an XACK each; when it lists exactly the batch,
+  every reply is pushed and all are acknowledged by one XACK;
 * ``no-expire``: without PEXPIRE (what the TTL costs);
 * ``plain``: RPUSH + EXPIRE per reply and one XACK for the batch in a
   pipeline, no exactly-once check (the plain worker's commands).
@@ -163,6 +166,32 @@ end
 if err then return redis.error_reply(err) end
 return {pushed, failed}
 """
+#: one XPENDING over the batch's id range (this consumer's entries) instead of an XACK each: when it lists
+#: exactly the batch, push every reply and XACK them all in one call (the fallback is not measured here)
+PCHECK = """
+local stream, group, ttl, me = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local n = #KEYS - 1
+local function id(i) return ARGV[2 + 2 * i] end
+local function payload(i) return ARGV[3 + 2 * i] end
+local mine = redis.call('XPENDING', stream, group, id(1), id(n), n, me)
+local fast = #mine == n
+if fast then
+  for i = 1, n do
+    if mine[i][1] ~= id(i) or payload(i) == '' then fast = false break end
+  end
+end
+if not fast then return redis.error_reply('slow path not in this variant') end
+local last = nil
+for i = 1, n do
+  local key = KEYS[i + 1]
+  redis.call('RPUSH', key, payload(i))
+  if key ~= last then redis.call('PEXPIRE', key, ttl) last = key end
+end
+local ids = {}
+for i = 1, n do ids[i] = id(i) end
+redis.call('XACK', stream, group, unpack(ids))
+return {n, {}}
+"""
 NO_EXPIRE = REPLY_SCRIPT.replace("redis.call('PEXPIRE', key, ttl)", "local _ = key")
 FUNCTION = ("#!lua name=inferfleet_bench\n"
             "local function reply(KEYS, ARGV)\n" + REPLY_SCRIPT + "\nend\n"
@@ -194,7 +223,7 @@ def pending_entries(client: redis.Redis, entries: int) -> list[bytes]:
 def answer(client: redis.Redis, variant: str, ids: list[bytes], batch: int) -> None:
     scripts = {"script": REPLY_SCRIPT, "script-inbox": REPLY_SCRIPT, "no-expire": NO_EXPIRE,
                "inline": INLINE, "inline-inbox": INLINE, "grouped": GROUPED, "grouped-inbox": GROUPED,
-               "runs": RUNS, "runs-inbox": RUNS}
+               "runs": RUNS, "runs-inbox": RUNS, "pcheck": PCHECK, "pcheck-inbox": PCHECK}
     sha = client.script_load(scripts.get(variant, REPLY_SCRIPT))
     for start in range(0, len(ids), batch):
         part = ids[start:start + batch]
@@ -208,7 +237,7 @@ def answer(client: redis.Redis, variant: str, ids: list[bytes], batch: int) -> N
             pipe.xack(STREAM, GROUP, *part)
             pipe.execute()
             continue
-        args: list = [GROUP, 300_000]
+        args: list = [GROUP, 300_000] + (["c"] if variant.startswith("pcheck") else [])
         if variant.startswith("runs"):
             args += part + [PAYLOAD] * len(part)
         else:
@@ -239,7 +268,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--variants", default="script,inline,grouped,runs,script-inbox,inline-inbox,grouped-inbox,"
-                                               "runs-inbox,function,no-expire,plain")
+                                               "runs-inbox,pcheck,pcheck-inbox,function,no-expire,plain")
     args = parser.parse_args()
     variants = args.variants.split(",")
     results: dict[str, list[float]] = {v: [] for v in variants}
