@@ -20,6 +20,7 @@ import torch
 from inferfleet.producer import Producer
 from inferfleet.producer.protocol import GROUP, decode_reply, encode_body
 from inferfleet.worker.serving.behind import BehindRead
+from inferfleet.worker.serving.replies import ReplyWriter
 from tests.integration.test_columnar import consumer_on
 
 BODY = encode_body(np.ones((1, 16), np.float32))
@@ -72,9 +73,18 @@ def test_the_loop_sends_replies_behind_reads(redis_url, redis_client, models_dir
     assert int(redis_client.xpending(consumer.keys.requests, GROUP)["pending"]) == 0
 
 
-def test_a_held_call_never_waits_for_new_entries(redis_url, redis_client, models_dir):
-    """The loop blocks 5 s on an idle queue: a lone request's reply must not wait for that block to end."""
-    consumer = consumer_on(redis_url, str(models_dir / "affine.pt"), idle_block_ms=5000)
+def test_a_held_call_never_waits_for_new_entries(redis_url, redis_client, models_dir, monkeypatch):
+    """The loop blocks 5 s on an idle queue: a lone request's reply must not wait for that block to
+    end, and neither must the script's answer (the round's counts, an error) be left unread."""
+    settled: list[int] = []
+    columns_done = ReplyWriter._columns_done
+
+    def counted(self, cols, pushed, failed):
+        settled.append(pushed)
+        return columns_done(self, cols, pushed, failed)
+
+    monkeypatch.setattr(ReplyWriter, "_columns_done", counted)
+    consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt"), idle_block_ms=5000))
     assert consumer.replies.behind is not None
     stop, thread = serve(consumer)
     try:
@@ -85,7 +95,9 @@ def test_a_held_call_never_waits_for_new_entries(redis_url, redis_client, models
             popped = redis_client.blpop([consumer.keys.reply(f"lone{i}")], timeout=4)
             assert popped is not None, "the reply was held until the idle block ended"
             assert decode_reply(popped[1]).ok
-            assert time.monotonic() - started < 2.5
+            while len(settled) < i + 1 and time.monotonic() - started < 2.5:
+                time.sleep(0.01)
+            assert settled == [1] * (i + 1), "the script's answer waited for the idle block"
     finally:
         stop.set()
         thread.join(10)
