@@ -33,7 +33,7 @@ from redis.retry import Retry
 
 from inferfleet.producer.connections import HEALTH_CHECK_INTERVAL_S, MAX_BLOCK_S, client_options, redis_url
 
-__all__ = ["admin_client", "redis_url", "stream_entries", "worker_client"]
+__all__ = ["admin_client", "checkout", "read_answer", "redis_url", "stream_entries", "worker_client"]
 
 
 def _connect(url: str, cluster: bool, block_s: float, health_check_s: int = 0) -> redis.Redis:
@@ -78,3 +78,26 @@ def admin_client(url: str | None = None, cluster: bool = False) -> redis.Redis:
     most :data:`~inferfleet.producer.connections.MAX_BLOCK_S` each; no health check
     (the ``operator`` ACL user may not PING)."""
     return _connect(redis_url(url), cluster, MAX_BLOCK_S)
+
+
+#: Whether ConnectionPool.get_connection() takes no command name (redis-py 5.3 on).
+_NAMELESS_CONNECTIONS = tuple(int(part) for part in redis.__version__.split(".")[:2]) >= (5, 3)
+
+
+def checkout(pool: redis.ConnectionPool) -> Any:
+    """A connection of ``pool`` for packed commands sent by hand (give it back with :func:`read_answer`)."""
+    # redis-py 5.3 and newer take no command name (and warn when given one); older ones need one
+    return pool.get_connection() if _NAMELESS_CONNECTIONS else pool.get_connection("EVALSHA")
+
+
+def read_answer(pool: redis.ConnectionPool, conn: Any) -> Any:
+    """Read one answer on ``conn``, then give it back to ``pool``, closed unless the answer was read whole."""
+    try:
+        return conn.read_response()
+    except redis.exceptions.ResponseError:
+        raise  # an error answer, read whole: the connection is fine
+    except BaseException:
+        conn.disconnect()  # the answer may still come: this connection must not be read again
+        raise
+    finally:
+        pool.release(conn)

@@ -27,6 +27,8 @@ from typing import Any
 import redis
 from redis.connection import AbstractConnection
 
+from inferfleet.worker.connections import checkout, read_answer
+
 __all__ = ["BehindRead"]
 
 #: What a held call does with the script's answer: (pushed, failed indexes) -> None.
@@ -72,7 +74,7 @@ class BehindRead:
         """
         held = self._held
         assert held is not None and held.conn is None, "send_with needs an unsent call"
-        conn = self.pool.get_connection()
+        conn = checkout(self.pool)
         try:
             conn.send_packed_command([before, held.packed])
             out = [conn.read_response() for _ in range(answers)]
@@ -96,20 +98,12 @@ class BehindRead:
         held.done(int(pushed), [int(i) for i in failed])
 
     def _read(self, held: _Held) -> Any:
-        conn = held.conn
-        assert conn is not None
+        assert held.conn is not None
         try:
-            return conn.read_response()
+            return read_answer(self.pool, held.conn)
         except redis.exceptions.NoScriptError:
             self._load()  # Redis restarted or flushed its scripts: nothing ran, send it again
             return self._send(held.packed)
-        except redis.exceptions.ResponseError:
-            raise  # an error answer, read whole: the connection is fine
-        except BaseException:
-            conn.disconnect()  # the answer may still come: this connection must not be read again
-            raise
-        finally:
-            self.pool.release(conn)
 
     def drop(self) -> None:
         """Forget the held call (after a lost connection: its entries come back in the replay)."""

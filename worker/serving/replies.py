@@ -25,6 +25,7 @@ import redis
 
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import GROUP, QueueKeys, ReplyTemplate, encode_reply_error
+from inferfleet.worker.connections import checkout, read_answer
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.serving.behind import BehindRead
 from inferfleet.worker.serving.columns import Columns
@@ -197,18 +198,14 @@ class ReplyWriter:
 
     def _send(self, packed: bytes) -> Any:
         pool = self.redis.connection_pool
-        # redis-py 5.3 and newer take no command name (and warn when given one); older ones need it
-        conn = pool.get_connection() if _NAMELESS_CONNECTIONS else pool.get_connection("EVALSHA")
+        conn = checkout(pool)
         try:
             conn.send_packed_command([packed])
-            return conn.read_response()
-        except redis.exceptions.ResponseError:
-            raise  # an error reply, read whole: the connection is fine
         except BaseException:
-            conn.disconnect()  # the reply may still arrive: this connection must not be read again
-            raise
-        finally:
+            conn.disconnect()  # part of it may have gone: this connection must not be read again
             pool.release(conn)
+            raise
+        return read_answer(pool, conn)
 
     def _run_script(self, answers: list[Answer]) -> tuple[int, list[int]]:
         keys = [self.keys.requests]
@@ -269,10 +266,6 @@ def _packed_pairs(cols: Columns, template: ReplyTemplate, tail: bytes, data: byt
             a, b, c, d = around[len(rid)]
             extend((id_heads[len(entry_id)], entry_id, a, rid, b, out, c, wait, d))
     return b"".join(pieces)
-
-
-#: Whether ConnectionPool.get_connection() takes no command name (redis-py 5.3 on).
-_NAMELESS_CONNECTIONS = tuple(int(part) for part in redis.__version__.split(".")[:2]) >= (5, 3)
 
 
 def _bulk(value: bytes) -> bytes:
