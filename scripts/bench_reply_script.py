@@ -198,6 +198,11 @@ FUNCTION = ("#!lua name=inferfleet_bench\n"
             "redis.register_function('reply', reply)\n")
 
 
+#: Every variant --variants may name.
+VARIANTS = ("script", "inline", "grouped", "runs", "pcheck", "script-inbox", "inline-inbox", "grouped-inbox",
+            "runs-inbox", "pcheck-inbox", "function", "no-expire", "plain")
+
+
 def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
@@ -267,10 +272,12 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--variants", default="script,inline,grouped,runs,script-inbox,inline-inbox,grouped-inbox,"
-                                               "runs-inbox,pcheck,pcheck-inbox,function,no-expire,plain")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     args = parser.parse_args()
     variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     results: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.runs):  # interleaved, so a noisy minute touches every variant
         for variant in variants:
