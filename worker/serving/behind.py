@@ -70,7 +70,8 @@ class BehindRead:
 
         Returns the answers to ``before``; the call's own answer is read by
         :meth:`settle`. On any error the connection is closed and the call
-        forgotten: its entries are still pending on this consumer.
+        forgotten: if it reached Redis it ran whole, else its entries are still
+        pending on this consumer (the replay answers them).
         """
         held = self._held
         assert held is not None and held.conn is None, "send_with needs an unsent call"
