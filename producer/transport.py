@@ -41,10 +41,10 @@ try:  # redis-py's parser internals: without them, every reply goes through read
 except ImportError:  # pragma: no cover - other redis-py versions
     NOT_ENOUGH_DATA = _HiredisParser = _AsyncHiredisParser = None  # type: ignore[assignment,misc]
 
-__all__ = ["Round", "arun", "pack_command", "run"]
+__all__ = ["NAMELESS_CONNECTIONS", "Round", "arun", "pack_command", "run"]
 
-#: get_connection() takes no arguments from redis-py 5.3 on; older ones use the pipeline.
-_DIRECT = tuple(int(part) for part in redis.__version__.split(".")[:2]) >= (5, 3)
+#: Whether ConnectionPool.get_connection() takes no command name (redis-py 5.3 on); older ones use the pipeline.
+NAMELESS_CONNECTIONS = tuple(int(part) for part in redis.__version__.split(".")[:2]) >= (5, 3)
 _SYNC_READ = AbstractConnection.read_response
 _ASYNC_READ = AsyncConnection.read_response
 
@@ -182,7 +182,7 @@ def _raise_first_error(replies: list[Any]) -> list[Any]:
 
 
 def _direct(client: Any, plain: type) -> bool:
-    return _DIRECT and isinstance(client, plain) and getattr(client, "connection", None) is None
+    return NAMELESS_CONNECTIONS and isinstance(client, plain) and getattr(client, "connection", None) is None
 
 
 # --------------------------------------------------------------------------- sync

@@ -32,6 +32,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from inferfleet.producer.connections import HEALTH_CHECK_INTERVAL_S, MAX_BLOCK_S, client_options, redis_url
+from inferfleet.producer.transport import NAMELESS_CONNECTIONS
 
 __all__ = ["admin_client", "checkout", "read_answer", "redis_url", "stream_entries", "worker_client"]
 
@@ -80,14 +81,10 @@ def admin_client(url: str | None = None, cluster: bool = False) -> redis.Redis:
     return _connect(redis_url(url), cluster, MAX_BLOCK_S)
 
 
-#: Whether ConnectionPool.get_connection() takes no command name (redis-py 5.3 on).
-_NAMELESS_CONNECTIONS = tuple(int(part) for part in redis.__version__.split(".")[:2]) >= (5, 3)
-
-
 def checkout(pool: redis.ConnectionPool) -> Any:
     """A connection of ``pool`` for packed commands sent by hand (give it back with :func:`read_answer`)."""
     # redis-py 5.3 and newer take no command name (and warn when given one); older ones need one
-    return pool.get_connection() if _NAMELESS_CONNECTIONS else pool.get_connection("EVALSHA")
+    return pool.get_connection() if NAMELESS_CONNECTIONS else pool.get_connection("EVALSHA")
 
 
 def read_answer(pool: redis.ConnectionPool, conn: Any) -> Any:
