@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 import redis
 
@@ -9,7 +10,7 @@ from inferfleet.producer.protocol import GROUP, QueueKeys
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.serving.consumer import ensure_group
 from inferfleet.worker.serving.intake import Answer
-from inferfleet.worker.serving.replies import ReplyWriter
+from inferfleet.worker.serving.replies import RUN_MAX, ReplyWriter
 
 KEYS = QueueKeys("replies")
 TTL_S = 60
@@ -51,3 +52,62 @@ def test_a_full_redis_refuses_the_whole_call_and_the_round_is_retried(redis_clie
     assert redis_client.xpending(KEYS.requests, GROUP)["pending"] == 2
     writer.write(answers)  # the retried round answers both, with their TTL
     assert all(0 < redis_client.pttl(KEYS.reply(f"r{n}")) <= TTL_S * 1000 for n in range(2))
+
+
+def _answers(ids: list[bytes], keys: list[str]) -> list[Answer]:
+    return [Answer(i, k, b"reply %d" % n, True, rid=f"r{n}") for n, (i, k) in enumerate(zip(ids, keys))]
+
+
+def test_a_run_to_one_inbox_takes_back_exactly_the_replies_another_worker_gave_first(
+        redis_client: redis.Redis) -> None:
+    """Replies in a row to one inbox are pushed by one RPUSH; those whose entry was already
+    acknowledged (answered elsewhere) come out again, the rest stay in order, after what was there."""
+    ids = _pending(redis_client, 6)
+    inbox = KEYS.inbox("p1")
+    redis_client.rpush(inbox, b"from another worker")
+    redis_client.xack(KEYS.requests, GROUP, ids[1], ids[4])  # answered by another worker
+    writer = ReplyWriter(redis_client, KEYS, TTL_S, ("m", "1"), Counters())
+    writer.write(_answers(ids, [inbox] * 6))
+    assert redis_client.lrange(inbox, 0, -1) == [b"from another worker", b"reply 0", b"reply 2", b"reply 3",
+                                                 b"reply 5"]
+    assert 0 < redis_client.pttl(inbox) <= TTL_S * 1000
+    assert writer.counters.skipped == 2
+    assert redis_client.xpending(KEYS.requests, GROUP)["pending"] == 0
+
+
+def test_a_run_whose_every_entry_was_answered_elsewhere_leaves_the_inbox_as_it_was(
+        redis_client: redis.Redis) -> None:
+    ids = _pending(redis_client, 3)
+    inbox, other = KEYS.inbox("p1"), KEYS.inbox("p2")
+    redis_client.xack(KEYS.requests, GROUP, *ids)
+    ReplyWriter(redis_client, KEYS, TTL_S, ("m", "1"), Counters()).write(
+        _answers(ids, [inbox, inbox, other]))
+    assert not redis_client.exists(inbox, other)  # nothing pushed stands, and no key is left behind
+
+
+def test_runs_are_cut_at_the_unpack_limit_and_at_acknowledge_only_entries(redis_client: redis.Redis) -> None:
+    """A round of more replies to one inbox than Lua's unpack takes (about 8,000) still goes out whole."""
+    count = 8200
+    assert count > 8 * RUN_MAX
+    ids = _pending(redis_client, count)
+    inbox = KEYS.inbox("p1")
+    answers = _answers(ids, [inbox] * count)
+    answers[5] = Answer(ids[5], None, None)  # acknowledge only (a cancelled request, say)
+    ReplyWriter(redis_client, KEYS, TTL_S, ("m", "1"), Counters()).write(answers)
+    assert redis_client.lrange(inbox, 0, -1) == [b"reply %d" % n for n in range(count) if n != 5]
+    assert redis_client.xpending(KEYS.requests, GROUP)["pending"] == 0
+
+
+def test_a_run_to_a_key_of_another_type_is_answered_bad_request_at_each_default_key(
+        redis_client: redis.Redis) -> None:
+    ids = _pending(redis_client, 4)
+    inbox = KEYS.inbox("p1")
+    redis_client.set(inbox, "not a list")
+    ReplyWriter(redis_client, KEYS, TTL_S, ("m", "1"), Counters()).write(
+        _answers(ids, [KEYS.reply("r0"), inbox, inbox, inbox]))
+    assert redis_client.lrange(KEYS.reply("r0"), 0, -1) == [b"reply 0"]
+    for n in (1, 2, 3):
+        (reply,) = redis_client.lrange(KEYS.reply(f"r{n}"), 0, -1)
+        assert msgpack.unpackb(reply)["error"]["code"] == "bad_request"
+    assert redis_client.get(inbox) == b"not a list"
+    assert redis_client.xpending(KEYS.requests, GROUP)["pending"] == 0

@@ -36,47 +36,80 @@ __all__ = ["REPLY_SCRIPT", "BatchEncoder", "ReplyWriter"]
 
 log = logging.getLogger(__name__)
 
+#: The most replies one RPUSH of the reply script pushes (Lua's unpack is bounded by its C stack, 8,000).
+RUN_MAX = 1024
+
 #: KEYS = [stream, reply_key...]; ARGV = [group, ttl_ms, (entry_id, payload)...].
-#: An empty payload means "acknowledge only". The reply is pushed first and
-#: taken back if the XACK finds the entry already answered (so exactly one
-#: reply stands); a push that fails (the key holds another type) leaves the
-#: entry pending and unacknowledged (a non-list key: answered elsewhere; any
-#: other error, such as Redis out of memory, aborts the round, which is retried).
-#: Each reply key gets its TTL once, after its replies (a shared inbox takes
-#: many in one call; the state the atomic call leaves is the same), also when
-#: the call stops early on an error.
+#: An empty payload means "acknowledge only". A reply is pushed first and
+#: taken back if the XACK finds its entry already answered (so exactly one
+#: reply stands). Consecutive replies to one key (a producer's inbox) are one
+#: run: one RPUSH of the whole run (at most RUN_MAX), then an XACK each; if
+#: some were answered already, RPOP takes the run back (it is the list's tail:
+#: the call is atomic) and one RPUSH puts back the replies that stand. A lone
+#: reply is pushed on its own and taken back with RPOP. A push that
+#: fails because the key holds another type leaves its run pending and
+#: unacknowledged (answered elsewhere); any other error, such as Redis out of
+#: memory, aborts the call, which is retried: one RPUSH is all or nothing, and
+#: every run before it is pushed and acknowledged. A key gets its TTL after
+#: each run of it that answered anything.
 #: Returns {pushed, {failed 0-based indexes}}.
 REPLY_SCRIPT = """
 local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
-local pushed, failed, answered = 0, {}, {}
-local function expire_answered()
-  for key in pairs(answered) do
-    redis.call('PEXPIRE', key, ttl)
-  end
-end
-for i = 2, #KEYS do
-  local id, payload = ARGV[2 * i - 1], ARGV[2 * i]
+local call, pcall = redis.call, redis.pcall
+local n = #KEYS - 1
+local pushed, failed, i = 0, {}, 1
+while i <= n do
+  local key, payload = KEYS[i + 1], ARGV[2 * i + 2]
   if payload == '' then
-    redis.call('XACK', stream, group, id)
-  else
-    local res = redis.pcall('RPUSH', KEYS[i], payload)
-    if type(res) == 'table' and res.err then
-      if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then
-        expire_answered()  -- what this call answered keeps its TTL
-        return redis.error_reply(res.err)  -- out of memory and the like: retry the round later
-      end
-      table.insert(failed, i - 2)
-    elseif redis.call('XACK', stream, group, id) == 1 then
-      answered[KEYS[i]] = true
+    call('XACK', stream, group, ARGV[2 * i + 1])
+    i = i + 1
+  elseif KEYS[i + 2] ~= key then  -- a lone reply: a key of its own, the common case of submit
+    local res = pcall('RPUSH', key, payload)
+    if type(res) == 'table' then
+      if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then return redis.error_reply(res.err) end
+      failed[#failed + 1] = i - 1
+    elseif call('XACK', stream, group, ARGV[2 * i + 1]) == 1 then
       pushed = pushed + 1
+      call('PEXPIRE', key, ttl)
     else
-      redis.call('RPOP', KEYS[i])
+      call('RPOP', key)
     end
+    i = i + 1
+  else  -- a run of replies to one key (an inbox): entries i..j
+    local run, j = {payload}, i
+    while j < n and j - i < RUN_MAX - 1 and KEYS[j + 2] == key and ARGV[2 * j + 4] ~= '' do
+      j = j + 1
+      run[#run + 1] = ARGV[2 * j + 2]
+    end
+    local res = pcall('RPUSH', key, unpack(run))
+    if type(res) == 'table' then
+      if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then return redis.error_reply(res.err) end
+      for k = i, j do failed[#failed + 1] = k - 1 end
+    else
+      local before, taken = pushed, nil
+      for k = i, j do
+        if call('XACK', stream, group, ARGV[2 * k + 1]) == 1 then
+          pushed = pushed + 1
+        else
+          taken = taken or {}
+          taken[k] = true
+        end
+      end
+      if taken then  -- another worker answered some first: take the run back, push again the rest
+        call('RPOP', key, j - i + 1)
+        local keep = {}
+        for k = i, j do
+          if not taken[k] then keep[#keep + 1] = ARGV[2 * k + 2] end
+        end
+        if #keep > 0 then call('RPUSH', key, unpack(keep)) end
+      end
+      if pushed > before then call('PEXPIRE', key, ttl) end
+    end
+    i = j + 1
   end
 end
-expire_answered()
 return {pushed, failed}
-"""
+""".replace("RUN_MAX", str(RUN_MAX))
 
 
 class ReplyWriter:
