@@ -50,6 +50,7 @@ from inferfleet import AsyncProducer, Producer  # noqa: E402
 from inferfleet.producer.protocol import encode_body, workers_group  # noqa: E402
 from inferfleet.worker.bench.load import bench_inputs  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
+from scripts.callgrind_redis import CallgrindRedis  # noqa: E402
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 NAME = "cpu"
@@ -154,12 +155,16 @@ def _sdk_call(mode: str, url: str, inputs: list[Any]) -> Callable[[], int]:
 
 
 def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str, float]:
+    if args.callgrind:
+        return sdk_count(mode, args, inputs)
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
         proc = start_worker("fleet", server.url, args.model, args.max_batch_rows, args.worker_arg)
         try:
             wait_joined(client, proc, "fleet-0")
             call = _sdk_call(mode, server.url, inputs)
+            for _ in range(args.warmup):  # unmeasured: Redis's heap and the worker's reach their working size
+                call()
             client.config_resetstat()
             worker0, redis0, client0 = cpu_s(proc.pid), cpu_s(server.pid), time.process_time()
             started = time.perf_counter()
@@ -172,8 +177,7 @@ def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str,
             proc.terminate()
             proc.wait(30)
     n = len(inputs)
-    if ok != n:
-        raise RuntimeError(f"{mode}: {n - ok} of {n} replies were errors")
+    _check_ok(mode, ok, n)
     row = {"client_us": client_s / n * 1e6, "worker_us": worker_s / n * 1e6, "redis_us": redis_s / n * 1e6,
            "rps": n / wall}
     if args.commandstats:  # redis-server's own time per command, a request's share (INFO commandstats)
@@ -182,8 +186,36 @@ def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str,
     return row
 
 
+def sdk_count(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str, float]:
+    """redis-server's instructions per request (callgrind) for one SDK call; commands per request beside."""
+    with CallgrindRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        proc = start_worker("fleet", server.url, args.model, args.max_batch_rows, args.worker_arg)
+        try:
+            wait_joined(client, proc, "fleet-0", timeout_s=300)
+            call = _sdk_call(mode, server.url, inputs)
+            client.config_resetstat()
+            with server.counting() as count:
+                ok = call()
+            commands = client.info("commandstats")
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    n = len(inputs)
+    _check_ok(mode, ok, n)
+    row = {"redis_instructions": count.instructions / n}
+    row.update({f"{name.removeprefix('cmdstat_')}_calls": stats["calls"] / n for name, stats in commands.items()
+                if name not in ("cmdstat_config", "cmdstat_info") and stats["calls"] / n >= 0.001})
+    return row
+
+
+def _check_ok(mode: str, ok: int, n: int) -> None:
+    if ok != n:
+        raise RuntimeError(f"{mode}: {n - ok} of {n} replies were errors")
+
+
 #: Figures read from /proc (10 ms ticks: a tenth of a us a request at best); commandstats' are in us.
-_CPU_COLUMNS = {"client_us", "worker_us", "redis_us", "redis_xadd_us", "rps", "drain_rps"}
+_CPU_COLUMNS = {"client_us", "worker_us", "redis_us", "redis_xadd_us", "rps", "drain_rps", "redis_instructions"}
 
 
 def median_rows(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -213,6 +245,12 @@ def main() -> None:
     parser.add_argument("--worker-arg", action="append", default=[], help="extra inferfleet worker option")
     parser.add_argument("--commandstats", action="store_true",
                         help="sdk runs: also redis-server's time per command (INFO commandstats), us a request")
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="sdk runs: unmeasured calls of the same size first (a fresh redis-server's heap grows "
+                             "into pages the kernel must zero: a one-time cost, not a per-request one)")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="sdk runs: count redis-server's instructions per request under valgrind instead "
+                             "(the same count on a busy machine; about fifty times slower: use --requests 10000)")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--json", dest="json_out", default=None, help="write every run and the medians here")
     args = parser.parse_args()

@@ -43,10 +43,20 @@ sys.path.insert(0, str(ROOT))
 from inferfleet.producer.protocol import GROUP  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
 from inferfleet.worker.serving.replies import REPLY_SCRIPT  # noqa: E402
+from scripts.callgrind_redis import CallgrindRedis  # noqa: E402
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 STREAM = "inferfleet:{b}:requests"
 PAYLOAD = b"\x85" + b"r" * 120  # about a one-row reply's size
+
+
+def _changed(script: str, old: str, new: str) -> str:
+    """``script`` with every ``old`` replaced by ``new``; refused if there is none (a variant must differ)."""
+    if old not in script:
+        raise ValueError(f"{old!r} is not in the script")
+    return script.replace(old, new)
+
+
 #: PEXPIRE right after each answered push, skipped while the key repeats the last one (an inbox)
 INLINE = """
 local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
@@ -192,15 +202,56 @@ for i = 1, n do ids[i] = id(i) end
 redis.call('XACK', stream, group, unpack(ids))
 return {n, {}}
 """
-NO_EXPIRE = REPLY_SCRIPT.replace("redis.call('PEXPIRE', key, ttl)", "local _ = key")
+#: the fleet's script before the runs (submission 9311503): RPUSH, XACK, take back with RPOP per entry,
+#: each answered key's TTL from a table at the end
+PREVIOUS = """
+local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
+local pushed, failed, answered = 0, {}, {}
+local function expire_answered()
+  for key in pairs(answered) do
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+for i = 2, #KEYS do
+  local id, payload = ARGV[2 * i - 1], ARGV[2 * i]
+  if payload == '' then
+    redis.call('XACK', stream, group, id)
+  else
+    local res = redis.pcall('RPUSH', KEYS[i], payload)
+    if type(res) == 'table' and res.err then
+      if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then
+        expire_answered()  -- what this call answered keeps its TTL
+        return redis.error_reply(res.err)  -- out of memory and the like: retry the round later
+      end
+      table.insert(failed, i - 2)
+    elseif redis.call('XACK', stream, group, id) == 1 then
+      answered[KEYS[i]] = true
+      pushed = pushed + 1
+    else
+      redis.call('RPOP', KEYS[i])
+    end
+  end
+end
+expire_answered()
+return {pushed, failed}
+"""
+#: the fleet's script with PEXPIREAT at Redis's clock, read once a call: Redis rewrites every PEXPIRE
+#: into PEXPIREAT for propagation (the command vector copied, the time made a string). Not adopted: a
+#: worker would need ``+pexpireat`` beside ``+pexpire`` (docs/security.md), a change to every ACL in use
+PEXPIREAT = _changed(REPLY_SCRIPT, "local n = #KEYS - 1\n", "local n = #KEYS - 1\nlocal now = call('TIME')\n"
+                     "local at = string.format('%.0f', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ttl))\n")
+PEXPIREAT = _changed(PEXPIREAT, "call('PEXPIRE', key, ttl)", "call('PEXPIREAT', key, at)")
+NO_EXPIRE = _changed(REPLY_SCRIPT, "call('PEXPIRE', key, ttl)", "local _ = key")
 FUNCTION = ("#!lua name=inferfleet_bench\n"
             "local function reply(KEYS, ARGV)\n" + REPLY_SCRIPT + "\nend\n"
             "redis.register_function('reply', reply)\n")
 
 
+#: The scripts by variant name; each is also measured as NAME-inbox (every reply to one inbox, as ``map``).
+SCRIPTS = {"script": REPLY_SCRIPT, "previous": PREVIOUS, "inline": INLINE, "grouped": GROUPED, "runs": RUNS,
+           "pcheck": PCHECK, "pexpireat": PEXPIREAT, "no-expire": NO_EXPIRE}
 #: Every variant --variants may name.
-VARIANTS = ("script", "inline", "grouped", "runs", "pcheck", "script-inbox", "inline-inbox", "grouped-inbox",
-            "runs-inbox", "pcheck-inbox", "function", "no-expire", "plain")
+VARIANTS = (*SCRIPTS, *(f"{name}-inbox" for name in SCRIPTS), "function", "plain")
 
 
 def cpu_s(pid: int) -> float:
@@ -226,10 +277,7 @@ def pending_entries(client: redis.Redis, entries: int) -> list[bytes]:
 
 
 def answer(client: redis.Redis, variant: str, ids: list[bytes], batch: int) -> None:
-    scripts = {"script": REPLY_SCRIPT, "script-inbox": REPLY_SCRIPT, "no-expire": NO_EXPIRE,
-               "inline": INLINE, "inline-inbox": INLINE, "grouped": GROUPED, "grouped-inbox": GROUPED,
-               "runs": RUNS, "runs-inbox": RUNS, "pcheck": PCHECK, "pcheck-inbox": PCHECK}
-    sha = client.script_load(scripts.get(variant, REPLY_SCRIPT))
+    sha = client.script_load(SCRIPTS.get(variant.removesuffix("-inbox"), REPLY_SCRIPT))
     for start in range(0, len(ids), batch):
         part = ids[start:start + batch]
         keys = ["inferfleet:{b}:inbox:one"] * len(part) if variant.endswith("-inbox") \
@@ -255,16 +303,22 @@ def answer(client: redis.Redis, variant: str, ids: list[bytes], batch: int) -> N
 
 
 def run(variant: str, args: argparse.Namespace) -> float:
-    with EmbeddedRedis() as server:
+    """redis-server's CPU us (or, with --callgrind, instructions) per entry answering with ``variant``."""
+    with (CallgrindRedis() if args.callgrind else EmbeddedRedis()) as server:
         client = redis.Redis.from_url(server.url)
         if variant == "function":
             client.function_load(FUNCTION, replace=True)
         ids = pending_entries(client, args.entries)
-        before = cpu_s(server.pid)
-        answer(client, variant, ids, args.batch)
-        spent = cpu_s(server.pid) - before
+        if isinstance(server, CallgrindRedis):
+            with server.counting() as count:
+                answer(client, variant, ids, args.batch)
+            spent = count.instructions / args.entries
+        else:
+            before = cpu_s(server.pid)
+            answer(client, variant, ids, args.batch)
+            spent = (cpu_s(server.pid) - before) / args.entries * 1e6
         assert client.xpending(STREAM, GROUP)["pending"] == 0, "every entry acknowledged"
-    return spent / args.entries * 1e6
+    return spent
 
 
 def main() -> None:
@@ -273,6 +327,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--callgrind", action="store_true",
+                        help="count redis-server's instructions under valgrind instead of its CPU time "
+                             "(the same count on a busy machine; use a few thousand entries and --runs 1)")
     args = parser.parse_args()
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
@@ -282,10 +339,12 @@ def main() -> None:
     for _ in range(args.runs):  # interleaved, so a noisy minute touches every variant
         for variant in variants:
             results[variant].append(run(variant, args))
-    print(f"redis-server CPU us per entry, {args.entries:,} entries in calls of {args.batch}, "
+    unit, digits = ("instructions", 0) if args.callgrind else ("CPU us", 2)
+    print(f"redis-server {unit} per entry, {args.entries:,} entries in calls of {args.batch}, "
           f"median of {args.runs}")
     for variant, runs in results.items():
-        print(f"{variant:14s} {statistics.median(runs):6.2f}   ({', '.join(f'{r:.2f}' for r in runs)})")
+        print(f"{variant:18s} {statistics.median(runs):8.{digits}f}   "
+              f"({', '.join(f'{r:.{digits}f}' for r in runs)})")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,23 @@ def test_every_reply_script_variant_answers_and_acknowledges_every_entry():
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     measured = {line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()}
-    assert measured == {"script", "inline", "grouped", "runs", "pcheck", "script-inbox", "inline-inbox",
-                        "grouped-inbox", "runs-inbox", "pcheck-inbox", "function", "no-expire", "plain"}
+    bases = ("script", "previous", "inline", "grouped", "runs", "pcheck", "pexpireat", "no-expire")
+    assert measured == {*bases, *(f"{base}-inbox" for base in bases), "function", "plain"}
+
+
+def test_callgrind_counts_the_same_instructions_for_the_same_calls():
+    """--callgrind counts redis-server's instructions: a figure that hardly moves with the machine's load
+    (Redis's timer adds a little work to a slow run: a few percent on a load this small), and that tells
+    the reply script's variants apart."""
+    done = subprocess.run([sys.executable, SCRIPT, "--callgrind", "--entries", "512", "--batch", "256", "--runs",
+                           "2", "--variants", "script,no-expire"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "instructions per entry" in done.stdout
+    rows = {line.split()[0]: line.split("(")[1].rstrip(")").split(", ") for line in done.stdout.splitlines()[1:]}
+    script, bare = [[int(v) for v in rows[name]] for name in ("script", "no-expire")]
+    assert abs(script[0] - script[1]) < 0.03 * script[0]  # about the same count, run after run
+    assert bare[0] < 0.9 * script[0]  # and a PEXPIRE a reply shows
 
 
 def test_an_unknown_variant_is_refused():
@@ -30,3 +45,18 @@ def test_an_unknown_variant_is_refused():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "unknown variant(s) fastest" in done.stderr
+
+
+def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
+    """``bench_cpu.py --callgrind``: redis-server's instructions a request for a real SDK call through a
+    real worker, with the commands a request costs (one XADD, one reply push and TTL, one pop each)."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--kind", "sdk", "--callgrind",
+                           "--modes", "submit_many", "--requests", "300", "--runs", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    header, row = done.stdout.strip().splitlines()[-2:]
+    figures = dict(zip(header.split(" | ")[1:], (float(v.replace(",", "")) for v in row.split(" | ")[1:])))
+    assert 10_000 < figures["redis_instructions"] < 1_000_000
+    for command in ("xadd", "rpush", "pexpire", "xack"):
+        assert figures[f"{command}_calls"] == 1.0, command
+    assert figures["lpop_calls"] + figures.get("blpop_calls", 0) == 1.0  # each reply popped once

@@ -1,0 +1,125 @@
+"""A private redis-server run under valgrind's callgrind, to count the instructions it spends on a task.
+
+CPU time on a shared 2-core machine moves with whatever else runs there, and
+on a virtual machine without hardware counters ``perf stat`` cannot count
+instructions. Callgrind can: it counts every instruction redis-server executes,
+the same count for the same binary and the same commands whatever the machine
+is doing. The server runs about fifty times slower under it, so a benchmark
+measures a small load this way, beside the CPU-time figures of a full one.
+
+    with CallgrindRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        ...                                  # set up: not counted
+        with server.counting() as count:
+            ...                              # the task
+        print(count.instructions)
+
+Needs ``valgrind`` (Debian's package; docs/benchmarks.md names the version).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CallgrindRedis", "Count"]
+
+
+@dataclass
+class Count:
+    """Instructions redis-server executed inside one :meth:`CallgrindRedis.counting` block."""
+
+    instructions: int = 0
+
+
+class CallgrindRedis:
+    """redis-server under callgrind on a free local port, no persistence, stopped on exit."""
+
+    def __init__(self) -> None:
+        for tool in ("valgrind", "callgrind_control", "redis-server"):
+            if shutil.which(tool) is None:
+                raise RuntimeError(f"{tool} not found: callgrind counts need valgrind and redis-server "
+                                   "(apt-get install valgrind redis-server)")
+        self._dir = tempfile.TemporaryDirectory(prefix="inferfleet-callgrind-")
+        self.port = _free_port()
+        self._proc: subprocess.Popen | None = None
+        self._dumps = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
+    def __enter__(self) -> CallgrindRedis:
+        out = Path(self._dir.name) / "callgrind.out"
+        self._proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server", "--port",
+             str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self._dir.name],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(60)
+        self._dir.cleanup()
+
+    @contextmanager
+    def counting(self) -> Iterator[Count]:
+        """Count the server's instructions from entering the block to leaving it (set on exit)."""
+        count = Count()
+        self._control("--zero")
+        yield count
+        self._dumps += 1
+        name = f"inferfleet-count-{self._dumps}"
+        self._control(f"--dump={name}")
+        count.instructions = self._dumped(name)
+
+    def _control(self, action: str) -> None:
+        subprocess.run(["callgrind_control", action, str(self.pid)], check=True, capture_output=True, timeout=60)
+
+    def _dumped(self, name: str, timeout_s: float = 30.0) -> int:
+        """The instruction total of the dump described as ``name`` (callgrind writes it asynchronously)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for path in Path(self._dir.name).glob("callgrind.out*"):
+                text = path.read_text(errors="replace")
+                if f"desc: Trigger: dump {name}\n" in text:
+                    for line in text.splitlines():
+                        if line.startswith("summary:"):
+                            return int(line.split()[1])
+            time.sleep(0.1)
+        raise RuntimeError(f"callgrind wrote no dump named {name} within {timeout_s} s")
+
+    def _wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"valgrind redis-server exited with status {self._proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"redis-server under valgrind did not answer within {timeout_s} s")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
