@@ -163,8 +163,6 @@ def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str,
         try:
             wait_joined(client, proc, "fleet-0")
             call = _sdk_call(mode, server.url, inputs)
-            for _ in range(args.warmup):  # unmeasured: Redis's heap and the worker's reach their working size
-                call()
             client.config_resetstat()
             worker0, redis0, client0 = cpu_s(proc.pid), cpu_s(server.pid), time.process_time()
             started = time.perf_counter()
@@ -245,9 +243,6 @@ def main() -> None:
     parser.add_argument("--worker-arg", action="append", default=[], help="extra inferfleet worker option")
     parser.add_argument("--commandstats", action="store_true",
                         help="sdk runs: also redis-server's time per command (INFO commandstats), us a request")
-    parser.add_argument("--warmup", type=int, default=0,
-                        help="sdk runs: unmeasured calls of the same size first (a fresh redis-server's heap grows "
-                             "into pages the kernel must zero: a one-time cost, not a per-request one)")
     parser.add_argument("--callgrind", action="store_true",
                         help="sdk runs: count redis-server's instructions per request under valgrind instead "
                              "(the same count on a busy machine; about fifty times slower: use --requests 10000)")

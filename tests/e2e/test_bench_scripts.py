@@ -60,3 +60,17 @@ def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
     for command in ("xadd", "rpush", "pexpire", "xack"):
         assert figures[f"{command}_calls"] == 1.0, command
     assert figures["lpop_calls"] + figures.get("blpop_calls", 0) == 1.0  # each reply popped once
+
+
+def test_bench_redis_steps_adds_up_to_what_a_request_costs():
+    """Each step of a request in Redis, counted alone: every step is measured, a pop costs more than a
+    trivial command, and the reply script's parts each cost more than its bare call."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_redis_steps.py"), "--requests", "512"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = {line.split()[0]: float(line.split()[1]) for line in done.stdout.splitlines()[1:]}
+    assert set(steps) == {"xadd", "xreadgroup", "script", "lpop", "exists", "script-inbox", "args", "xack",
+                          "rpush", "rpush-pexpire"}
+    assert steps["lpop"] > steps["exists"] > 0
+    assert steps["script-inbox"] < steps["script"]
+    assert steps["args"] < min(steps["xack"], steps["rpush"]) < steps["rpush-pexpire"] < steps["script"]

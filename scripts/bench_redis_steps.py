@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""redis-server's instructions per request, step by step (callgrind; issue "The per-request cost").
+
+Where a request's time in Redis goes, each step measured alone on a private
+redis-server under valgrind (scripts/callgrind_redis.py), so the figures
+hold on a busy machine:
+
+* ``xadd``: the SDK's ``submit_many`` (one-row affine inputs, the default deadline);
+* ``xreadgroup``: reading those entries as a worker does, COUNT 256;
+* ``script``: the fleet's reply script answering them in calls of 256, each
+  reply to a key of its own (``submit``); ``script-inbox``: to one inbox (``map``);
+* ``lpop``: popping each reply key once, as ``results`` does;
+* ``exists``: a trivial command on each key (what any command costs);
+* the reply script's parts, as scripts of their own over the same calls:
+  ``args`` (the call and its arguments, nothing run), ``xack`` (one XACK an
+  entry), ``rpush`` (one RPUSH to a new key an entry) and ``rpush-pexpire``.
+
+    python scripts/bench_redis_steps.py --requests 5120
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from inferfleet import Producer  # noqa: E402
+from inferfleet.producer.protocol import GROUP, QueueKeys  # noqa: E402
+from inferfleet.worker.serving.replies import REPLY_SCRIPT  # noqa: E402
+from scripts.callgrind_redis import CallgrindRedis  # noqa: E402
+
+NAME = "steps"
+KEYS = QueueKeys(NAME)
+BATCH = 256
+PAYLOAD = b"\x85" + b"r" * 120  # about a one-row reply's size
+#: The reply script's parts, each a script over the same KEYS and ARGV as the reply script.
+PARTS = {
+    "args": "return {0, {}}",
+    "xack": "local call = redis.call\nfor i = 2, #KEYS do call('XACK', KEYS[1], ARGV[1], ARGV[2 * i - 1]) end\n"
+            "return {0, {}}",
+    "rpush": "local call = redis.call\nfor i = 2, #KEYS do call('RPUSH', KEYS[i], ARGV[2 * i]) end\nreturn {0, {}}",
+    "rpush-pexpire": "local call = redis.call\nfor i = 2, #KEYS do call('RPUSH', KEYS[i], ARGV[2 * i]) "
+                     "call('PEXPIRE', KEYS[i], ARGV[2]) end\nreturn {0, {}}",
+}
+
+
+def submitted(server: CallgrindRedis, requests: int) -> tuple[list[str], int]:
+    """Request ids of ``requests`` one-row affine requests sent by submit_many; the instructions it took."""
+    client = redis.Redis.from_url(server.url)
+    client.xgroup_create(KEYS.requests, GROUP, id="0", mkstream=True)
+    with Producer(server.url, NAME) as producer, server.counting() as count:
+        rids = producer.submit_many([np.zeros((1, 16), np.float32)] * requests)
+    return rids, count.instructions
+
+
+def read_all(client: redis.Redis, requests: int) -> list[bytes]:
+    """Entry ids of every request, read by consumer c in COUNT-256 reads (so each is pending on it)."""
+    ids: list[bytes] = []
+    while len(ids) < requests:
+        ids += [entry_id for entry_id, _ in client.xreadgroup(GROUP, "c", {KEYS.requests: ">"}, count=BATCH)[0][1]]
+    return ids
+
+
+def call_script(client: redis.Redis, script: str, ids: list[bytes], keys: list[str]) -> None:
+    """``script`` over ``ids`` in calls of 256, each with its reply key and PAYLOAD (the reply script's shape)."""
+    sha = client.script_load(script)
+    for start in range(0, len(ids), BATCH):
+        part, part_keys = ids[start:start + BATCH], keys[start:start + BATCH]
+        args: list = [GROUP, 300_000]
+        for entry_id in part:
+            args += [entry_id, PAYLOAD]
+        client.evalsha(sha, len(part) + 1, KEYS.requests, *part_keys, *args)
+
+
+def per_key(client: redis.Redis, command: str, keys: list[str]) -> None:
+    """``command`` on each key, pipelined a thousand at a time."""
+    for start in range(0, len(keys), 1000):
+        pipe = client.pipeline(transaction=False)
+        for key in keys[start:start + 1000]:
+            pipe.execute_command(command, key)
+        pipe.execute()
+
+
+def measure(requests: int) -> dict[str, float]:
+    """Each step's instructions per request, in the order a request meets them."""
+    figures: dict[str, float] = {}
+    with CallgrindRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        rids, spent = submitted(server, requests)
+        figures["xadd"] = spent
+        with server.counting() as count:
+            ids = read_all(client, requests)
+        figures["xreadgroup"] = count.instructions
+        own = [KEYS.reply(rid) for rid in rids]
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("script", lambda: call_script(client, REPLY_SCRIPT, ids, own)),
+            ("lpop", lambda: per_key(client, "LPOP", own)),
+            ("exists", lambda: per_key(client, "EXISTS", own)),
+        ]
+        for name, step in steps:
+            with server.counting() as count:
+                step()
+            figures[name] = count.instructions
+        if client.xpending(KEYS.requests, GROUP)["pending"] or client.exists(*own[:1000]):
+            raise RuntimeError("the reply script left entries pending or the pops left replies")
+    figures["script-inbox"] = _on_fresh_entries(requests, REPLY_SCRIPT, inbox=True)
+    for name, script in PARTS.items():
+        figures[name] = _on_fresh_entries(requests, script, inbox=False)
+    return {name: spent / requests for name, spent in figures.items()}
+
+
+def _on_fresh_entries(requests: int, script: str, inbox: bool) -> int:
+    """Instructions of ``script`` over ``requests`` freshly read entries (own reply keys, or one inbox)."""
+    with CallgrindRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        rids, _ = submitted(server, requests)
+        ids = read_all(client, requests)
+        keys = [KEYS.inbox("one")] * requests if inbox else [KEYS.reply(rid) for rid in rids]
+        with server.counting() as count:
+            call_script(client, script, ids, keys)
+    return count.instructions
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=5120)
+    args = parser.parse_args()
+    if args.requests < BATCH:
+        parser.error(f"--requests must be at least {BATCH}")
+    figures = measure(args.requests)
+    print(f"redis-server instructions per request, {args.requests:,} requests")
+    for name, value in figures.items():
+        print(f"{name:14s} {value:8.0f}")
+
+
+if __name__ == "__main__":
+    main()
