@@ -16,6 +16,7 @@ hold on a busy machine:
   entry), ``rpush`` (one RPUSH to a new key an entry) and ``rpush-pexpire``.
 
     python scripts/bench_redis_steps.py --requests 5120
+    python scripts/bench_redis_steps.py --requests 5120 --config stream-node-max-bytes=1024
 """
 
 from __future__ import annotations
@@ -51,9 +52,15 @@ PARTS = {
 }
 
 
+#: Redis settings (CONFIG SET) for every server of a run: --config NAME=VALUE.
+CONFIG: dict[str, str] = {}
+
+
 def submitted(server: CallgrindRedis, requests: int) -> tuple[list[str], int]:
     """Request ids of ``requests`` one-row affine requests sent by submit_many; the instructions it took."""
     client = redis.Redis.from_url(server.url)
+    for name, value in CONFIG.items():
+        client.config_set(name, value)
     client.xgroup_create(KEYS.requests, GROUP, id="0", mkstream=True)
     with Producer(server.url, NAME) as producer, server.counting() as count:
         rids = producer.submit_many([np.zeros((1, 16), np.float32)] * requests)
@@ -131,10 +138,20 @@ def _on_fresh_entries(requests: int, script: str, inbox: bool) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=5120)
+    parser.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
+                        help="a Redis setting for every server of the run (CONFIG SET), repeatable")
     args = parser.parse_args()
     if args.requests < BATCH:
         parser.error(f"--requests must be at least {BATCH}")
-    figures = measure(args.requests)
+    for setting in args.config:
+        name, equals, value = setting.partition("=")
+        if not equals or not name:
+            parser.error(f"--config takes NAME=VALUE, got {setting!r}")
+        CONFIG[name] = value
+    try:
+        figures = measure(args.requests)
+    except redis.exceptions.ResponseError as exc:  # a --config Redis refused, most likely
+        sys.exit(f"Redis refused: {exc}")
     print(f"redis-server instructions per request, {args.requests:,} requests")
     for name, value in figures.items():
         print(f"{name:14s} {value:8.0f}")
