@@ -2,7 +2,9 @@
 
 Replies are written by one Lua script per round (:data:`REPLY_SCRIPT`): for
 each entry it pushes the reply, then XACKs, and takes the reply back if that
-XACK found the entry already acknowledged. The push and the acknowledgement
+XACK found the entry already acknowledged. Replies in a row to one inbox
+(a ``map``'s) go out in one RPUSH before their XACKs: a ``redis.call`` costs
+Redis about as much as the command it runs. The push and the acknowledgement
 are one atomic step (the reply is written first, as the contract asks), and
 a request computed twice (a slow worker whose entry was taken over) is
 answered once: whoever acknowledges first answers.
