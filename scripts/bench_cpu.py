@@ -50,7 +50,7 @@ from inferfleet import AsyncProducer, Producer  # noqa: E402
 from inferfleet.producer.protocol import encode_body, workers_group  # noqa: E402
 from inferfleet.worker.bench.load import bench_inputs  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from scripts.callgrind_redis import CallgrindRedis  # noqa: E402
+from scripts.callgrind_redis import CallgrindRedis, missing_tools  # noqa: E402
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 NAME = "cpu"
@@ -249,6 +249,8 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--json", dest="json_out", default=None, help="write every run and the medians here")
     args = parser.parse_args()
+    if args.callgrind and missing_tools():
+        parser.error(missing_tools())
     inputs = bench_inputs(args.model, None, 1, seed=0)
     pool = [inputs[i % len(inputs)] for i in range(args.requests)]
     report: dict[str, Any] = {"args": vars(args)}

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from inferfleet import Producer  # noqa: E402
 from inferfleet.producer.protocol import GROUP, QueueKeys  # noqa: E402
 from inferfleet.worker.serving.replies import REPLY_SCRIPT  # noqa: E402
-from scripts.callgrind_redis import CallgrindRedis  # noqa: E402
+from scripts.callgrind_redis import CallgrindRedis, missing_tools  # noqa: E402
 
 NAME = "steps"
 KEYS = QueueKeys(NAME)
@@ -143,6 +143,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.requests < BATCH:
         parser.error(f"--requests must be at least {BATCH}")
+    if missing_tools():
+        parser.error(missing_tools())
     for setting in args.config:
         name, equals, value = setting.partition("=")
         if not equals or not name:

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from inferfleet.producer.protocol import GROUP  # noqa: E402
 from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
 from inferfleet.worker.serving.replies import REPLY_SCRIPT  # noqa: E402
-from scripts.callgrind_redis import CallgrindRedis  # noqa: E402
+from scripts.callgrind_redis import CallgrindRedis, missing_tools  # noqa: E402
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 STREAM = "inferfleet:{b}:requests"
@@ -335,6 +335,8 @@ def main() -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    if args.callgrind and missing_tools():
+        parser.error(missing_tools())
     results: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.runs):  # interleaved, so a noisy minute touches every variant
         for variant in variants:

@@ -29,7 +29,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CallgrindRedis", "Count"]
+__all__ = ["CallgrindRedis", "Count", "missing_tools"]
+
+
+def missing_tools() -> str | None:
+    """Why callgrind counts cannot run here (a tool is missing), or None when they can."""
+    for tool in ("valgrind", "callgrind_control", "redis-server"):
+        if shutil.which(tool) is None:
+            return (f"{tool} not found: callgrind counts need valgrind and redis-server "
+                    "(apt-get install valgrind redis-server)")
+    return None
 
 
 @dataclass
@@ -43,10 +52,9 @@ class CallgrindRedis:
     """redis-server under callgrind on a free local port, no persistence, stopped on exit."""
 
     def __init__(self) -> None:
-        for tool in ("valgrind", "callgrind_control", "redis-server"):
-            if shutil.which(tool) is None:
-                raise RuntimeError(f"{tool} not found: callgrind counts need valgrind and redis-server "
-                                   "(apt-get install valgrind redis-server)")
+        missing = missing_tools()
+        if missing:
+            raise RuntimeError(missing)
         self._dir = tempfile.TemporaryDirectory(prefix="inferfleet-callgrind-")
         self.port = _free_port()
         self._proc: subprocess.Popen | None = None
