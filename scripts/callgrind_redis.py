@@ -2,10 +2,11 @@
 
 CPU time on a shared 2-core machine moves with whatever else runs there, and
 on a virtual machine without hardware counters ``perf stat`` cannot count
-instructions. Callgrind can: it counts every instruction redis-server executes,
-the same count for the same binary and the same commands whatever the machine
-is doing. The server runs about fifty times slower under it, so a benchmark
-measures a small load this way, beside the CPU-time figures of a full one.
+instructions. Callgrind can: it counts every instruction redis-server executes
+in user space, the same count for the same binary and the same commands
+whatever the machine is doing. The server runs about fifty times slower under
+it, so a benchmark measures a small load this way, beside the CPU-time
+figures of a full one.
 
     with CallgrindRedis() as server:
         client = redis.Redis.from_url(server.url)
@@ -20,14 +21,14 @@ Needs ``valgrind`` (Debian's package; docs/benchmarks.md names the version).
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from inferfleet.worker.embedded import EmbeddedRedis
 
 __all__ = ["CallgrindRedis", "Count", "missing_tools"]
 
@@ -48,41 +49,21 @@ class Count:
     instructions: int = 0
 
 
-class CallgrindRedis:
-    """redis-server under callgrind on a free local port, no persistence, stopped on exit."""
+class CallgrindRedis(EmbeddedRedis):
+    """An :class:`EmbeddedRedis` whose redis-server runs under callgrind."""
+
+    ready_timeout_s = 60.0  # valgrind translates the binary first
 
     def __init__(self) -> None:
         missing = missing_tools()
         if missing:
             raise RuntimeError(missing)
-        self._dir = tempfile.TemporaryDirectory(prefix="inferfleet-callgrind-")
-        self.port = _free_port()
-        self._proc: subprocess.Popen | None = None
+        super().__init__()
         self._dumps = 0
 
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def pid(self) -> int:
-        assert self._proc is not None, "not started"
-        return self._proc.pid
-
-    def __enter__(self) -> CallgrindRedis:
-        out = Path(self._dir.name) / "callgrind.out"
-        self._proc = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server", "--port",
-             str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self._dir.name],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self._wait_ready()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            self._proc.wait(60)
-        self._dir.cleanup()
+    def _command(self, binary: str, data_dir: str) -> list[str]:
+        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={Path(data_dir) / 'callgrind.out'}",
+                *super()._command(binary, data_dir)]
 
     @contextmanager
     def counting(self) -> Iterator[Count]:
@@ -100,6 +81,7 @@ class CallgrindRedis:
 
     def _dumped(self, name: str, timeout_s: float = 30.0) -> int:
         """The instruction total of the dump described as ``name`` (callgrind writes it asynchronously)."""
+        assert self._dir is not None, "not started"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for path in Path(self._dir.name).glob("callgrind.out*"):
@@ -110,24 +92,3 @@ class CallgrindRedis:
                             return int(line.split()[1])
             time.sleep(0.1)
         raise RuntimeError(f"callgrind wrote no dump named {name} within {timeout_s} s")
-
-    def _wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"valgrind redis-server exited with status {self._proc.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"redis-server under valgrind did not answer within {timeout_s} s")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -80,11 +80,18 @@ class EmbeddedRedis:
     def _start_real(self, binary: str) -> None:
         if self._dir is None:  # kept across crash() and start(), so AOF files survive
             self._dir = tempfile.TemporaryDirectory(prefix="inferfleet-redis-")
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", self._dir.name, "--daemonize", "no",
-                "--logfile", os.path.join(self._dir.name, "redis.log"), *self.extra_args]
-        self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self._wait_ready()
+        self._proc = subprocess.Popen(self._command(binary, self._dir.name), stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+        self._wait_ready(self.ready_timeout_s)
+
+    #: How long a started server may take to answer PING.
+    ready_timeout_s = 10.0
+
+    def _command(self, binary: str, data_dir: str) -> list[str]:
+        """The redis-server command line: this port, no persistence, files in ``data_dir``."""
+        return [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", data_dir, "--daemonize", "no",
+                "--logfile", os.path.join(data_dir, "redis.log"), *self.extra_args]
 
     def _start_fake(self) -> None:
         from fakeredis import TcpFakeServer
