@@ -37,7 +37,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -154,26 +155,33 @@ def _sdk_call(mode: str, url: str, inputs: list[Any]) -> Callable[[], int]:
     return call
 
 
+@contextmanager
+def fleet_worker(server: EmbeddedRedis, args: argparse.Namespace,
+                 joined_timeout_s: float = 120) -> Iterator[tuple[redis.Redis, subprocess.Popen]]:
+    """(a client, the worker): one fleet worker on ``server``, joined, Redis's stats reset; stopped on exit."""
+    client = redis.Redis.from_url(server.url)
+    proc = start_worker("fleet", server.url, args.model, args.max_batch_rows, args.worker_arg)
+    try:
+        wait_joined(client, proc, "fleet-0", joined_timeout_s)
+        client.config_resetstat()
+        yield client, proc
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str, float]:
     if args.callgrind:
         return sdk_count(mode, args, inputs)
-    with EmbeddedRedis() as server:
-        client = redis.Redis.from_url(server.url)
-        proc = start_worker("fleet", server.url, args.model, args.max_batch_rows, args.worker_arg)
-        try:
-            wait_joined(client, proc, "fleet-0")
-            call = _sdk_call(mode, server.url, inputs)
-            client.config_resetstat()
-            worker0, redis0, client0 = cpu_s(proc.pid), cpu_s(server.pid), time.process_time()
-            started = time.perf_counter()
-            ok = call()
-            wall = time.perf_counter() - started
-            client_s = time.process_time() - client0
-            worker_s, redis_s = cpu_s(proc.pid) - worker0, cpu_s(server.pid) - redis0
-            commands = client.info("commandstats")
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    with EmbeddedRedis() as server, fleet_worker(server, args) as (client, proc):
+        call = _sdk_call(mode, server.url, inputs)
+        worker0, redis0, client0 = cpu_s(proc.pid), cpu_s(server.pid), time.process_time()
+        started = time.perf_counter()
+        ok = call()
+        wall = time.perf_counter() - started
+        client_s = time.process_time() - client0
+        worker_s, redis_s = cpu_s(proc.pid) - worker0, cpu_s(server.pid) - redis0
+        commands = client.info("commandstats")
     n = len(inputs)
     _check_ok(mode, ok, n)
     row = {"client_us": client_s / n * 1e6, "worker_us": worker_s / n * 1e6, "redis_us": redis_s / n * 1e6,
@@ -186,19 +194,11 @@ def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str,
 
 def sdk_count(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str, float]:
     """redis-server's instructions per request (callgrind) for one SDK call; commands per request beside."""
-    with CallgrindRedis() as server:
-        client = redis.Redis.from_url(server.url)
-        proc = start_worker("fleet", server.url, args.model, args.max_batch_rows, args.worker_arg)
-        try:
-            wait_joined(client, proc, "fleet-0", timeout_s=300)
-            call = _sdk_call(mode, server.url, inputs)
-            client.config_resetstat()
-            with server.counting() as count:
-                ok = call()
-            commands = client.info("commandstats")
-        finally:
-            proc.terminate()
-            proc.wait(60)
+    with CallgrindRedis() as server, fleet_worker(server, args, joined_timeout_s=300) as (client, _):
+        call = _sdk_call(mode, server.url, inputs)
+        with server.counting() as count:
+            ok = call()
+        commands = client.info("commandstats")
     n = len(inputs)
     _check_ok(mode, ok, n)
     row = {"redis_instructions": count.instructions / n}
