@@ -249,6 +249,10 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--json", dest="json_out", default=None, help="write every run and the medians here")
     args = parser.parse_args()
+    if args.callgrind and args.kind != "sdk":
+        parser.error("--callgrind counts sdk runs only: add --kind sdk")
+    if args.callgrind and args.commandstats:
+        parser.error("--callgrind reports commands per request already; --commandstats is for CPU runs")
     if args.callgrind and missing_tools():
         parser.error(missing_tools())
     inputs = bench_inputs(args.model, None, 1, seed=0)

@@ -74,3 +74,13 @@ def test_bench_redis_steps_adds_up_to_what_a_request_costs():
     assert steps["lpop"] > steps["exists"] > 0
     assert steps["script-inbox"] < steps["script"]
     assert steps["args"] < min(steps["xack"], steps["rpush"]) < steps["rpush-pexpire"] < steps["script"]
+
+
+def test_bench_cpu_refuses_callgrind_where_it_would_measure_something_else():
+    """--callgrind counts the SDK runs only: with the drain runs, or with --commandstats, it would
+    silently have reported CPU time or nothing."""
+    for extra in (["--kind", "drain"], ["--kind", "all"], ["--kind", "sdk", "--commandstats"]):
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--callgrind", *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, extra
+        assert "--callgrind" in done.stderr.splitlines()[-1], extra
