@@ -51,6 +51,7 @@ from inferfleet.worker.connections import admin_client
 from inferfleet.worker.handler import Handler
 from inferfleet.worker.runtime.loading import load_model, to_numpy
 from inferfleet.worker.serving.consumer import ensure_group
+from inferfleet.worker.signals import on_signals
 
 __all__ = ["NaiveServer", "main"]
 
@@ -155,8 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.torch_threads)
     torch.set_num_interop_threads(1)
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    on_signals((signal.SIGTERM, signal.SIGINT), lambda _: stop.set())
     client = admin_client(args.redis_url)
     server = NaiveServer(client, QueueKeys(args.name, args.prefix), args.model, args.consumer)
     log.info("naive server on %s: %d requests served", args.name, server.serve(stop))

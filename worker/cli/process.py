@@ -9,11 +9,11 @@ import logging
 import os
 import signal
 import threading
-from typing import Any
 
 import click
 
 from inferfleet.worker.errors import DeviceBroken
+from inferfleet.worker.signals import on_signals
 
 __all__ = ["EXIT_DEVICE_BROKEN", "exit_device_broken", "install_stop_handlers", "log_format_option",
            "log_level_option", "setup_logging"]
@@ -40,15 +40,15 @@ def setup_logging(level: str, fmt: str = "text") -> None:
 def install_stop_handlers(stop: threading.Event) -> None:
     """First SIGTERM/SIGINT: finish the current batch and leave. Second: exit now."""
 
-    def handle(signum: int, frame: Any) -> None:
+    def handle(signum: int) -> None:  # on the relay thread (worker/signals.py): it may take locks
         if stop.is_set():
             log.warning("second %s: exiting without draining", signal.Signals(signum).name)
+            logging.shutdown()
             os._exit(128 + signum)
         log.info("%s received: finishing the current batch, then stopping", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
+    on_signals((signal.SIGTERM, signal.SIGINT), handle)
 
 
 def exit_device_broken(exc: BaseException) -> None:

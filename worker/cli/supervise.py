@@ -21,6 +21,7 @@ from inferfleet.worker.errors import ConfigError
 from inferfleet.worker.fleet.scaling import POLICY_KINDS, PolicySettings
 from inferfleet.worker.fleet.succession import LeaseHeld
 from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings, resolve_devices
+from inferfleet.worker.signals import on_signals
 
 if TYPE_CHECKING:
     from inferfleet.worker.metrics import FleetMetrics
@@ -102,7 +103,7 @@ def _run(settings: SupervisorSettings) -> None:
 def _install_fleet_stop_handlers(stop: threading.Event, supervisor: Supervisor) -> None:
     """First SIGTERM/SIGINT: drain every worker and leave. Second: kill every worker now."""
 
-    def handle(signum: int, frame: Any) -> None:
+    def handle(signum: int) -> None:  # on the relay thread (worker/signals.py): it may take locks
         if stop.is_set():
             log.warning("second %s: killing every worker now", signal.Signals(signum).name)
             supervisor.kill_now.set()
@@ -110,8 +111,7 @@ def _install_fleet_stop_handlers(stop: threading.Event, supervisor: Supervisor) 
         log.info("%s received: draining every worker", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
+    on_signals((signal.SIGTERM, signal.SIGINT), handle)
 
 
 def _fleet_metrics(template: WorkerSettings) -> FleetMetrics | None:

@@ -51,6 +51,7 @@ from inferfleet.producer.protocol import GROUP, QueueKeys
 from inferfleet.worker.errors import ConfigError
 from inferfleet.worker.heartbeat import HeartbeatInfo
 from inferfleet.worker.keys import supervisor_lease_key
+from inferfleet.worker.signals import on_signals
 
 __all__ = ["LeaseHeld", "SupervisorLease", "Predecessor", "incarnation_token", "slot_consumer", "is_slot_of",
            "predecessor_workers", "prune_consumers", "pid_alive", "watch_parent"]
@@ -211,7 +212,7 @@ def watch_parent(stop: threading.Event, interval_s: float = 1.0) -> None:
     parent = multiprocessing.parent_process()
     parent_pid = parent.pid if parent is not None else os.getppid()
 
-    def orphaned(*_: object) -> None:
+    def orphaned(*_: object) -> None:  # on the relay thread or the check thread, never in a signal handler
         if not stop.is_set():
             log.warning("the supervisor (pid %s) is gone: draining and exiting", parent_pid)
         stop.set()
@@ -220,7 +221,7 @@ def watch_parent(stop: threading.Event, interval_s: float = 1.0) -> None:
         try:
             import ctypes
 
-            signal.signal(signal.SIGUSR1, orphaned)
+            on_signals((signal.SIGUSR1,), orphaned)
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
         except (OSError, AttributeError) as exc:  # no libc prctl: the pid check alone
             log.warning("cannot ask for a parent-death signal (%s): checking the supervisor's pid instead", exc)
