@@ -106,3 +106,12 @@ def test_allocator_tuning_keeps_batch_buffers_in_the_heap(mode, mmapped):
     out = subprocess.run([sys.executable, "-c", _MMAP_PROBE, mode], cwd=ROOT, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == mmapped  # default glibc mmaps the buffer; tuned, it comes from the heap
+
+
+def test_a_worker_freezes_its_start_up_heap_before_it_serves(spawn_worker, redis_url):
+    """torch's import-time objects are never garbage: a worker takes them out of the cyclic GC's walks
+    (worker/serving/serve.py) before loading its model, which stays collectable for hot swaps."""
+    spawn_worker("frozen", "tests.handlers:FrozenHeap")
+    frozen = Producer(redis_url, "frozen").infer(np.ones((1, 4), np.float32), timeout_s=30)
+    assert frozen.shape == (1, 4)
+    assert frozen.min() == frozen.max() > 50_000  # torch, numpy and redis-py leave well over this many
