@@ -52,7 +52,7 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
             stop_metrics()
 
 
-def _freeze_startup_heap() -> int:
+def _freeze_startup_heap() -> None:
     """Move every object alive now (torch's, numpy's and the modules') out of the cyclic GC's sight.
 
     A worker allocates a few container objects per request, so Python's
@@ -60,11 +60,11 @@ def _freeze_startup_heap() -> int:
     thousands of objects that importing torch leaves, none of which will
     ever be garbage: 0.3-0.6 us of worker CPU a request draining one-row
     requests (docs/benchmarks.md). Called before the model loads, so a model
-    dropped by a hot swap is still collected. Returns the objects frozen.
+    dropped by a hot swap is still collected.
     """
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
+    log.debug("%d start-up objects frozen out of the garbage collector's walks", gc.get_freeze_count())
 
 
 def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
