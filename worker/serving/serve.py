@@ -40,8 +40,8 @@ def serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     sees the worker while it loads), unless a supervisor serves it for the
     host (multiprocess mode). Every log record carries the consumer name.
     """
-    _freeze_startup_heap()
     bind_log_fields(consumer=settings.consumer)
+    _freeze_startup_heap()  # after the binding: its log line carries the consumer too
     stop_metrics = None
     if metrics_mode(settings.metrics_port) == "serve":
         stop_metrics = serve_worker_metrics(settings.metrics_port, settings.metrics_address)
