@@ -3,7 +3,7 @@
 
 The fleet answers a round with one call of the reply script
 (worker/serving/replies.py): RPUSH the reply, XACK the entry, take the reply
-back if the XACK found it answered, PEXPIRE each reply key once. This
+back if the XACK found it answered, give each reply key its TTL once. This
 measures what Redis spends per entry on that call and on variants of it, on
 entries really pending in a stream (a private redis-server; its CPU time from
 /proc):
@@ -20,7 +20,11 @@ entries really pending in a stream (a private redis-server; its CPU time from
 * ``pcheck``, ``pcheck-inbox``: one XPENDING over the batch's id range for
   this consumer instead of an XACK each; when it lists exactly the batch,
   every reply is pushed and all are acknowledged by one XACK;
-* ``no-expire``: without PEXPIRE (what the TTL costs);
+* ``xclaim``, ``xclaim-inbox``: one XCLAIM JUSTID of the batch's ids to this
+  consumer (it names those still pending) instead of an XACK each; when it
+  names them all, every reply is pushed and one XACK takes them all;
+* ``pexpire``: the script before PEXPIREAT, each TTL a relative PEXPIRE;
+* ``no-expire``: without a TTL (what the TTL costs);
 * ``plain``: RPUSH + EXPIRE per reply and one XACK for the batch in a
   pipeline, no exactly-once check (the plain worker's commands).
 
@@ -235,13 +239,33 @@ end
 expire_answered()
 return {pushed, failed}
 """
-#: the fleet's script with PEXPIREAT at Redis's clock, read once a call: Redis rewrites every PEXPIRE
-#: into PEXPIREAT for propagation (the command vector copied, the time made a string). Not adopted: a
-#: worker would need ``+pexpireat`` beside ``+pexpire`` (docs/security.md), a change to every ACL in use
-PEXPIREAT = _changed(REPLY_SCRIPT, "local n = #KEYS - 1\n", "local n = #KEYS - 1\nlocal now = call('TIME')\n"
-                     "local at = string.format('%.0f', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ttl))\n")
-PEXPIREAT = _changed(PEXPIREAT, "call('PEXPIRE', key, ttl)", "call('PEXPIREAT', key, at)")
-NO_EXPIRE = _changed(REPLY_SCRIPT, "call('PEXPIRE', key, ttl)", "local _ = key")
+#: the fleet's script as it was before PEXPIREAT (c642cb4): each TTL a relative PEXPIRE, which Redis
+#: rewrites into a PEXPIREAT to propagate it (the command vector copied, the time made a string)
+PEXPIRE = _changed(REPLY_SCRIPT, "local expire, when = 'PEXPIREAT', string.format('%.0f', now[1] * 1000 + "
+                   "math.floor(now[2] / 1000) + tonumber(ttl))\n", "local expire, when = 'PEXPIRE', ttl\n")
+NO_EXPIRE = _changed(REPLY_SCRIPT, "local function set_ttl(key)\n", "local function set_ttl(key)\n  do return end\n")
+#: one XCLAIM JUSTID of the batch's ids to this consumer instead of an XACK each: it names exactly the
+#: entries still pending, so when it names them all, every reply is pushed and one XACK takes them all
+#: (the fallback is not measured here). Not adopted: XCLAIM looks each entry up in the stream (it drops
+#: a pending entry deleted from the stream, which an XACK would still answer), and that costs more
+#: than the XACKs it saves
+XCLAIM = """
+local stream, group, ttl, me = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local n = #KEYS - 1
+local ids, claim = {}, {stream, group, me, 0}
+for i = 1, n do
+  ids[i] = ARGV[2 + 2 * i]
+  claim[4 + i] = ids[i]
+end
+claim[n + 5] = 'JUSTID'
+if #redis.call('XCLAIM', unpack(claim)) ~= n then return redis.error_reply('slow path not in this variant') end
+redis.call('XACK', stream, group, unpack(ids))
+for i = 1, n do
+  redis.call('RPUSH', KEYS[i + 1], ARGV[3 + 2 * i])
+  redis.call('PEXPIRE', KEYS[i + 1], ttl)
+end
+return {n, {}}
+"""
 FUNCTION = ("#!lua name=inferfleet_bench\n"
             "local function reply(KEYS, ARGV)\n" + REPLY_SCRIPT + "\nend\n"
             "redis.register_function('reply', reply)\n")
@@ -249,7 +273,7 @@ FUNCTION = ("#!lua name=inferfleet_bench\n"
 
 #: The scripts by variant name; each is also measured as NAME-inbox (every reply to one inbox, as ``map``).
 SCRIPTS = {"script": REPLY_SCRIPT, "previous": PREVIOUS, "inline": INLINE, "grouped": GROUPED, "runs": RUNS,
-           "pcheck": PCHECK, "pexpireat": PEXPIREAT, "no-expire": NO_EXPIRE}
+           "pcheck": PCHECK, "xclaim": XCLAIM, "pexpire": PEXPIRE, "no-expire": NO_EXPIRE}
 #: Every variant --variants may name.
 VARIANTS = (*SCRIPTS, *(f"{name}-inbox" for name in SCRIPTS), "function", "plain")
 
@@ -290,7 +314,7 @@ def answer(client: redis.Redis, variant: str, ids: list[bytes], batch: int) -> N
             pipe.xack(STREAM, GROUP, *part)
             pipe.execute()
             continue
-        args: list = [GROUP, 300_000] + (["c"] if variant.startswith("pcheck") else [])
+        args: list = [GROUP, 300_000] + (["c"] if variant.startswith(("pcheck", "xclaim")) else [])
         if variant.startswith("runs"):
             args += part + [PAYLOAD] * len(part)
         else:

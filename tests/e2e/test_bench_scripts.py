@@ -21,7 +21,7 @@ def test_every_reply_script_variant_answers_and_acknowledges_every_entry():
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     measured = {line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()}
-    bases = ("script", "previous", "inline", "grouped", "runs", "pcheck", "pexpireat", "no-expire")
+    bases = ("script", "previous", "inline", "grouped", "runs", "pcheck", "xclaim", "pexpire", "no-expire")
     assert measured == {*bases, *(f"{base}-inbox" for base in bases), "function", "plain"}
 
 
@@ -49,7 +49,7 @@ def test_an_unknown_variant_is_refused():
 
 def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
     """``bench_cpu.py --callgrind``: redis-server's instructions a request for a real SDK call through a
-    real worker, with the commands a request costs (one XADD, one reply push and TTL, one pop each)."""
+    real worker, with the commands a request costs (one XADD, one reply push and TTL at Redis's clock, one pop each)."""
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--kind", "sdk", "--callgrind",
                            "--modes", "submit_many", "--requests", "300", "--runs", "1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -111,3 +111,51 @@ def test_a_run_to_a_key_of_another_type_is_answered_bad_request_at_each_default_
         assert msgpack.unpackb(reply)["error"]["code"] == "bad_request"
     assert redis_client.get(inbox) == b"not a list"
     assert redis_client.xpending(KEYS.requests, GROUP)["pending"] == 0
+
+
+def _calls(client: redis.Redis, command: str) -> int:
+    """How many times Redis ran ``command`` since the last CONFIG RESETSTAT (scripts' calls included)."""
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_reply_keys_get_their_ttl_by_pexpireat_once_each(redis_client: redis.Redis) -> None:
+    """The TTL is an absolute PEXPIREAT at Redis's clock (a PEXPIRE would be rewritten into one
+    to propagate it, at 1,200 instructions a key): one a reply key, none relative."""
+    ids = _pending(redis_client, 4)
+    inbox = KEYS.inbox("p1")
+    redis_client.config_resetstat()
+    writer = ReplyWriter(redis_client, KEYS, TTL_S, ("m", "1"), Counters())
+    writer.write(_answers(ids, [KEYS.reply("r0"), inbox, inbox, KEYS.reply("r3")]))
+    assert (_calls(redis_client, "pexpireat"), _calls(redis_client, "pexpire")) == (3, 0)
+    for key in (KEYS.reply("r0"), inbox, KEYS.reply("r3")):
+        assert TTL_S * 1000 - 5000 < redis_client.pttl(key) <= TTL_S * 1000, key
+
+
+#: The worker's reply-script grant before +pexpireat was added to docs/security.md.
+OLD_GRANT = ("on", ">old-pw", "~inferfleet:{replies}:*", "-@all", "+evalsha", "+script|load", "+xack", "+rpush",
+             "+pexpire", "+rpop", "+time")
+
+
+def test_a_worker_whose_acl_lacks_pexpireat_still_gives_every_reply_its_ttl(
+        redis_client: redis.Redis) -> None:
+    """A grant written before +pexpireat: the script's PEXPIREAT is refused, and it falls back to
+    PEXPIRE for that key and the rest of the call; every reply stands, with its TTL."""
+    ids = _pending(redis_client, 4)
+    inbox = KEYS.inbox("p1")
+    redis_client.acl_setuser("oldgrant", reset=True)
+    redis_client.execute_command("ACL", "SETUSER", "oldgrant", *OLD_GRANT)
+    try:
+        host, port = redis_client.connection_pool.connection_kwargs["host"], \
+            redis_client.connection_pool.connection_kwargs["port"]
+        with redis.Redis(host=host, port=port, username="oldgrant", password="old-pw") as old:
+            redis_client.config_resetstat()
+            writer = ReplyWriter(old, KEYS, TTL_S, ("m", "1"), Counters())
+            writer.write(_answers(ids, [KEYS.reply("r0"), KEYS.reply("r1"), inbox, inbox]))
+            assert _calls(redis_client, "pexpire") == 3
+            assert writer.counters.skipped == 0
+    finally:
+        redis_client.acl_deluser("oldgrant")
+    assert redis_client.lrange(inbox, 0, -1) == [b"reply 2", b"reply 3"]
+    for key in (KEYS.reply("r0"), KEYS.reply("r1"), inbox):
+        assert TTL_S * 1000 - 5000 < redis_client.pttl(key) <= TTL_S * 1000, key
+    assert redis_client.xpending(KEYS.requests, GROUP)["pending"] == 0

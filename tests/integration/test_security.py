@@ -52,8 +52,9 @@ WORKER_RULES = (
     "+xgroup|create", "+xgroup|createconsumer", "+xreadgroup", "+xpending", "+xinfo|groups",
     "+xinfo|consumers", "+xtrim", "+xclaim", "+xrange", "+xgroup|delconsumer",
     # the reply script (EVALSHA; SCRIPT LOAD at start and after a Redis restart) and what it
-    # calls (RPOP takes back a reply when another worker had answered the request first)
-    "+evalsha", "+script|load", "+xack", "+rpush", "+pexpire", "+rpop",
+    # calls (PEXPIREAT sets a reply's TTL, PEXPIRE where an older grant lacks it; RPOP takes back a
+    # reply when another worker had answered the request first)
+    "+evalsha", "+script|load", "+xack", "+rpush", "+pexpire", "+pexpireat", "+rpop",
     # dead letters (XADD ... MAXLEN ~ to the dead stream)
     "+xadd",
     # heartbeats (worker/heartbeat.py) and the supervisor (worker/fleet/supervisor.py)
