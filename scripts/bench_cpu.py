@@ -24,6 +24,7 @@ Two kinds of run, each repeated ``--runs`` times with the targets interleaved
     python scripts/bench_cpu.py --kind sdk --requests 60000 --runs 3
     python scripts/bench_cpu.py --model models/ctr.pt --kind sdk   # CTR inputs are made from its example
     python scripts/bench_cpu.py --kind sdk --commandstats   # and redis-server's time per command
+    python scripts/bench_cpu.py --kind sdk --modes submit_many --calls 12   # 12 calls of 5,000 each
 """
 
 from __future__ import annotations
@@ -134,20 +135,23 @@ def drain_run(target: str, args: argparse.Namespace, body: bytes) -> dict[str, f
             "drain_rps": n / wall}
 
 
-def _sdk_call(mode: str, url: str, inputs: list[Any]) -> Callable[[], int]:
+def _sdk_call(mode: str, url: str, inputs: list[Any], calls: int = 1) -> Callable[[], int]:
+    """One producer sending ``inputs`` by ``mode``, in ``calls`` SDK calls of consecutive parts."""
+    size = -(-len(inputs) // calls)
+    parts = [inputs[i:i + size] for i in range(0, len(inputs), size)]
     if mode == "map":
         def call() -> int:
             with Producer(url, NAME) as p:
-                return sum(r.ok for r in p.map(inputs))
+                return sum(r.ok for part in parts for r in p.map(part))
     elif mode == "submit_many":
         def call() -> int:
             with Producer(url, NAME) as p:
-                return sum(r.ok for r in p.results(p.submit_many(inputs), timeout_s=120))
+                return sum(r.ok for part in parts for r in p.results(p.submit_many(part), timeout_s=120))
     else:
         async def run() -> int:
             p = AsyncProducer(url, NAME)
             try:
-                return sum(r.ok for r in await p.map(inputs))
+                return sum([sum(r.ok for r in await p.map(part)) for part in parts])
             finally:
                 await p.close()
 
@@ -175,7 +179,7 @@ def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str,
     if args.callgrind:
         return sdk_count(mode, args, inputs)
     with EmbeddedRedis() as server, fleet_worker(server, args) as (client, proc):
-        call = _sdk_call(mode, server.url, inputs)
+        call = _sdk_call(mode, server.url, inputs, args.calls)
         # Every call starts from the same heap: what the earlier calls of this process left made the
         # GC's full collections longer, and the second call measured about 1 us a request more.
         gc.collect()
@@ -201,7 +205,7 @@ def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str,
 def sdk_count(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str, float]:
     """redis-server's instructions per request (callgrind) for one SDK call; commands per request beside."""
     with CallgrindRedis() as server, fleet_worker(server, args, joined_timeout_s=300) as (client, _):
-        call = _sdk_call(mode, server.url, inputs)
+        call = _sdk_call(mode, server.url, inputs, args.calls)
         with server.counting() as count:
             ok = call()
         commands = client.info("commandstats")
@@ -251,6 +255,9 @@ def main() -> None:
     parser.add_argument("--max-batch-rows", type=int, default=256)
     parser.add_argument("--targets", default="fleet,plain", help="drain targets, comma-separated: fleet, plain")
     parser.add_argument("--modes", default="map,submit_many,async", help="sdk modes: map, submit_many, async")
+    parser.add_argument("--calls", type=int, default=1,
+                        help="sdk runs: send the requests in this many SDK calls of consecutive parts (a "
+                             "submit_many + results call holds its replies in Redis until it collects)")
     parser.add_argument("--worker-arg", action="append", default=[], help="extra inferfleet worker option")
     parser.add_argument("--commandstats", action="store_true",
                         help="sdk runs: also redis-server's time per command (INFO commandstats), us a request")
@@ -260,6 +267,8 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--json", dest="json_out", default=None, help="write every run and the medians here")
     args = parser.parse_args()
+    if not 1 <= args.calls <= args.requests:
+        parser.error(f"--calls must be from 1 to --requests ({args.requests}), got {args.calls}")
     if args.callgrind and args.kind != "sdk":
         parser.error("--callgrind counts sdk runs only: add --kind sdk")
     if args.callgrind and args.commandstats:
@@ -282,7 +291,8 @@ def main() -> None:
     if args.kind in ("sdk", "all"):
         runs = [{m: sdk_run(m, args, pool) for m in args.modes.split(",")} for _ in range(args.runs)]
         report["sdk"] = {"runs": runs, "median": median_rows(runs)}
-        print_table(f"SDK end to end, {args.requests:,} requests, one worker, median of {args.runs}",
+        in_calls = f" in {args.calls} calls each" if args.calls > 1 else ""
+        print_table(f"SDK end to end, {args.requests:,} requests{in_calls}, one worker, median of {args.runs}",
                     report["sdk"]["median"])
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2))

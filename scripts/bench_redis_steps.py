@@ -10,6 +10,8 @@ hold on a busy machine:
 * ``script``: the fleet's reply script answering them in calls of 256, each
   reply to a key of its own (``submit``); ``script-inbox``: to one inbox (``map``);
 * ``lpop``: popping each reply key once, as ``results`` does;
+* ``lpop-script``: the same pops from a Lua loop, 1,000 keys a call (one round
+  trip, but each ``redis.call`` costs Redis more than the command it saves);
 * ``exists``: a trivial command on each key (what any command costs);
 * the reply script's parts, as scripts of their own over the same calls:
   ``args`` (the call and its arguments, nothing run), ``xack`` (one XACK an
@@ -95,6 +97,19 @@ def per_key(client: redis.Redis, command: str, keys: list[str]) -> None:
         pipe.execute()
 
 
+#: LPOP of each of KEYS from one script call.
+LPOP_LOOP = "local popped = {}\nfor i = 1, #KEYS do popped[i] = redis.call('LPOP', KEYS[i]) end\nreturn popped"
+
+
+def lpop_script(client: redis.Redis, keys: list[str]) -> None:
+    """Each of ``keys`` popped by a Lua loop, a thousand keys a call; every key must hold its reply."""
+    sha = client.script_load(LPOP_LOOP)
+    for start in range(0, len(keys), 1000):
+        part = keys[start:start + 1000]
+        if None in client.evalsha(sha, len(part), *part):
+            raise RuntimeError("a reply key was empty when the script popped it")
+
+
 def measure(requests: int) -> dict[str, float]:
     """Each step's instructions per request, in the order a request meets them."""
     figures: dict[str, float] = {}
@@ -106,15 +121,18 @@ def measure(requests: int) -> dict[str, float]:
             ids = read_all(client, requests)
         figures["xreadgroup"] = count.instructions
         own = [KEYS.reply(rid) for rid in rids]
+        half = requests // 2  # the pipelined pops take the first half of the replies, the script the rest
         steps: list[tuple[str, Callable[[], None]]] = [
             ("script", lambda: call_script(client, REPLY_SCRIPT, ids, own)),
-            ("lpop", lambda: per_key(client, "LPOP", own)),
+            ("lpop", lambda: per_key(client, "LPOP", own[:half])),
+            ("lpop-script", lambda: lpop_script(client, own[half:])),
             ("exists", lambda: per_key(client, "EXISTS", own)),
         ]
         for name, step in steps:
             with server.counting() as count:
                 step()
-            figures[name] = count.instructions
+            figures[name] = count.instructions * (requests / {"lpop": half, "lpop-script": requests - half}.get(
+                name, requests))
         if client.xpending(KEYS.requests, GROUP)["pending"] or client.exists(*own[:1000]):
             raise RuntimeError("the reply script left entries pending or the pops left replies")
     figures["script-inbox"] = _on_fresh_entries(requests, REPLY_SCRIPT, inbox=True)

@@ -57,7 +57,7 @@ def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
     header, row = done.stdout.strip().splitlines()[-2:]
     figures = dict(zip(header.split(" | ")[1:], (float(v.replace(",", "")) for v in row.split(" | ")[1:])))
     assert 10_000 < figures["redis_instructions"] < 1_000_000
-    for command in ("xadd", "rpush", "pexpire", "xack"):
+    for command in ("xadd", "rpush", "pexpireat", "xack"):
         assert figures[f"{command}_calls"] == 1.0, command
     assert figures["lpop_calls"] + figures.get("blpop_calls", 0) == 1.0  # each reply popped once
 
@@ -69,9 +69,9 @@ def test_bench_redis_steps_adds_up_to_what_a_request_costs():
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = {line.split()[0]: float(line.split()[1]) for line in done.stdout.splitlines()[1:]}
-    assert set(steps) == {"xadd", "xreadgroup", "script", "lpop", "exists", "script-inbox", "args", "xack",
-                          "rpush", "rpush-pexpire"}
-    assert steps["lpop"] > steps["exists"] > 0
+    assert set(steps) == {"xadd", "xreadgroup", "script", "lpop", "lpop-script", "exists", "script-inbox", "args",
+                          "xack", "rpush", "rpush-pexpire"}
+    assert steps["lpop-script"] > steps["lpop"] > steps["exists"] > 0
     assert steps["script-inbox"] < steps["script"]
     assert steps["args"] < min(steps["xack"], steps["rpush"]) < steps["rpush-pexpire"] < steps["script"]
 
@@ -84,3 +84,19 @@ def test_bench_cpu_refuses_callgrind_where_it_would_measure_something_else():
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, extra
         assert "--callgrind" in done.stderr.splitlines()[-1], extra
+
+
+def test_bench_cpu_sends_the_requests_in_the_calls_asked_for():
+    """``--calls K``: one producer sends the requests in K SDK calls of consecutive parts (a
+    submit_many + results call keeps its replies in Redis until it collects them); all are answered."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--kind", "sdk", "--modes",
+                           "submit_many", "--requests", "300", "--calls", "3", "--runs", "1", "--commandstats"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "300 requests in 3 calls each" in done.stdout
+    header, row = done.stdout.strip().splitlines()[-2:]
+    figures = dict(zip(header.split(" | ")[1:], (float(v.replace(",", "")) for v in row.split(" | ")[1:])))
+    assert figures["xadd_calls"] == 1.0  # every request sent once, over the three calls
+    refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--kind", "sdk", "--calls",
+                              "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--calls must be from 1" in refused.stderr
