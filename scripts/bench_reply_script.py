@@ -243,7 +243,7 @@ return {pushed, failed}
 #: rewrites into a PEXPIREAT to propagate it (the command vector copied, the time made a string)
 PEXPIRE = _changed(REPLY_SCRIPT, "local expire, when = 'PEXPIREAT', string.format('%.0f', now[1] * 1000 + "
                    "math.floor(now[2] / 1000) + tonumber(ttl))\n", "local expire, when = 'PEXPIRE', ttl\n")
-NO_EXPIRE = _changed(REPLY_SCRIPT, "local function set_ttl(key)\n", "local function set_ttl(key)\n  do return end\n")
+NO_EXPIRE = _changed(REPLY_SCRIPT, "pcall(expire, key, when) ~= 1", "false")
 #: one XCLAIM JUSTID of the batch's ids to this consumer instead of an XACK each: it names exactly the
 #: entries still pending, so when it names them all, every reply is pushed and one XACK takes them all
 #: (the fallback is not measured here). Not adopted: XCLAIM looks each entry up in the stream (it drops

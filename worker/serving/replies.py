@@ -56,8 +56,8 @@ RUN_MAX = 1024
 #: each run of it that answered anything: PEXPIREAT at Redis's clock, read once
 #: a call (Redis rewrites a PEXPIRE into a PEXPIREAT to propagate it, copying
 #: the command and formatting the time, 1,200 instructions a key); where the
-#: ACL lacks ``+pexpireat`` (a grant older than this script), PEXPIRE for the
-#: rest of the call.
+#: ACL lacks ``+pexpireat`` (a grant older than this script), PEXPIREAT answers an
+#: error instead of 1 and the call uses PEXPIRE from then on.
 #: Returns {pushed, {failed 0-based indexes}}.
 REPLY_SCRIPT = """
 local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
@@ -65,12 +65,6 @@ local call, pcall = redis.call, redis.pcall
 local n = #KEYS - 1
 local now = call('TIME')
 local expire, when = 'PEXPIREAT', string.format('%.0f', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ttl))
-local function set_ttl(key)
-  if type(pcall(expire, key, when)) == 'table' then  -- refused: the ACL has +pexpire only
-    expire, when = 'PEXPIRE', ttl
-    call(expire, key, when)
-  end
-end
 local pushed, failed, i = 0, {}, 1
 while i <= n do
   local key, payload = KEYS[i + 1], ARGV[2 * i + 2]
@@ -84,7 +78,10 @@ while i <= n do
       failed[#failed + 1] = i - 1
     elseif call('XACK', stream, group, ARGV[2 * i + 1]) == 1 then
       pushed = pushed + 1
-      set_ttl(key)
+      if pcall(expire, key, when) ~= 1 then  -- refused (a grant without +pexpireat): PEXPIRE from now on
+        expire, when = 'PEXPIRE', ttl
+        call(expire, key, when)
+      end
     else
       call('RPOP', key)
     end
@@ -117,7 +114,10 @@ while i <= n do
         end
         if #keep > 0 then call('RPUSH', key, unpack(keep)) end
       end
-      if pushed > before then set_ttl(key) end
+      if pushed > before and pcall(expire, key, when) ~= 1 then
+        expire, when = 'PEXPIRE', ttl
+        call(expire, key, when)
+      end
     end
     i = j + 1
   end
