@@ -17,8 +17,9 @@ Two kinds of run, each repeated ``--runs`` times with the targets interleaved
   (scripts/plain_worker.py, about thirty lines with none of the guarantees).
 * ``sdk``: N requests through the SDK end to end with one fleet worker
   (``Producer.map``, ``submit_many`` + ``results``, ``AsyncProducer.map``):
-  the client's CPU per request beside the worker's and redis-server's, and
-  the requests per second.
+  the client's CPU per request beside the worker's and redis-server's (and
+  the kernel's part of redis-server's, ``redis_sys_us``), and the requests
+  per second.
 
     python scripts/bench_cpu.py --kind drain --requests 100000 --runs 3
     python scripts/bench_cpu.py --kind sdk --requests 60000 --runs 3
@@ -61,9 +62,14 @@ NAME = "cpu"
 
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (all its threads) so far."""
+    return sum(cpu_parts(pid))
+
+
+def cpu_parts(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process (all its threads) so far."""
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S
+    return int(fields[11]) * TICK_S, int(fields[12]) * TICK_S
 
 
 def start_worker(target: str, url: str, model: str, rows: int, extra: list[str]) -> subprocess.Popen:
@@ -184,17 +190,19 @@ def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str,
         # GC's full collections longer, and the second call measured about 1 us a request more.
         gc.collect()
         gc.freeze()
-        worker0, redis0, client0 = cpu_s(proc.pid), cpu_s(server.pid), time.process_time()
+        worker0, redis0, client0 = cpu_s(proc.pid), cpu_parts(server.pid), time.process_time()
         started = time.perf_counter()
         ok = call()
         wall = time.perf_counter() - started
         client_s = time.process_time() - client0
-        worker_s, redis_s = cpu_s(proc.pid) - worker0, cpu_s(server.pid) - redis0
+        redis1 = cpu_parts(server.pid)
+        worker_s, redis_s = cpu_s(proc.pid) - worker0, sum(redis1) - sum(redis0)
+        redis_sys_s = redis1[1] - redis0[1]  # the kernel's part: socket I/O and page faults
         commands = client.info("commandstats")
     n = len(inputs)
     _check_ok(mode, ok, n)
     row = {"client_us": client_s / n * 1e6, "worker_us": worker_s / n * 1e6, "redis_us": redis_s / n * 1e6,
-           "rps": n / wall}
+           "redis_sys_us": redis_sys_s / n * 1e6, "rps": n / wall}
     if args.commandstats:  # redis-server's own time per command, a request's share (INFO commandstats)
         row.update({f"{name.removeprefix('cmdstat_')}_us": stats["usec"] / n for name, stats in commands.items()
                     if stats["usec"] / n >= 0.01})
