@@ -503,7 +503,14 @@ class Producer(ProducerBase):
         chunk: int = 1000,
         priority: str = "normal",
     ) -> list[str]:
-        """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order."""
+        """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order.
+
+        Each reply waits in a key of its own, which any process can collect by
+        id (:meth:`result`, :meth:`results`). Redis pays for every key still
+        waiting: one caller that sends and collects costs it less with
+        :meth:`map` (one inbox, collected as replies come), or with calls of a
+        few thousand (docs/benchmarks.md, issue 12's sixth round).
+        """
         rids: list[str] = []
         encoder = BodyEncoder(params)
         items = iter(inputs)
@@ -777,7 +784,10 @@ class AsyncProducer(ProducerBase):
         chunk: int = 1000,
         priority: str = "normal",
     ) -> list[str]:
-        """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order."""
+        """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order.
+
+        What waiting replies cost Redis: see :meth:`Producer.submit_many`.
+        """
         rids: list[str] = []
         encoder = BodyEncoder(params)
         items = iter(inputs)
