@@ -122,17 +122,16 @@ def measure(requests: int) -> dict[str, float]:
         figures["xreadgroup"] = count.instructions
         own = [KEYS.reply(rid) for rid in rids]
         half = requests // 2  # the pipelined pops take the first half of the replies, the script the rest
-        steps: list[tuple[str, Callable[[], None]]] = [
-            ("script", lambda: call_script(client, REPLY_SCRIPT, ids, own)),
-            ("lpop", lambda: per_key(client, "LPOP", own[:half])),
-            ("lpop-script", lambda: lpop_script(client, own[half:])),
-            ("exists", lambda: per_key(client, "EXISTS", own)),
+        steps: list[tuple[str, int, Callable[[], None]]] = [  # (name, requests it serves, the step)
+            ("script", requests, lambda: call_script(client, REPLY_SCRIPT, ids, own)),
+            ("lpop", half, lambda: per_key(client, "LPOP", own[:half])),
+            ("lpop-script", requests - half, lambda: lpop_script(client, own[half:])),
+            ("exists", requests, lambda: per_key(client, "EXISTS", own)),
         ]
-        for name, step in steps:
+        for name, served, step in steps:
             with server.counting() as count:
                 step()
-            figures[name] = count.instructions * (requests / {"lpop": half, "lpop-script": requests - half}.get(
-                name, requests))
+            figures[name] = count.instructions * requests / served  # a whole run's worth, as the others
         if client.xpending(KEYS.requests, GROUP)["pending"] or client.exists(*own[:1000]):
             raise RuntimeError("the reply script left entries pending or the pops left replies")
     figures["script-inbox"] = _on_fresh_entries(requests, REPLY_SCRIPT, inbox=True)

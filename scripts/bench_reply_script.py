@@ -239,8 +239,8 @@ end
 expire_answered()
 return {pushed, failed}
 """
-#: the fleet's script as it was before PEXPIREAT (c642cb4): each TTL a relative PEXPIRE, which Redis
-#: rewrites into a PEXPIREAT to propagate it (the command vector copied, the time made a string)
+#: the fleet's script with each TTL a relative PEXPIRE, as c642cb4 set them (the TIME read stays), which
+#: Redis rewrites into a PEXPIREAT to propagate it (the command vector copied, the time made a string)
 PEXPIRE = _changed(REPLY_SCRIPT, "local expire, when = 'PEXPIREAT', string.format('%.0f', now[1] * 1000 + "
                    "math.floor(now[2] / 1000) + tonumber(ttl))\n", "local expire, when = 'PEXPIRE', ttl\n")
 NO_EXPIRE = _changed(REPLY_SCRIPT, "pcall(expire, key, when) ~= 1", "false")

@@ -120,7 +120,7 @@ def _calls(client: redis.Redis, command: str) -> int:
 
 def test_reply_keys_get_their_ttl_by_pexpireat_once_each(redis_client: redis.Redis) -> None:
     """The TTL is an absolute PEXPIREAT at Redis's clock (a PEXPIRE would be rewritten into one
-    to propagate it, at 1,200 instructions a key): one a reply key, none relative."""
+    to propagate it, at 1,500 instructions a key): one a reply key, none relative."""
     ids = _pending(redis_client, 4)
     inbox = KEYS.inbox("p1")
     redis_client.config_resetstat()

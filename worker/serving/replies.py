@@ -55,7 +55,7 @@ RUN_MAX = 1024
 #: every run before it is pushed and acknowledged. A key gets its TTL after
 #: each run of it that answered anything: PEXPIREAT at Redis's clock, read once
 #: a call (Redis rewrites a PEXPIRE into a PEXPIREAT to propagate it, copying
-#: the command and formatting the time, 1,200 instructions a key); where the
+#: the command and formatting the time, 1,500 instructions a key); where the
 #: ACL lacks ``+pexpireat`` (a grant older than this script), PEXPIREAT answers an
 #: error instead of 1 and the call uses PEXPIRE from then on.
 #: Returns {pushed, {failed 0-based indexes}}.
