@@ -505,12 +505,7 @@ class Producer(ProducerBase):
     ) -> list[str]:
         """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order.
 
-        Each reply waits in a key of its own, which any process can collect by
-        id (:meth:`result`, :meth:`results`). Redis pays for every key still
-        waiting: one caller that sends and collects costs it less with
-        :meth:`map` (one inbox, collected as replies come), or with calls of a
-        few thousand (docs/benchmarks.md, issue 12's sixth round).
-        """
+        Each reply waits in a key of its own until collected: ``map`` costs Redis less (docs/operations.md)."""
         rids: list[str] = []
         encoder = BodyEncoder(params)
         items = iter(inputs)
@@ -786,8 +781,7 @@ class AsyncProducer(ProducerBase):
     ) -> list[str]:
         """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order.
 
-        What waiting replies cost Redis: see :meth:`Producer.submit_many`.
-        """
+        Each reply waits in a key of its own until collected: ``map`` costs Redis less (docs/operations.md)."""
         rids: list[str] = []
         encoder = BodyEncoder(params)
         items = iter(inputs)
