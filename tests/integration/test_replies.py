@@ -145,9 +145,8 @@ def test_a_worker_whose_acl_lacks_pexpireat_still_gives_every_reply_its_ttl(
     redis_client.acl_setuser("oldgrant", reset=True)
     redis_client.execute_command("ACL", "SETUSER", "oldgrant", *OLD_GRANT)
     try:
-        host, port = redis_client.connection_pool.connection_kwargs["host"], \
-            redis_client.connection_pool.connection_kwargs["port"]
-        with redis.Redis(host=host, port=port, username="oldgrant", password="old-pw") as old:
+        where = redis_client.connection_pool.connection_kwargs
+        with redis.Redis(host=where["host"], port=where["port"], username="oldgrant", password="old-pw") as old:
             redis_client.config_resetstat()
             writer = ReplyWriter(old, KEYS, TTL_S, ("m", "1"), Counters())
             writer.write(_answers(ids, [KEYS.reply("r0"), KEYS.reply("r1"), inbox, inbox]))
