@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 
 #: Top-level modules the worker side needs beyond the SDK's (the ``worker`` extra).
-WORKER_MODULES = frozenset({"torch", "click", "rich", "matplotlib", "prometheus_client", "pythonjsonlogger",
-                            "cachetools"})
+WORKER_MODULES = frozenset(
+    {"torch", "click", "rich", "matplotlib", "prometheus_client", "pythonjsonlogger", "cachetools"}
+)
 
 
 def main() -> None:
@@ -21,8 +22,10 @@ def main() -> None:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in WORKER_MODULES:
             raise
-        sys.stderr.write(f"inferfleet: the command line is part of the worker side, and {exc.name} is not "
-                         f"installed: run pip install -e '.[worker]' in an inferfleet checkout\n")
+        sys.stderr.write(
+            f"inferfleet: the command line is part of the worker side, and {exc.name} is not "
+            f"installed: run pip install -e '.[worker]' in an inferfleet checkout\n"
+        )
         sys.exit(2)
     cli()
 

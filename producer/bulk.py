@@ -38,8 +38,15 @@ class Sender(Protocol):
 
     def deadline_fields(self, deadline_s: float | None) -> list[tuple[str, str]]: ...
 
-    def queue_xadds(self, round_: Round, rids: list[str], bodies: list[bytes], fields: list[tuple[str, str]],
-                    to_inbox: bool, lane: int = 1) -> list[tuple[int, list[int]]]: ...
+    def queue_xadds(
+        self,
+        round_: Round,
+        rids: list[str],
+        bodies: list[bytes],
+        fields: list[tuple[str, str]],
+        to_inbox: bool,
+        lane: int = 1,
+    ) -> list[tuple[int, list[int]]]: ...
 
 
 def group_by_shard(rids: Sequence[str], shards: int) -> list[tuple[int, list[int]]]:
@@ -77,11 +84,17 @@ class InFlight:
                 return index
         return None
 
-    def take(self, shard: int, popped: Sequence[bytes], raise_errors: bool) -> list[tuple[int, Reply]]:
+    def take(
+        self, shard: int, popped: Sequence[bytes], raise_errors: bool
+    ) -> list[tuple[int, Reply]]:
         """(input index, reply) of each reply popped from ``shard``'s inbox that this call waits for
         (others are stale replies of an earlier, abandoned call)."""
         pop = self._where[shard].pop
-        taken = [(index, reply) for reply in lazy_replies(popped) if (index := pop(reply.id, None)) is not None]
+        taken = [
+            (index, reply)
+            for reply in lazy_replies(popped)
+            if (index := pop(reply.id, None)) is not None
+        ]
         if raise_errors:
             for _, reply in taken:
                 reply.raise_for_error()
@@ -95,8 +108,15 @@ class InFlight:
 class MapRun:
     """One map/imap call between round trips: what to send next, what is still owed."""
 
-    def __init__(self, sender: Sender, inputs: Iterable[Any], params: Mapping[str, Any] | None,
-                 window: int, deadline_s: float | None, lane: int = 1) -> None:
+    def __init__(
+        self,
+        sender: Sender,
+        inputs: Iterable[Any],
+        params: Mapping[str, Any] | None,
+        window: int,
+        deadline_s: float | None,
+        lane: int = 1,
+    ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
         self.sender = sender
@@ -131,12 +151,18 @@ class MapRun:
         bodies = [self.encoder.encode(one) for one in batch]
         rids = self.sender.new_request_ids(len(batch))
         fields = self.sender.deadline_fields(self.deadline_s)
-        for shard, positions in self.sender.queue_xadds(round_, rids, bodies, fields, True, self.lane):
-            self.in_flight.add_many(shard, [rids[p] for p in positions], [self.sent + p for p in positions])
+        for shard, positions in self.sender.queue_xadds(
+            round_, rids, bodies, fields, True, self.lane
+        ):
+            self.in_flight.add_many(
+                shard, [rids[p] for p in positions], [self.sent + p for p in positions]
+            )
         self.sent += len(batch)
         return rids
 
-    def queue_pops(self, round_: Round, block_keys: Callable[[list[int]], list[str]], timeout_s: float) -> None:
+    def queue_pops(
+        self, round_: Round, block_keys: Callable[[list[int]], list[str]], timeout_s: float
+    ) -> None:
         """Queue a BLPOP (up to ``timeout_s``) on the inboxes ``block_keys`` picks among the waiting
         shards', then an LPOP of each waiting shard's inbox: one round trip waits and collects."""
         waiting = self.in_flight.shards()
@@ -150,14 +176,16 @@ class MapRun:
     def popped(self, replies: Sequence[Any]) -> list[tuple[int, list[bytes] | None]]:
         """(shard, replies) that the round's trailing BLPOP and LPOPs took."""
         waiting, blocked = self._tail
-        tail = replies[len(replies) - len(waiting) - blocked:]
+        tail = replies[len(replies) - len(waiting) - blocked :]
         found: list[tuple[int, list[bytes] | None]] = []
         if blocked and tail[0]:  # [key, reply] or None when it timed out
             found.append((self._inbox_shard[tail[0][0]], [tail[0][1]]))
         found += zip(waiting, tail[blocked:])
         return found
 
-    def take(self, popped: Iterable[tuple[int, list[bytes] | None]], raise_errors: bool) -> list[tuple[int, Reply]]:
+    def take(
+        self, popped: Iterable[tuple[int, list[bytes] | None]], raise_errors: bool
+    ) -> list[tuple[int, Reply]]:
         """(input index, reply) of the replies popped, per shard, that this call waits for."""
         taken = []
         for shard, raws in popped:
@@ -170,7 +198,9 @@ class MapRun:
     def check_stall(self, timeout_s: float) -> None:
         """Raise ReplyTimeout when no reply came for ``timeout_s`` with requests in flight."""
         if self.in_flight and time.monotonic() - self.last_progress > timeout_s:
-            raise errors.ReplyTimeout(f"no reply for {timeout_s} s with {len(self.in_flight)} requests in flight")
+            raise errors.ReplyTimeout(
+                f"no reply for {timeout_s} s with {len(self.in_flight)} requests in flight"
+            )
 
 
 class ReplyScan:
@@ -222,8 +252,11 @@ class ReplyScan:
             self._record([waited], [blocked[1]], raise_errors)
         left = [index for index, raw in zip(probed, replies) if raw is None]
         if len(left) < len(probed):
-            self._record([index for index, raw in zip(probed, replies) if raw is not None],
-                         [raw for raw in replies if raw is not None], raise_errors)
+            self._record(
+                [index for index, raw in zip(probed, replies) if raw is not None],
+                [raw for raw in replies if raw is not None],
+                raise_errors,
+            )
         if not blocked:
             left.append(waited)
         self._missing.extendleft(reversed(left))

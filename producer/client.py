@@ -71,7 +71,9 @@ __all__ = ["Producer", "AsyncProducer", "DEFAULT_REDIS_URL"]
 _POLL_S = 0.05  # longest blocking wait between rounds of a map
 _WAIT_S = 1.0  # longest wait of a results() round for the last reply it names (it returns when that comes)
 _LIMITS_S = 1.0  # how often a producer looks whether fleet-wide limits are in force (one EXISTS)
-_CANCEL_BOUND_MS = 3_600_000  # a cancel mark of a request without a deadline lives at most this long
+_CANCEL_BOUND_MS = (
+    3_600_000  # a cancel mark of a request without a deadline lives at most this long
+)
 
 
 def sum_shards(lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[int | None, int]:
@@ -91,17 +93,23 @@ def sum_shards(lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[in
     return lag, backlog
 
 
-def missing_reply_message(request_id: str, timeout_s: float, keys: QueueKeys, groups: list | None) -> str:
+def missing_reply_message(
+    request_id: str, timeout_s: float, keys: QueueKeys, groups: list | None
+) -> str:
     """Why no reply came: ``groups`` is the XINFO GROUPS reply of the request's stream (None: no stream)."""
     head = f"no reply to {request_id!r} within {timeout_s} s"
     group = workers_group(groups) if groups is not None else None
     if group is None:
-        return (f"{head}: no worker has ever served queue {keys.name!r} (no group {GROUP!r} on {keys.requests}): "
-                f"start one with 'inferfleet worker --name {keys.name} --model MODEL'")
+        return (
+            f"{head}: no worker has ever served queue {keys.name!r} (no group {GROUP!r} on {keys.requests}): "
+            f"start one with 'inferfleet worker --name {keys.name} --model MODEL'"
+        )
     if group.lag == 0 and group.pending == 0:
-        return (f"{head}, and queue {keys.name!r} has nothing waiting or in progress: its reply was already "
-                f"collected (replies are read once, by the first result call), or outlived its TTL, or no "
-                f"request had this id")
+        return (
+            f"{head}, and queue {keys.name!r} has nothing waiting or in progress: its reply was already "
+            f"collected (replies are read once, by the first result call), or outlived its TTL, or no "
+            f"request had this id"
+        )
     waiting = "an unknown number of" if group.lag is None else str(group.lag)
     return f"{head}: queue {keys.name!r} has {waiting} requests waiting and {group.pending} in progress"
 
@@ -109,11 +117,21 @@ def missing_reply_message(request_id: str, timeout_s: float, keys: QueueKeys, gr
 class ProducerBase:
     """What both producers share: names, ids, entry fields, limits and reply decoding."""
 
-    def __init__(self, name: str, prefix: str = DEFAULT_PREFIX, default_deadline_s: float | None = 60.0,
-                 max_backlog: int | None = None, on_full: str = "raise", full_wait_s: float = 30.0,
-                 shards: int = 1, tenant: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        prefix: str = DEFAULT_PREFIX,
+        default_deadline_s: float | None = 60.0,
+        max_backlog: int | None = None,
+        on_full: str = "raise",
+        full_wait_s: float = 30.0,
+        shards: int = 1,
+        tenant: str | None = None,
+    ) -> None:
         if default_deadline_s is not None and default_deadline_s <= 0:
-            raise ValueError(f"default_deadline_s must be positive or None, got {default_deadline_s}")
+            raise ValueError(
+                f"default_deadline_s must be positive or None, got {default_deadline_s}"
+            )
         if max_backlog is not None and max_backlog < 1:
             raise ValueError(f"max_backlog must be at least 1 or None, got {max_backlog}")
         if on_full not in ("raise", "wait"):
@@ -124,7 +142,10 @@ class ProducerBase:
         #: each shard's lane streams: high, normal, low
         self.lanes = tuple(lane_keys(keys) for keys in self.shard_keys)
         self.tenant = validate_tenant(tenant) if tenant is not None else None
-        self._limits_seen = (-_LIMITS_S, False)  # (monotonic time, limits in force): re-read every _LIMITS_S
+        self._limits_seen = (
+            -_LIMITS_S,
+            False,
+        )  # (monotonic time, limits in force): re-read every _LIMITS_S
         self._library_loaded = False
         self.shards = shards
         self.name = name
@@ -182,7 +203,9 @@ class ProducerBase:
                 f"reply_to must be a key under {keys.inbox_prefix!r} (the shard of request {rid!r}), "
                 f"got {reply_to!r}"
             )
-        fields = request_fields(rid, encode_body(inputs, params), deadline_ms, reply_to, current_traceparent())
+        fields = request_fields(
+            rid, encode_body(inputs, params), deadline_ms, reply_to, current_traceparent()
+        )
         if self.tenant is not None:
             fields["tenant"] = self.tenant
         return rid, keys, fields
@@ -199,26 +222,46 @@ class ProducerBase:
         """True while the queue has fleet-wide limits: entries then go through ``inferfleet_enqueue``."""
         return self._limits_seen[1]
 
-    def _fcall_args(self, keys: QueueKeys, lane: str, rids: Sequence[str], bodies: Sequence[bytes],
-                    fields: Iterable[tuple[str, Any]]) -> list[Any]:
+    def _fcall_args(
+        self,
+        keys: QueueKeys,
+        lane: str,
+        rids: Sequence[str],
+        bodies: Sequence[bytes],
+        fields: Iterable[tuple[str, Any]],
+    ) -> list[Any]:
         """``FCALL inferfleet_enqueue`` arguments that send ``rids`` with ``bodies`` (one shard's) at once;
         ``fields`` are the other fields every entry carries."""
-        common = [part for name, value in fields if name not in ("id", "body", "tenant") for part in (name, value)]
+        common = [
+            part
+            for name, value in fields
+            if name not in ("id", "body", "tenant")
+            for part in (name, value)
+        ]
         tenant = self.tenant or ""
-        args: list[Any] = ["FCALL", "inferfleet_enqueue", 7, *enqueue_keys(keys, lane, tenant), tenant,
-                           len(common) // 2, *common]
+        args: list[Any] = [
+            "FCALL",
+            "inferfleet_enqueue",
+            7,
+            *enqueue_keys(keys, lane, tenant),
+            tenant,
+            len(common) // 2,
+            *common,
+        ]
         args += chain.from_iterable(zip(rids, bodies))
         return args
 
     @staticmethod
     def _cancel_found(args: list[Any], statuses: list[bytes]) -> dict[str, str]:
-        return dict(zip(args[-len(statuses):], (status.decode() for status in statuses)))
+        return dict(zip(args[-len(statuses) :], (status.decode() for status in statuses)))
 
     @staticmethod
     def _one_cancelled(request_id: str, status: str) -> str:
         if status == "unknown":
-            raise errors.ProtocolError(f"request {request_id!r} is in no lane of this queue (never sent, "
-                                       f"or answered and trimmed): nothing to cancel")
+            raise errors.ProtocolError(
+                f"request {request_id!r} is in no lane of this queue (never sent, "
+                f"or answered and trimmed): nothing to cancel"
+            )
         return status
 
     def _cancel_args(self, request_ids: Sequence[str]) -> list[list[Any]]:
@@ -239,8 +282,11 @@ class ProducerBase:
         return self.max_backlog is not None and backlog + adding > self.max_backlog
 
     def _queue_full(self, backlog: int) -> errors.QueueFull:
-        return errors.QueueFull(f"queue {self.name!r} has a backlog of {backlog}, over max_backlog "
-                                f"{self.max_backlog}: back off and retry", backlog)
+        return errors.QueueFull(
+            f"queue {self.name!r} has a backlog of {backlog}, over max_backlog "
+            f"{self.max_backlog}: back off and retry",
+            backlog,
+        )
 
     @staticmethod
     def _finish(raw: bytes, raise_errors: bool) -> Reply:
@@ -264,8 +310,15 @@ class ProducerBase:
             raise errors.ProtocolError(f"deadline_s must be positive, got {deadline_s}")
         return [("deadline", str(int((time.time() + deadline_s) * 1000))), *traceparent_fields()]
 
-    def queue_xadds(self, round_: Round, rids: list[str], bodies: list[bytes], fields: list[tuple[str, str]],
-                    to_inbox: bool, lane: int = 1) -> list[tuple[int, list[int]]]:
+    def queue_xadds(
+        self,
+        round_: Round,
+        rids: list[str],
+        bodies: list[bytes],
+        fields: list[tuple[str, str]],
+        to_inbox: bool,
+        lane: int = 1,
+    ) -> list[tuple[int, list[int]]]:
         """Queue the XADDs of ``rids`` on ``round_``, a shard at a time; return (shard, positions in rids).
 
         ``to_inbox``: each entry names this producer's inbox in its shard as ``reply_to``. ``lane``:
@@ -277,8 +330,11 @@ class ProducerBase:
             fields = [*fields, ("tenant", self.tenant)]
         for shard, positions in groups:
             extra = [*fields, ("reply_to", self.inboxes[shard])] if to_inbox else fields
-            mine = (rids, bodies) if len(groups) == 1 else ([rids[p] for p in positions],
-                                                            [bodies[p] for p in positions])
+            mine = (
+                (rids, bodies)
+                if len(groups) == 1
+                else ([rids[p] for p in positions], [bodies[p] for p in positions])
+            )
             stream = self.lanes[shard][lane]
             if self._admitting():
                 round_.command(self._fcall_args(self.shard_keys[shard], stream, *mine, extra))
@@ -286,8 +342,9 @@ class ProducerBase:
                 round_.xadd(stream, *mine, extra)
         return groups
 
-    def _submit_round(self, batch: list[Any], encoder: BodyEncoder,
-                      deadline_s: float | None, lane: int = 1) -> tuple[list[str], Round]:
+    def _submit_round(
+        self, batch: list[Any], encoder: BodyEncoder, deadline_s: float | None, lane: int = 1
+    ) -> tuple[list[str], Round]:
         """(ids, Round of XADDs) for one chunk of submit_many, every input encoded first."""
         self._check_open()
         fields = self.deadline_fields(deadline_s)
@@ -385,7 +442,9 @@ class Producer(ProducerBase):
         cluster: bool = False,
         tenant: str | None = None,
     ) -> None:
-        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards, tenant)
+        super().__init__(
+            name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards, tenant
+        )
         self._owns_client = client is None
         self.cluster = cluster or isinstance(client, RedisCluster)
         with translate_errors():
@@ -440,7 +499,9 @@ class Producer(ProducerBase):
         self._make_room(1)
         with translate_errors():
             if self._check_limits():
-                self.redis.execute_command(*self._fcall_args(keys, lane, [rid], [fields["body"]], fields.items()))
+                self.redis.execute_command(
+                    *self._fcall_args(keys, lane, [rid], [fields["body"]], fields.items())
+                )
             else:
                 self.redis.xadd(lane, fields)
         return rid
@@ -469,7 +530,9 @@ class Producer(ProducerBase):
                 found.update(self._cancel_found(args, self.redis.execute_command("FCALL", *args)))
         return [found[rid] for rid in request_ids]
 
-    def result(self, request_id: str, timeout_s: float = 30.0, *, raise_errors: bool = True) -> Reply:
+    def result(
+        self, request_id: str, timeout_s: float = 30.0, *, raise_errors: bool = True
+    ) -> Reply:
         """Wait up to ``timeout_s`` for the reply to ``request_id``.
 
         Any process can collect a reply; it is removed once collected. With
@@ -479,18 +542,30 @@ class Producer(ProducerBase):
         key = self.keys_for(request_id).reply(validate_request_id(request_id))
         popped = None
         with translate_errors():
-            for block_s in block_slices(timeout_s):  # each BLPOP well within the socket's read timeout
+            for block_s in block_slices(
+                timeout_s
+            ):  # each BLPOP well within the socket's read timeout
                 popped = self.redis.blpop([key], timeout=block_s)
                 if popped is not None:
                     break
         if popped is None:
-            raise errors.ReplyTimeout(_missing(self.redis, self.keys_for(request_id), request_id, timeout_s))
+            raise errors.ReplyTimeout(
+                _missing(self.redis, self.keys_for(request_id), request_id, timeout_s)
+            )
         return self._finish(popped[1], raise_errors)
 
-    def infer(self, inputs: Any, params: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
-              *, priority: str = "normal") -> Any:
+    def infer(
+        self,
+        inputs: Any,
+        params: Mapping[str, Any] | None = None,
+        timeout_s: float = 30.0,
+        *,
+        priority: str = "normal",
+    ) -> Any:
         """Submit (with the timeout as deadline), wait and return the outputs (raises on an error reply)."""
-        return self.result(self.submit(inputs, params, deadline_s=timeout_s, priority=priority), timeout_s).outputs
+        return self.result(
+            self.submit(inputs, params, deadline_s=timeout_s, priority=priority), timeout_s
+        ).outputs
 
     # -- many requests -----------------------------------------------------
 
@@ -599,8 +674,13 @@ class Producer(ProducerBase):
                 yield ready.pop(next_out)
                 next_out += 1
 
-    def _map_round(self, calls: MapRun, timeout_s: float, raise_errors: bool,
-                   on_send: Callable[[list[str]], None] | None) -> list[tuple[int, Reply]]:
+    def _map_round(
+        self,
+        calls: MapRun,
+        timeout_s: float,
+        raise_errors: bool,
+        on_send: Callable[[list[str]], None] | None,
+    ) -> list[tuple[int, Reply]]:
         """One round trip of a map/imap call: send what the window allows, wait for and pop replies."""
         round_ = Round()
         self._check_limits()
@@ -627,7 +707,9 @@ class Producer(ProducerBase):
     def _lag_and_backlog(self) -> tuple[int | None, int]:
         with translate_errors():
             pipe = self.redis.pipeline(transaction=False)
-            streams = [stream for lanes in self.lanes for stream in lanes]  # every lane of every shard
+            streams = [
+                stream for lanes in self.lanes for stream in lanes
+            ]  # every lane of every shard
             for stream in streams:
                 pipe.xlen(stream)
             lengths = [int(n) for n in pipe.execute()]
@@ -669,7 +751,9 @@ class AsyncProducer(ProducerBase):
         cluster: bool = False,
         tenant: str | None = None,
     ) -> None:
-        super().__init__(name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards, tenant)
+        super().__init__(
+            name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards, tenant
+        )
         self._owns_client = client is None
         self.cluster = cluster or isinstance(client, AsyncRedisCluster)
         with translate_errors():
@@ -718,8 +802,9 @@ class AsyncProducer(ProducerBase):
         await self._make_room(1)
         with translate_errors():
             if await self._check_limits():
-                await self.redis.execute_command(*self._fcall_args(keys, lane, [rid], [fields["body"]],
-                                                                   fields.items()))
+                await self.redis.execute_command(
+                    *self._fcall_args(keys, lane, [rid], [fields["body"]], fields.items())
+                )
             else:
                 await self.redis.xadd(lane, fields)
         return rid
@@ -739,10 +824,14 @@ class AsyncProducer(ProducerBase):
                 except redis.exceptions.ResponseError:
                     pass
             for args in self._cancel_args(request_ids):
-                found.update(self._cancel_found(args, await self.redis.execute_command("FCALL", *args)))
+                found.update(
+                    self._cancel_found(args, await self.redis.execute_command("FCALL", *args))
+                )
         return [found[rid] for rid in request_ids]
 
-    async def result(self, request_id: str, timeout_s: float = 30.0, *, raise_errors: bool = True) -> Reply:
+    async def result(
+        self, request_id: str, timeout_s: float = 30.0, *, raise_errors: bool = True
+    ) -> Reply:
         """Wait up to ``timeout_s`` for the reply to ``request_id``."""
         key = self.keys_for(request_id).reply(validate_request_id(request_id))
         popped = None
@@ -759,13 +848,23 @@ class AsyncProducer(ProducerBase):
         """The timeout's message, saying why if the queue's state tells (on timeouts only)."""
         keys = self.keys_for(request_id)
         try:
-            groups = await self.redis.xinfo_groups(keys.requests) if await self.redis.exists(keys.requests) else None
+            groups = (
+                await self.redis.xinfo_groups(keys.requests)
+                if await self.redis.exists(keys.requests)
+                else None
+            )
         except redis.exceptions.RedisError:
             return f"no reply to {request_id!r} within {timeout_s} s"
         return missing_reply_message(request_id, timeout_s, keys, groups)
 
-    async def infer(self, inputs: Any, params: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
-                    *, priority: str = "normal") -> Any:
+    async def infer(
+        self,
+        inputs: Any,
+        params: Mapping[str, Any] | None = None,
+        timeout_s: float = 30.0,
+        *,
+        priority: str = "normal",
+    ) -> Any:
         """Submit (with the timeout as deadline), wait and return the outputs (raises on an error reply)."""
         rid = await self.submit(inputs, params, deadline_s=timeout_s, priority=priority)
         return (await self.result(rid, timeout_s)).outputs
@@ -833,7 +932,9 @@ class AsyncProducer(ProducerBase):
     async def _lag_and_backlog(self) -> tuple[int | None, int]:
         with translate_errors():
             pipe = self.redis.pipeline(transaction=False)
-            streams = [stream for lanes in self.lanes for stream in lanes]  # every lane of every shard
+            streams = [
+                stream for lanes in self.lanes for stream in lanes
+            ]  # every lane of every shard
             for stream in streams:
                 pipe.xlen(stream)
             lengths = [int(n) for n in await pipe.execute()]

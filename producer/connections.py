@@ -107,9 +107,13 @@ def block_slices(timeout_s: float, clock: Callable[[], float] = time.monotonic) 
 def client_options(block_s: float = 0.0, health_check_s: int = 0) -> dict[str, Any]:
     """Every client's timeouts, keepalive and health check (``health_check_s``, 0: off),
     for reads that block at most ``block_s``."""
-    return {"socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": socket_timeout_for(block_s),
-            "socket_keepalive": True, "socket_keepalive_options": KEEPALIVE_OPTIONS,
-            "health_check_interval": health_check_s}
+    return {
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": socket_timeout_for(block_s),
+        "socket_keepalive": True,
+        "socket_keepalive_options": KEEPALIVE_OPTIONS,
+        "health_check_interval": health_check_s,
+    }
 
 
 def connect(url: str, cluster: bool = False) -> Any:
@@ -133,12 +137,18 @@ def refusal(message: str) -> errors.InferfleetError | None:
     word, _, rest = message.partition(" ")
     parts = rest.split(" ", 2)
     if word == "OVERLOADED" and len(parts) == 3 and parts[0].isdigit():
-        return errors.QueueFull(f"the queue's backlog of {parts[0]} is over its fleet-wide max_backlog "
-                                f"{parts[1]}: back off and retry", int(parts[0]))
+        return errors.QueueFull(
+            f"the queue's backlog of {parts[0]} is over its fleet-wide max_backlog "
+            f"{parts[1]}: back off and retry",
+            int(parts[0]),
+        )
     if word == "RATELIMITED" and len(parts) == 3 and parts[0].isdigit():
         retry_s = int(parts[0]) / 1000
-        return errors.RateLimited(f"tenant {parts[1]!r} is over its fleet-wide rate: retry in {retry_s:.3f} s",
-                                  parts[1], retry_s)
+        return errors.RateLimited(
+            f"tenant {parts[1]!r} is over its fleet-wide rate: retry in {retry_s:.3f} s",
+            parts[1],
+            retry_s,
+        )
     return None
 
 
@@ -153,5 +163,7 @@ def translate_errors() -> Iterator[None]:
         raise refusal(str(exc)) or errors.InferfleetError(f"Redis error: {exc}") from exc
     except redis.exceptions.RedisError as exc:
         raise errors.InferfleetError(f"Redis error: {exc}") from exc
-    except redis.exceptions.RedisClusterException as exc:  # not a RedisError: cross-slot and the like
+    except (
+        redis.exceptions.RedisClusterException
+    ) as exc:  # not a RedisError: cross-slot and the like
         raise errors.InferfleetError(f"Redis Cluster error: {exc}") from exc

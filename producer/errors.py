@@ -173,8 +173,17 @@ class Throttled(ReplyError):
 
 
 _BY_CODE: dict[str, type[ReplyError]] = {
-    cls.code: cls for cls in (BadRequest, TooLarge, Expired, ModelError, DeadLetter, Cancelled, Overloaded,
-                              Throttled)
+    cls.code: cls
+    for cls in (
+        BadRequest,
+        TooLarge,
+        Expired,
+        ModelError,
+        DeadLetter,
+        Cancelled,
+        Overloaded,
+        Throttled,
+    )
 }
 
 

@@ -75,8 +75,16 @@ DEFAULT_PREFIX = "inferfleet"
 GROUP = "workers"
 DEFAULT_REPLY_TTL_S = 300
 MAX_SHARDS = 1024
-ERROR_CODES = ("bad_request", "too_large", "expired", "model_error", "dead_letter",
-               "cancelled", "rate_limited", "overloaded")  # the last three: contract 1.1
+ERROR_CODES = (
+    "bad_request",
+    "too_large",
+    "expired",
+    "model_error",
+    "dead_letter",
+    "cancelled",
+    "rate_limited",
+    "overloaded",
+)  # the last three: contract 1.1
 
 #: Contract dtype name -> numpy dtype, always little-endian.
 DTYPES: dict[str, np.dtype] = {
@@ -153,7 +161,7 @@ def shown(value: object, limit: int = 64) -> str:
     if isinstance(value, (str, bytes, bytearray, list, tuple)) and len(value) > limit:
         return f"{value[:limit]!r}... ({len(value)} long)"
     text = repr(value)
-    return text if len(text) <= 4 * limit else f"{text[:4 * limit]}... ({len(text)} characters)"
+    return text if len(text) <= 4 * limit else f"{text[: 4 * limit]}... ({len(text)} characters)"
 
 
 def is_tenant(raw: bytes) -> bool:
@@ -198,8 +206,11 @@ def workers_group(groups: Sequence[Mapping[Any, Any]]) -> GroupInfo | None:
         if group.get("name") in (GROUP, GROUP.encode()):
             lag = group.get("lag")
             last = group.get("last-delivered-id", b"0-0")
-            return GroupInfo(None if lag is None else int(lag), int(group.get("pending", 0)),
-                             last.decode() if isinstance(last, bytes) else str(last))
+            return GroupInfo(
+                None if lag is None else int(lag),
+                int(group.get("pending", 0)),
+                last.decode() if isinstance(last, bytes) else str(last),
+            )
     return None
 
 
@@ -243,7 +254,7 @@ class QueueKeys:
             key.startswith(self.inbox_prefix)
             and len(key) > len(self.inbox_prefix)
             and len(key) <= len(self.inbox_prefix) + 256
-            and not any(c in key[len(self.inbox_prefix):] for c in "{} \t\r\n")
+            and not any(c in key[len(self.inbox_prefix) :] for c in "{} \t\r\n")
         )
 
 
@@ -292,7 +303,9 @@ def shard_keys(name: str, shards: int = 1, prefix: str = DEFAULT_PREFIX) -> tupl
     Shard ``s`` is keyed exactly like a queue named ``NAME.s`` (its own hash
     tag, so its own cluster slot); with one shard the queue is ``NAME``'s own.
     """
-    return tuple(QueueKeys(shard_name(name, s, shards), prefix) for s in range(_check_shards(shards)))
+    return tuple(
+        QueueKeys(shard_name(name, s, shards), prefix) for s in range(_check_shards(shards))
+    )
 
 
 def entry_time_ms(entry_id: bytes | str) -> int:
@@ -360,9 +373,7 @@ def encode_tensor(value: Any) -> dict:
     arr = _as_array(value)
     name = _NAME_BY_KIND.get((arr.dtype.kind, arr.dtype.itemsize))
     if name is None:
-        raise ProtocolError(
-            f"unsupported dtype {arr.dtype}: use one of {', '.join(DTYPES)}"
-        )
+        raise ProtocolError(f"unsupported dtype {arr.dtype}: use one of {', '.join(DTYPES)}")
     if arr.ndim == 0:
         raise ProtocolError("a tensor needs at least one dimension: shape[0] is the row count")
     arr = np.ascontiguousarray(arr, dtype=DTYPES[name])
@@ -384,7 +395,9 @@ def encode_inputs(inputs: Any) -> Any:
             raise ProtocolError("inputs list is empty")
         return [encode_tensor(val) for val in inputs]
     if isinstance(inputs, (str, bytes, bytearray)):
-        return bytes(inputs) if isinstance(inputs, bytearray) else inputs  # raw (version 1.2): a handler decodes it
+        return (
+            bytes(inputs) if isinstance(inputs, bytearray) else inputs
+        )  # raw (version 1.2): a handler decodes it
     return encode_tensor(inputs)
 
 
@@ -403,7 +416,9 @@ def _decode_tensor(obj: Any, limits: Limits, where: str) -> np.ndarray:
         raise ProtocolError(f"{where}: a tensor is a map with exactly dtype, shape and data")
     dtype = DTYPES.get(obj["dtype"]) if isinstance(obj["dtype"], str) else None
     if dtype is None:
-        raise ProtocolError(f"{where}: dtype {shown(obj['dtype'])} is not one of {', '.join(DTYPES)}")
+        raise ProtocolError(
+            f"{where}: dtype {shown(obj['dtype'])} is not one of {', '.join(DTYPES)}"
+        )
     shape, data = obj["shape"], obj["data"]
     if (
         not isinstance(shape, list)
@@ -454,10 +469,14 @@ def decode_inputs(obj: Any, limits: Limits = DEFAULT_LIMITS, where: str = "input
         arrays = [_decode_tensor(v, limits, f"{where}[{i}]") for i, v in enumerate(obj)]
         result = arrays
     else:
-        raise ProtocolError(f"{where}: must be a tensor, a list of tensors, a map of tensors or raw text or bytes")
+        raise ProtocolError(
+            f"{where}: must be a tensor, a list of tensors, a map of tensors or raw text or bytes"
+        )
     rows = {a.shape[0] for a in arrays}
     if len(rows) != 1:
-        raise ProtocolError(f"{where}: every tensor must have the same row count, got {sorted(rows)}")
+        raise ProtocolError(
+            f"{where}: every tensor must have the same row count, got {sorted(rows)}"
+        )
     return result
 
 
@@ -536,9 +555,12 @@ def parse_entry(fields: Mapping[bytes, bytes]) -> Envelope:
             raise ProtocolError("entry has no 'body' field")
         tenant = fields.get(b"tenant")
         if tenant is not None and not (isinstance(tenant, bytes) and is_tenant(tenant)):
-            raise ProtocolError(f"tenant must be 1 to 64 characters of A-Z a-z 0-9 . _ : @ -, got {tenant!r:.80}")
-        return Envelope(rid, body, _parse_deadline(_field(fields, b"deadline")),
-                        _parse_reply_to(fields))
+            raise ProtocolError(
+                f"tenant must be 1 to 64 characters of A-Z a-z 0-9 . _ : @ -, got {tenant!r:.80}"
+            )
+        return Envelope(
+            rid, body, _parse_deadline(_field(fields, b"deadline")), _parse_reply_to(fields)
+        )
     except ProtocolError as exc:
         exc.rid = rid  # type: ignore[attr-defined]
         raise
@@ -593,7 +615,9 @@ class BodyTemplate:
 
     length: int
     consts: tuple[tuple[int, bytes], ...]  # (offset, bytes) every fitting body repeats
-    tensors: tuple[tuple[int, np.dtype, tuple[int, ...]], ...]  # (offset, dtype, shape) of each tensor's data
+    tensors: tuple[
+        tuple[int, np.dtype, tuple[int, ...]], ...
+    ]  # (offset, dtype, shape) of each tensor's data
     names: tuple[str, ...] | None  # a map's keys in order; None for one tensor or a list
     single: bool  # one tensor, not a list of one
 
@@ -617,9 +641,16 @@ class BodyTemplate:
             start = at + arr.nbytes
         ranges = [(at, at + int(np.prod(shape)) * dtype.itemsize) for at, dtype, shape in tensors]
         ends = [0] + [end for _, end in ranges]
-        consts = tuple((end, body[end:at]) for end, (at, _) in zip(ends, [*ranges, (len(body), 0)]) if at > end)
-        template = cls(len(body), consts, tuple(tensors),
-                       tuple(inputs) if isinstance(inputs, dict) else None, isinstance(inputs, np.ndarray))
+        consts = tuple(
+            (end, body[end:at]) for end, (at, _) in zip(ends, [*ranges, (len(body), 0)]) if at > end
+        )
+        template = cls(
+            len(body),
+            consts,
+            tuple(tensors),
+            tuple(inputs) if isinstance(inputs, dict) else None,
+            isinstance(inputs, np.ndarray),
+        )
         return template if template._proved(body, ranges) else None
 
     def _proved(self, body: bytes, ranges: list[tuple[int, int]]) -> bool:
@@ -637,15 +668,23 @@ class BodyTemplate:
             same_form = self.names is None and self.single == isinstance(inputs, np.ndarray)
         got = _tensors_of(inputs)
         want = _tensors_of(self._inputs_of(flipped.reshape(1, -1)))
-        return (not params and same_form and got is not None and want is not None and len(got) == len(want)
-                and all(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-                        for a, b in zip(got, want)))
+        return (
+            not params
+            and same_form
+            and got is not None
+            and want is not None
+            and len(got) == len(want)
+            and all(
+                a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+                for a, b in zip(got, want)
+            )
+        )
 
     def fitting(self, bodies: np.ndarray) -> np.ndarray:
         """Which rows of ``bodies`` (uint8, one body of ``length`` bytes a row) fit: a bool each."""
         fits = np.ones(len(bodies), bool)
         for at, const in self.consts:
-            fits &= (bodies[:, at:at + len(const)] == np.frombuffer(const, np.uint8)).all(axis=1)
+            fits &= (bodies[:, at : at + len(const)] == np.frombuffer(const, np.uint8)).all(axis=1)
         return fits
 
     def _inputs_of(self, bodies: np.ndarray) -> Inputs:
@@ -655,7 +694,7 @@ class BodyTemplate:
             nbytes = int(np.prod(shape)) * dtype.itemsize
             # a copy, always: a one-row slice counts as contiguous, so ascontiguousarray would keep
             # its row stride (the body's length), which is no multiple of the dtype's size
-            arr = bodies[:, at:at + nbytes].copy().view(dtype)
+            arr = bodies[:, at : at + nbytes].copy().view(dtype)
             arrays.append(arr.reshape((len(bodies) * shape[0],) + shape[1:]))
         if self.single:
             return arrays[0]
@@ -667,7 +706,9 @@ class BodyTemplate:
 
     def inputs_of(self, body: bytes) -> Inputs | None:
         """``body``'s inputs if it fits this template, else None."""
-        if len(body) != self.length or not all(body.startswith(const, at) for at, const in self.consts):
+        if len(body) != self.length or not all(
+            body.startswith(const, at) for at, const in self.consts
+        ):
             return None
         if self.single:
             at, dtype, shape = self.tensors[0]
@@ -677,9 +718,18 @@ class BodyTemplate:
 
 def _tensors_of(inputs: Inputs) -> list[np.ndarray] | None:
     """The tensors of decoded inputs in body order, or None where a template cannot hold them."""
-    arrays = [inputs] if isinstance(inputs, np.ndarray) else list(inputs.values()) if isinstance(inputs, dict) \
-        else list(inputs) if isinstance(inputs, list) else None
-    if not arrays or not all(isinstance(a, np.ndarray) and a.size and a.dtype.kind != "b" for a in arrays):
+    arrays = (
+        [inputs]
+        if isinstance(inputs, np.ndarray)
+        else list(inputs.values())
+        if isinstance(inputs, dict)
+        else list(inputs)
+        if isinstance(inputs, list)
+        else None
+    )
+    if not arrays or not all(
+        isinstance(a, np.ndarray) and a.size and a.dtype.kind != "b" for a in arrays
+    ):
         return None
     return arrays
 
@@ -758,13 +808,19 @@ class ReplyTemplate:
 
     def __init__(self, model: tuple[str, str], dtype: np.dtype, shape: tuple[int, ...]) -> None:
         sample = np.zeros(shape, dtype)
-        whole = encode_reply_ok("r", sample, model, {"queued_ms": 0.0, "infer_ms": 0.0, "batch_rows": 0})
-        head = pack({"id": "r", "ok": True, "outputs": encode_inputs(sample)})[:-sample.nbytes]
-        self._ok_outputs = head[len(pack({"id": "r"})):]  # "ok", true, "outputs", the tensor up to its data
+        whole = encode_reply_ok(
+            "r", sample, model, {"queued_ms": 0.0, "infer_ms": 0.0, "batch_rows": 0}
+        )
+        head = pack({"id": "r", "ok": True, "outputs": encode_inputs(sample)})[: -sample.nbytes]
+        self._ok_outputs = head[
+            len(pack({"id": "r"})) :
+        ]  # "ok", true, "outputs", the tensor up to its data
         self._map5 = pack({"id": "r", "ok": True, "outputs": 0, "model": 0, "timing": 0})[:1]
         self._id_key = pack("id")
-        model_part = whole[len(head) + sample.nbytes:]
-        self._model_queued = model_part[:model_part.index(pack("queued_ms")) + len(pack("queued_ms"))] + b"\xcb"
+        model_part = whole[len(head) + sample.nbytes :]
+        self._model_queued = (
+            model_part[: model_part.index(pack("queued_ms")) + len(pack("queued_ms"))] + b"\xcb"
+        )
         self.nbytes = sample.nbytes
 
     @staticmethod
@@ -789,18 +845,37 @@ class ReplyTemplate:
         ``parts[0] + rid + parts[1] + data + parts[2] + queued + parts[3]`` (as in :meth:`payload_format`)."""
         if not 0 < id_length < 256:
             raise ValueError(f"id_length must be 1 to 255, got {id_length}")
-        return self._map5 + self._id_key + _STR_HEADERS[id_length], self._ok_outputs, self._model_queued, tail
+        return (
+            self._map5 + self._id_key + _STR_HEADERS[id_length],
+            self._ok_outputs,
+            self._model_queued,
+            tail,
+        )
 
     @staticmethod
     def queued_bytes(queued_ms: np.ndarray) -> bytes:
         """Queue waits in ms, packed as the big-endian doubles of the replies' ``queued_ms`` (8 bytes each)."""
-        return (np.maximum(queued_ms, 0.0) + 0.0).astype(">f8").tobytes()  # + 0.0: no -0.0, as max(0.0, x)
+        return (
+            (np.maximum(queued_ms, 0.0) + 0.0).astype(">f8").tobytes()
+        )  # + 0.0: no -0.0, as max(0.0, x)
 
     def encode(self, rid: str, data: bytes, queued_ms: float, tail: bytes) -> bytes:
         """One ok reply: ``data`` is the request's outputs (``nbytes`` bytes, C order)."""
-        packed_id = _STR_HEADERS[len(rid)] + rid.encode() if len(rid) < 256 and rid.isascii() else pack(rid)
-        return b"".join((self._map5, self._id_key, packed_id, self._ok_outputs, data, self._model_queued,
-                         _DOUBLE.pack(queued_ms), tail))
+        packed_id = (
+            _STR_HEADERS[len(rid)] + rid.encode() if len(rid) < 256 and rid.isascii() else pack(rid)
+        )
+        return b"".join(
+            (
+                self._map5,
+                self._id_key,
+                packed_id,
+                self._ok_outputs,
+                data,
+                self._model_queued,
+                _DOUBLE.pack(queued_ms),
+                tail,
+            )
+        )
 
 
 _DOUBLE = struct.Struct(">d")
@@ -814,20 +889,33 @@ _REPLY_LIMITS = Limits(max_body_bytes=1 << 30, max_tensors=4096, max_ndim=32)
 def decode_reply(data: bytes) -> Reply:
     """Decode the single element of a reply list. Raises ProtocolError if malformed."""
     obj = unpack(data, _REPLY_LIMITS)
-    if not isinstance(obj, dict) or not isinstance(obj.get("id"), str) or not isinstance(obj.get("ok"), bool):
+    if (
+        not isinstance(obj, dict)
+        or not isinstance(obj.get("id"), str)
+        or not isinstance(obj.get("ok"), bool)
+    ):
         raise ProtocolError("reply must be a map with a string 'id' and a boolean 'ok'")
     model, timing = obj.get("model") or {}, obj.get("timing") or {}
     if not isinstance(model, dict) or not isinstance(timing, dict):
         raise ProtocolError("reply 'model' and 'timing' must be maps")
-    common = {"id": obj["id"], "model_name": model.get("name"), "model_version": model.get("version"), "timing": timing}
+    common = {
+        "id": obj["id"],
+        "model_name": model.get("name"),
+        "model_version": model.get("version"),
+        "timing": timing,
+    }
     if obj["ok"]:
         if "outputs" not in obj:
             raise ProtocolError("an ok reply must carry 'outputs'")
-        return Reply(ok=True, outputs=decode_inputs(obj["outputs"], _REPLY_LIMITS, "outputs"), **common)
+        return Reply(
+            ok=True, outputs=decode_inputs(obj["outputs"], _REPLY_LIMITS, "outputs"), **common
+        )
     error = obj.get("error")
     if not isinstance(error, dict) or not isinstance(error.get("code"), str):
         raise ProtocolError("a failed reply must carry 'error': {'code': STR, 'message': STR}")
-    return Reply(ok=False, error_code=error["code"], error_message=str(error.get("message", "")), **common)
+    return Reply(
+        ok=False, error_code=error["code"], error_message=str(error.get("message", "")), **common
+    )
 
 
 # -- SDK fast paths
@@ -883,9 +971,13 @@ class BodyEncoder:
         return b"".join(pieces)
 
     def _learn_map(self, key: tuple, inputs: dict) -> tuple[bytes, ...] | None:
-        body = encode_body(inputs, self._params)  # raises for what the contract refuses, as it would
+        body = encode_body(
+            inputs, self._params
+        )  # raises for what the contract refuses, as it would
         parts: tuple[bytes, ...] | None = None
-        if len(self._maps) < 64 and all(a.dtype in _TEMPLATE_DTYPES and a.size for a in inputs.values()):
+        if len(self._maps) < 64 and all(
+            a.dtype in _TEMPLATE_DTYPES and a.size for a in inputs.values()
+        ):
             parts = _split_around(body, [a.tobytes() for a in inputs.values()])
             flipped = {name: _flipped(a) for name, a in inputs.items()}
             if parts is not None and _joined(parts, flipped) != encode_body(flipped, self._params):
@@ -893,7 +985,9 @@ class BodyEncoder:
         self._maps[key] = parts
         return parts
 
-    def _learn(self, key: tuple[Any, tuple[int, ...]], arr: np.ndarray) -> tuple[bytes, bytes] | None:
+    def _learn(
+        self, key: tuple[Any, tuple[int, ...]], arr: np.ndarray
+    ) -> tuple[bytes, bytes] | None:
         body = encode_body(arr, self._params)  # raises for what the contract refuses, as it would
         around = None
         if arr.dtype in _TEMPLATE_DTYPES and arr.size:
@@ -1026,8 +1120,16 @@ class LazyReply(Reply):
 
 
 def _reply_fields(reply: Reply) -> tuple:
-    return (reply.id, reply.ok, reply.outputs, reply.error_code, reply.error_message, reply.model_name,
-            reply.model_version, reply.timing)
+    return (
+        reply.id,
+        reply.ok,
+        reply.outputs,
+        reply.error_code,
+        reply.error_message,
+        reply.model_name,
+        reply.model_version,
+        reply.timing,
+    )
 
 
 _new_reply = object.__new__
@@ -1052,7 +1154,7 @@ def lazy_replies(raws: Sequence[bytes]) -> list[Reply]:
         span = id_span(raw)
         if span is not None and raw.startswith(_OK_TRUE, span[1]):
             try:
-                rid = raw[span[0]:span[1]].decode("utf-8")
+                rid = raw[span[0] : span[1]].decode("utf-8")
             except UnicodeDecodeError:
                 append(decode_reply(raw))  # raises ProtocolError, as decode_reply does
                 continue
@@ -1073,6 +1175,8 @@ def validate_request_ids(rids: Sequence[str | bytes]) -> list[str]:
     """:func:`validate_request_id` of each id, as one regular expression over them all where it can."""
     if set(map(type, rids)) <= {str}:
         joined = "\n".join([*rids, ""])  # type: ignore[list-item]
-        if joined.count("\n") == len(rids) and _RIDS_RE.match(joined):  # no id with a newline of its own
+        if joined.count("\n") == len(rids) and _RIDS_RE.match(
+            joined
+        ):  # no id with a newline of its own
             return list(rids)  # type: ignore[arg-type]
     return [validate_request_id(rid) for rid in rids]

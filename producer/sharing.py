@@ -32,9 +32,26 @@ from typing import Any
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import QueueKeys, entry_time_ms, is_tenant, workers_group
 
-__all__ = ["CANCEL_TTL_S", "LIBRARY", "LaneState", "MAX_TENANTS", "PRIORITIES", "cancel_keys", "cancels_key",
-           "check_keys", "enqueue_keys", "is_tenant", "lane_keys", "lane_of", "limits_key", "read_lanes",
-           "tenants_key", "validate_priority", "validate_rate", "validate_tenant"]
+__all__ = [
+    "CANCEL_TTL_S",
+    "LIBRARY",
+    "LaneState",
+    "MAX_TENANTS",
+    "PRIORITIES",
+    "cancel_keys",
+    "cancels_key",
+    "check_keys",
+    "enqueue_keys",
+    "is_tenant",
+    "lane_keys",
+    "lane_of",
+    "limits_key",
+    "read_lanes",
+    "tenants_key",
+    "validate_priority",
+    "validate_rate",
+    "validate_tenant",
+]
 
 #: The priorities, highest first; ``normal`` is the contract's own stream.
 PRIORITIES = ("high", "normal", "low")
@@ -56,7 +73,9 @@ def validate_priority(priority: str) -> int:
     try:
         return PRIORITIES.index(priority)
     except ValueError:
-        raise ProtocolError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}") from None
+        raise ProtocolError(
+            f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}"
+        ) from None
 
 
 def lane_of(keys: QueueKeys, priority: str) -> str:
@@ -67,7 +86,9 @@ def lane_of(keys: QueueKeys, priority: str) -> str:
 def validate_tenant(tenant: str) -> str:
     """``tenant`` if valid, else ProtocolError naming the rule."""
     if not isinstance(tenant, str) or not tenant.isascii() or not is_tenant(tenant.encode()):
-        raise ProtocolError(f"tenant must be 1 to 64 characters of A-Z a-z 0-9 . _ : @ -, got {tenant!r}")
+        raise ProtocolError(
+            f"tenant must be 1 to 64 characters of A-Z a-z 0-9 . _ : @ -, got {tenant!r}"
+        )
     return tenant
 
 
@@ -75,8 +96,14 @@ def validate_rate(rate: float, burst: float | None) -> tuple[float, float]:
     """(rate, burst) of a quota: a positive finite rate up to MAX_RATE a second; burst defaults to rate."""
     burst = rate if burst is None else burst
     for label, value in (("rate", rate), ("burst", burst)):
-        if not isinstance(value, int | float) or not math.isfinite(value) or not 0 < value <= MAX_RATE:
-            raise ProtocolError(f"{label} must be a number above 0 and at most {MAX_RATE:g}, got {value!r}")
+        if (
+            not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or not 0 < value <= MAX_RATE
+        ):
+            raise ProtocolError(
+                f"{label} must be a number above 0 and at most {MAX_RATE:g}, got {value!r}"
+            )
     if burst < 1:
         raise ProtocolError(f"burst must be at least 1 (one request), got {burst!r}")
     return float(rate), float(burst)
@@ -108,7 +135,12 @@ def enqueue_keys(keys: QueueKeys, lane: str, tenant: str) -> list[str]:
 
 def check_keys(keys: QueueKeys, tenants: list[str]) -> list[str]:
     """KEYS of ``FCALL inferfleet_check``: limits, tenants, the three lanes, one bucket per entry."""
-    return [limits_key(keys), tenants_key(keys), *lane_keys(keys), *(_bucket_key(keys, t) for t in tenants)]
+    return [
+        limits_key(keys),
+        tenants_key(keys),
+        *lane_keys(keys),
+        *(_bucket_key(keys, t) for t in tenants),
+    ]
 
 
 def cancel_keys(keys: QueueKeys, rids: list[str]) -> list[str]:
@@ -317,7 +349,11 @@ def read_lanes(client: Any, keys: QueueKeys, now_ms: float | None = None) -> lis
             first = client.xrange(stream, count=1) if length else []
             states.append(LaneState(name, length, length, 0, _waited(first, now_ms)))
             continue
-        after = client.xrange(stream, min="(" + group.last_delivered_id, count=1) if group.lag != 0 else []
+        after = (
+            client.xrange(stream, min="(" + group.last_delivered_id, count=1)
+            if group.lag != 0
+            else []
+        )
         states.append(LaneState(name, length, group.lag, group.pending, _waited(after, now_ms)))
     return states
 

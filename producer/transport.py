@@ -62,8 +62,13 @@ class Round:
         #: how many replies the round will read (one a command)
         self.replies = 0
 
-    def xadd(self, stream: str, rids: Sequence[str], bodies: Sequence[bytes],
-             fields: Sequence[tuple[str, str]] = ()) -> None:
+    def xadd(
+        self,
+        stream: str,
+        rids: Sequence[str],
+        bodies: Sequence[bytes],
+        fields: Sequence[tuple[str, str]] = (),
+    ) -> None:
         """``XADD stream * id RID body BODY [FIELD VALUE ...]`` for each request id and body."""
         if rids:
             self._ops.append(("xadd", stream, rids, bodies, tuple(fields)))
@@ -131,17 +136,29 @@ class Round:
 
 
 def _pack_xadds(stream: str, rids: Sequence[str], bodies: Sequence[bytes], fields: tuple) -> bytes:
-    head = b"*%d\r\n$4\r\nXADD\r\n%s$1\r\n*\r\n$2\r\nid\r\n" % (7 + 2 * len(fields), _bulk(stream.encode()))
+    head = b"*%d\r\n$4\r\nXADD\r\n%s$1\r\n*\r\n$2\r\nid\r\n" % (
+        7 + 2 * len(fields),
+        _bulk(stream.encode()),
+    )
     head = head.replace(b"%", b"%%")
     tail = b"".join(_bulk(part.encode()) for pair in fields for part in pair).replace(b"%", b"%%")
     raw_ids = "\n".join(rids).encode().split(b"\n")
-    if len(raw_ids) == len(rids) and len(set(map(len, raw_ids))) == 1 and len(set(map(len, bodies))) == 1:
+    if (
+        len(raw_ids) == len(rids)
+        and len(set(map(len, raw_ids))) == 1
+        and len(set(map(len, bodies))) == 1
+    ):
         # every id and every body of one length (one producer's, one shape): two strings a command
         sizes = b"$%d\r\n%%s\r\n$4\r\nbody\r\n$%d\r\n%%s\r\n" % (len(raw_ids[0]), len(bodies[0]))
         fixed = head + sizes + tail
         return b"".join([fixed % pair for pair in zip(raw_ids, bodies)])
     template = head + b"$%d\r\n%s\r\n$4\r\nbody\r\n$%d\r\n%s\r\n" + tail
-    return b"".join([template % (len(rid), rid, len(body), body) for rid, body in zip(map(str.encode, rids), bodies)])
+    return b"".join(
+        [
+            template % (len(rid), rid, len(body), body)
+            for rid, body in zip(map(str.encode, rids), bodies)
+        ]
+    )
 
 
 def pack_command(args: Sequence[Any]) -> bytes:
@@ -182,7 +199,11 @@ def _raise_first_error(replies: list[Any]) -> list[Any]:
 
 
 def _direct(client: Any, plain: type) -> bool:
-    return NAMELESS_CONNECTIONS and isinstance(client, plain) and getattr(client, "connection", None) is None
+    return (
+        NAMELESS_CONNECTIONS
+        and isinstance(client, plain)
+        and getattr(client, "connection", None) is None
+    )
 
 
 # --------------------------------------------------------------------------- sync
@@ -210,9 +231,15 @@ def run(client: Any, round_: Round) -> list[Any]:
 def _read(conn: Any, count: int) -> list[Any]:
     parser = getattr(conn, "_parser", None)
     reader = getattr(parser, "_reader", None)
-    if reader is None or type(conn).read_response is not _SYNC_READ or type(parser) is not _HiredisParser:
+    if (
+        reader is None
+        or type(conn).read_response is not _SYNC_READ
+        or type(parser) is not _HiredisParser
+    ):
         return _read_each(conn, count)
-    push = getattr(parser, "_hiredis_PushNotificationType", None)  # RESP3 pushes are handled, not replies
+    push = getattr(
+        parser, "_hiredis_PushNotificationType", None
+    )  # RESP3 pushes are handled, not replies
     replies: list[Any] = []
     gets = reader.gets
     try:
@@ -270,7 +297,11 @@ async def arun(client: Any, round_: Round) -> list[Any]:
 async def _aread(conn: Any, count: int) -> list[Any]:
     parser = getattr(conn, "_parser", None)
     reader = getattr(parser, "_reader", None)
-    if reader is None or type(conn).read_response is not _ASYNC_READ or type(parser) is not _AsyncHiredisParser:
+    if (
+        reader is None
+        or type(conn).read_response is not _ASYNC_READ
+        or type(parser) is not _AsyncHiredisParser
+    ):
         return await _aread_each(conn, count)
     push = getattr(parser, "_hiredis_PushNotificationType", None)
     timeout_s = conn.socket_timeout  # read_response's bound on each read, kept here

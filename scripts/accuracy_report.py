@@ -93,61 +93,108 @@ def predict_all(runtime: ModelRuntime, inputs: Any, batch: int) -> np.ndarray:
     rows = len(inputs["dense"]) if isinstance(inputs, dict) else len(inputs)
     parts = []
     for start in range(0, rows, batch):
-        part = ({k: v[start:start + batch] for k, v in inputs.items()} if isinstance(inputs, dict)
-                else inputs[start:start + batch])
+        part = (
+            {k: v[start : start + batch] for k, v in inputs.items()}
+            if isinstance(inputs, dict)
+            else inputs[start : start + batch]
+        )
         parts.append(runtime.predict(part, {}))
     return np.concatenate(parts)
 
 
-def throughputs(runtimes: list[ModelRuntime], inputs: Any, batch: int, seconds: float) -> list[float]:
+def throughputs(
+    runtimes: list[ModelRuntime], inputs: Any, batch: int, seconds: float
+) -> list[float]:
     """Median rows/s of each runtime over 3 rounds, interleaved so a noisy neighbour hits all alike."""
     part = {k: v[:batch] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:batch]
     samples = [[rows_per_s(runtime, part, seconds) for runtime in runtimes] for _ in range(3)]
     return [statistics.median(column) for column in zip(*samples)]
 
 
-def report_model(kind: str, folder: str, rows: int, batch: int, seconds: float, device: str) -> list[Row]:
+def report_model(
+    kind: str, folder: str, rows: int, batch: int, seconds: float, device: str
+) -> list[Row]:
     """Every variant of ``kind`` against torch fp32 (on a GPU: the torch fp32/bf16/fp16 ones)."""
-    files = {".pt2": save_export(kind, os.path.join(folder, f"{kind}.pt2")),
-             ".onnx": export_onnx(kind, os.path.join(folder, f"{kind}.onnx"))}
-    variants = VARIANTS if device == "cpu" else VARIANTS[:3]  # int8 is CPU only; ORT-GPU is another wheel
+    files = {
+        ".pt2": save_export(kind, os.path.join(folder, f"{kind}.pt2")),
+        ".onnx": export_onnx(kind, os.path.join(folder, f"{kind}.onnx")),
+    }
+    variants = (
+        VARIANTS if device == "cpu" else VARIANTS[:3]
+    )  # int8 is CPU only; ORT-GPU is another wheel
     inputs = example_inputs(kind, rows=rows, seed=_INPUT_SEED)
-    runtimes = [load_runtime(WorkerSettings(name=kind, model=files[suffix], precision=precision, torch_threads=1,
-                                            device=device, warmup_iters=1, max_batch_rows=batch))
-                for _, suffix, precision in variants]
+    runtimes = [
+        load_runtime(
+            WorkerSettings(
+                name=kind,
+                model=files[suffix],
+                precision=precision,
+                torch_threads=1,
+                device=device,
+                warmup_iters=1,
+                max_batch_rows=batch,
+            )
+        )
+        for _, suffix, precision in variants
+    ]
     outputs = [predict_all(runtime, inputs, batch) for runtime in runtimes]
     speeds = throughputs(runtimes, inputs, batch, seconds)
     print(f"  {kind} done", file=sys.stderr, flush=True)
-    return [Row(kind, label, *compare(outputs[0], out), speed)
-            for (label, _, _), out, speed in zip(variants, outputs, speeds)]
+    return [
+        Row(kind, label, *compare(outputs[0], out), speed)
+        for (label, _, _), out, speed in zip(variants, outputs, speeds)
+    ]
 
 
 def markdown(rows: list[Row]) -> str:
-    lines = ["| model | precision | max abs err | max rel err | top-1 agreement | rank agreement | rows/s |",
-             "| --- | --- | ---: | ---: | ---: | --- | ---: |"]
+    lines = [
+        "| model | precision | max abs err | max rel err | top-1 agreement | rank agreement | rows/s |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: |",
+    ]
     for r in rows:
-        lines.append(f"| {r.model} | {r.variant} | {r.max_abs:.2e} | {r.max_rel:.2e} | {100 * r.top1:.2f} % "
-                     f"| {r.extra} | {r.rows_per_s:,.0f} |")
+        lines.append(
+            f"| {r.model} | {r.variant} | {r.max_abs:.2e} | {r.max_rel:.2e} | {100 * r.top1:.2f} % "
+            f"| {r.extra} | {r.rows_per_s:,.0f} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=4096, help="rows in the fixed input set (default 4096)")
+    parser.add_argument(
+        "--rows", type=int, default=4096, help="rows in the fixed input set (default 4096)"
+    )
     parser.add_argument("--batch", type=int, default=64, help="rows per predict call (default 64)")
-    parser.add_argument("--seconds", type=float, default=1.0, help="length of each throughput run (default 1)")
-    parser.add_argument("--only", default=",".join(DEFAULT_MODELS), help="comma-separated subset of affine,ctr,cnn")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="cuda: torch fp32, bf16 and fp16 only (default cpu)")
+    parser.add_argument(
+        "--seconds", type=float, default=1.0, help="length of each throughput run (default 1)"
+    )
+    parser.add_argument(
+        "--only", default=",".join(DEFAULT_MODELS), help="comma-separated subset of affine,ctr,cnn"
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="cuda: torch fp32, bf16 and fp16 only (default cpu)",
+    )
     args = parser.parse_args()
     kinds = args.only.split(",")
-    if any(k not in DEFAULT_MODELS for k in kinds) or args.rows < 1 or args.batch < 1 or args.seconds <= 0:
-        parser.error(f"--only takes {', '.join(DEFAULT_MODELS)}; --rows, --batch and --seconds must be positive")
+    if (
+        any(k not in DEFAULT_MODELS for k in kinds)
+        or args.rows < 1
+        or args.batch < 1
+        or args.seconds <= 0
+    ):
+        parser.error(
+            f"--only takes {', '.join(DEFAULT_MODELS)}; --rows, --batch and --seconds must be positive"
+        )
     logging.basicConfig(level=logging.ERROR)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="inferfleet-accuracy-") as folder:
         for kind in kinds:
-            rows.extend(report_model(kind, folder, args.rows, args.batch, args.seconds, args.device))
+            rows.extend(
+                report_model(kind, folder, args.rows, args.batch, args.seconds, args.device)
+            )
     print(markdown(rows))
 
 

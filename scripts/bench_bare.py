@@ -50,7 +50,9 @@ def random_like(example: Any, rows: int, rng: np.random.Generator) -> Any:
     shape = (rows, *example.shape[1:])
     if example.dtype.kind == "f":
         return rng.standard_normal(shape).astype(example.dtype)
-    return rng.choice(example.reshape(-1), size=shape)  # ids the model accepts: an embedding's range
+    return rng.choice(
+        example.reshape(-1), size=shape
+    )  # ids the model accepts: an embedding's range
 
 
 def parse_args() -> argparse.Namespace:
@@ -67,8 +69,15 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     sizes = [int(b) for b in args.batches.split(",")]
-    settings = WorkerSettings(name="bare", model=args.model, torch_threads=args.threads, device=args.device,
-                              precision=args.precision, max_batch_rows=max(sizes), warmup_iters=1)
+    settings = WorkerSettings(
+        name="bare",
+        model=args.model,
+        torch_threads=args.threads,
+        device=args.device,
+        precision=args.precision,
+        max_batch_rows=max(sizes),
+        warmup_iters=1,
+    )
     runtime = load_runtime(settings)
     if runtime.example is None:
         sys.exit(f"{args.model} carries no example inputs to shape the batches from")
@@ -79,11 +88,21 @@ def main() -> None:
         print(f"batch {size:4d}: {results[size]:10,.0f} rows/s", flush=True)
     best = max(results, key=lambda k: results[k])
     peak = peak_memory_mib(runtime.device)
-    print(json.dumps({"model": Path(args.model).name, "threads": args.threads, "device": str(runtime.device),
-                      "precision": args.precision, "best_batch": best, "best_rows_per_s": round(results[best]),
-                      "rows_per_s": {str(k): round(v) for k, v in results.items()},
-                      "peak_allocated_mib": round(peak[0]) if peak else None,
-                      "peak_reserved_mib": round(peak[1]) if peak else None}))
+    print(
+        json.dumps(
+            {
+                "model": Path(args.model).name,
+                "threads": args.threads,
+                "device": str(runtime.device),
+                "precision": args.precision,
+                "best_batch": best,
+                "best_rows_per_s": round(results[best]),
+                "rows_per_s": {str(k): round(v) for k, v in results.items()},
+                "peak_allocated_mib": round(peak[0]) if peak else None,
+                "peak_reserved_mib": round(peak[1]) if peak else None,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -42,13 +42,31 @@ POLICIES = {
 
 def supervise(url: str, policy_args: list[str]) -> subprocess.Popen:
     env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT), BATCH_S="0.02")
-    cmd = [sys.executable, "-m", "inferfleet", "supervise", "--name", "burst",
-           "--model", "scripts.example_handlers:SimulatedAccelerator", "--max-batch-rows", "8",
-           "--devices", "cpu", "--log-level", "warning", "--interval-s", "0.5", *policy_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferfleet",
+        "supervise",
+        "--name",
+        "burst",
+        "--model",
+        "scripts.example_handlers:SimulatedAccelerator",
+        "--max-batch-rows",
+        "8",
+        "--devices",
+        "cpu",
+        "--log-level",
+        "warning",
+        "--interval-s",
+        "0.5",
+        *policy_args,
+    ]
     return subprocess.Popen(cmd, env=env, cwd=ROOT)
 
 
-def watch_workers(client: redis.Redis, keys: QueueKeys, stop: threading.Event, samples: list) -> None:
+def watch_workers(
+    client: redis.Redis, keys: QueueKeys, stop: threading.Event, samples: list
+) -> None:
     while not stop.is_set():
         samples.append((time.perf_counter(), len(read_heartbeats(client, keys))))
         time.sleep(0.1)
@@ -68,7 +86,9 @@ def one_run(policy: str, burst: int) -> dict:
             time.sleep(1.0)
             samples: list = []
             stop = threading.Event()
-            watcher = threading.Thread(target=watch_workers, args=(client, keys, stop, samples), daemon=True)
+            watcher = threading.Thread(
+                target=watch_workers, args=(client, keys, stop, samples), daemon=True
+            )
             watcher.start()
             sent_at: dict[str, float] = {}
             latencies = []
@@ -80,7 +100,9 @@ def one_run(policy: str, burst: int) -> dict:
                 now = time.perf_counter()
                 sent_at.update((r, now) for r in rids)
 
-            for reply in producer.imap((x for _ in range(burst)), window=burst, timeout_s=120, on_send=stamp):
+            for reply in producer.imap(
+                (x for _ in range(burst)), window=burst, timeout_s=120, on_send=stamp
+            ):
                 latencies.append(time.perf_counter() - sent_at[reply.id])
             drained = time.perf_counter() - start
             stop.set()
@@ -90,8 +112,13 @@ def one_run(policy: str, burst: int) -> dict:
             proc.wait(60)
     first_up = next((t - start for t, n in samples if n > 1), None)
     p50, p99 = np.percentile(latencies, [50, 99]) * 1000
-    return {"first_up_s": first_up, "drain_s": drained, "peak": max(n for _, n in samples),
-            "p50_ms": float(p50), "p99_ms": float(p99)}
+    return {
+        "first_up_s": first_up,
+        "drain_s": drained,
+        "peak": max(n for _, n in samples),
+        "p50_ms": float(p50),
+        "p99_ms": float(p99),
+    }
 
 
 def main() -> None:
@@ -107,10 +134,16 @@ def main() -> None:
         for r in runs:
             print(f"<!-- {policy} run: {r} -->", file=sys.stderr)
         ups = [r["first_up_s"] for r in runs if r["first_up_s"] is not None]
-        med = {k: statistics.median(r[k] for r in runs) for k in ("drain_s", "peak", "p50_ms", "p99_ms")}
+        med = {
+            k: statistics.median(r[k] for r in runs)
+            for k in ("drain_s", "peak", "p50_ms", "p99_ms")
+        }
         up = f"{statistics.median(ups):.2f}" if ups else "never"
-        print(f"| {policy} | {up} | {med['drain_s']:.2f} | {med['peak']:.0f} | {med['p50_ms']:.0f} | "
-              f"{med['p99_ms']:.0f} |", flush=True)
+        print(
+            f"| {policy} | {up} | {med['drain_s']:.2f} | {med['peak']:.0f} | {med['p50_ms']:.0f} | "
+            f"{med['p99_ms']:.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ CONFIGS = {
 def zipf_sequence(distinct: int, requests: int, skew: float, seed: int) -> np.ndarray:
     """Indexes into the universe, rank r drawn with probability proportional to 1 / r**skew."""
     ranks = np.arange(1, distinct + 1, dtype=np.float64)
-    p = ranks ** -skew
+    p = ranks**-skew
     rng = np.random.default_rng(seed)
     return rng.choice(distinct, size=requests, p=p / p.sum())
 
@@ -52,8 +52,8 @@ def zipf_sequence(distinct: int, requests: int, skew: float, seed: int) -> np.nd
 def universe(kind: str, distinct: int) -> list:
     batch = example_inputs(kind, rows=distinct, seed=7)
     if isinstance(batch, dict):
-        return [{k: v[i:i + 1] for k, v in batch.items()} for i in range(distinct)]
-    return [batch[i:i + 1] for i in range(distinct)]
+        return [{k: v[i : i + 1] for k, v in batch.items()} for i in range(distinct)]
+    return [batch[i : i + 1] for i in range(distinct)]
 
 
 def run_once(url: str, inputs: list) -> dict:
@@ -63,8 +63,12 @@ def run_once(url: str, inputs: list) -> dict:
         elapsed = time.perf_counter() - started
     assert all(r.ok for r in replies), next(r.error_message for r in replies if not r.ok)
     server = np.array([r.timing["queued_ms"] + r.timing["infer_ms"] for r in replies])
-    return {"qps": len(replies) / elapsed, "hit": sum(r.timing["batch_rows"] == 0 for r in replies) / len(replies),
-            "p50_ms": float(np.percentile(server, 50)), "p99_ms": float(np.percentile(server, 99))}
+    return {
+        "qps": len(replies) / elapsed,
+        "hit": sum(r.timing["batch_rows"] == 0 for r in replies) / len(replies),
+        "p50_ms": float(np.percentile(server, 50)),
+        "p99_ms": float(np.percentile(server, 99)),
+    }
 
 
 def main() -> None:
@@ -78,31 +82,46 @@ def main() -> None:
     pool = universe(args.model, args.distinct)
     sequence = zipf_sequence(args.distinct, args.requests, args.skew, seed=11)
     inputs = [pool[i] for i in sequence]
-    print(f"{args.requests} requests over {len(set(sequence.tolist()))} distinct inputs "
-          f"(universe {args.distinct}, Zipf {args.skew})", flush=True)
+    print(
+        f"{args.requests} requests over {len(set(sequence.tolist()))} distinct inputs "
+        f"(universe {args.distinct}, Zipf {args.skew})",
+        flush=True,
+    )
     rows = []
     with EmbeddedRedis() as server:
         for label, extra in CONFIGS.items():
             runs = []
             for i in range(args.runs):
                 redis.Redis.from_url(server.url).flushall()  # no fleet entries, no backlog
-                procs = start_workers(server.url, "bench", str(ROOT / "models" / f"{args.model}.pt"), 1,
-                                      "cache", extra)
+                procs = start_workers(
+                    server.url,
+                    "bench",
+                    str(ROOT / "models" / f"{args.model}.pt"),
+                    1,
+                    "cache",
+                    extra,
+                )
                 try:
                     runs.append(run_once(server.url, inputs))
                 finally:
                     for proc in procs:
                         proc.terminate()
                         proc.wait(30)
-                print(f"{label} run {i + 1}: " + "  ".join(f"{k} {v:.3f}" for k, v in runs[-1].items()), flush=True)
+                print(
+                    f"{label} run {i + 1}: "
+                    + "  ".join(f"{k} {v:.3f}" for k, v in runs[-1].items()),
+                    flush=True,
+                )
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             rows.append((label, med))
     base = rows[0][1]["qps"]
     print("\n| cache | req/s | vs off | answered from cache | p50 server ms | p99 server ms |")
     print("|---|---|---|---|---|---|")
     for label, med in rows:
-        print(f"| {label} | {med['qps']:,.0f} | {med['qps'] / base:.2f}x | {med['hit']:.1%} | "
-              f"{med['p50_ms']:.2f} | {med['p99_ms']:.2f} |")
+        print(
+            f"| {label} | {med['qps']:,.0f} | {med['qps'] / base:.2f}x | {med['hit']:.1%} | "
+            f"{med['p50_ms']:.2f} | {med['p99_ms']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -21,17 +21,35 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-HEADER = ("| model | run | fleet QPS | naive QPS | QPS fleet/naive | fleet p99 ms | naive p99 ms "
-          "| p99 fleet/naive | fleet first ms | naive first ms |\n"
-          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+HEADER = (
+    "| model | run | fleet QPS | naive QPS | QPS fleet/naive | fleet p99 ms | naive p99 ms "
+    "| p99 fleet/naive | fleet first ms | naive first ms |\n"
+    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+)
 
 
 def bench_model(model: str, out: Path, args: argparse.Namespace) -> dict:
     """One ``inferfleet bench`` run of the fleet and the naive server; its JSON report."""
     load = ["--rates", args.rates] if args.rates else ["--concurrency", str(args.concurrency)]
-    cmd = [sys.executable, "-m", "inferfleet", "bench", "--spawn", str(args.workers),
-           "--model", str(ROOT / "models" / f"{model}.pt"), "--baseline", "naive", "-n", str(args.requests),
-           *load, *(f"--worker-arg={a}" for a in args.worker_arg), "--json", "--out", str(out / model)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferfleet",
+        "bench",
+        "--spawn",
+        str(args.workers),
+        "--model",
+        str(ROOT / "models" / f"{model}.pt"),
+        "--baseline",
+        "naive",
+        "-n",
+        str(args.requests),
+        *load,
+        *(f"--worker-arg={a}" for a in args.worker_arg),
+        "--json",
+        "--out",
+        str(out / model),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise SystemExit(f"inferfleet bench failed on {model} (status {done.returncode})")
@@ -45,20 +63,28 @@ def summary_rows(model: str, report: dict) -> list[str]:
     first = report["first_ms"]
     rows = []
     for f, n, ratio in zip(fleet, naive, report["comparison"]):
-        rows.append(f"| {model} | {ratio['run']} | {f['qps']:,.0f} | {n['qps']:,.0f} | {ratio['qps_ratio']:.2f}x "
-                    f"| {f['p99_ms']:.2f} | {n['p99_ms']:.2f} | {ratio['p99_ratio']:.2f}x "
-                    f"| {first.get('fleet', 0):.1f} | {first.get('naive', 0):.1f} |")
+        rows.append(
+            f"| {model} | {ratio['run']} | {f['qps']:,.0f} | {n['qps']:,.0f} | {ratio['qps_ratio']:.2f}x "
+            f"| {f['p99_ms']:.2f} | {n['p99_ms']:.2f} | {ratio['p99_ratio']:.2f}x "
+            f"| {first.get('fleet', 0):.1f} | {first.get('naive', 0):.1f} |"
+        )
     return rows
 
 
 def main() -> None:
     """Run every model, write the reports and the summary, print the summary."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--models", default="affine,ctr,cnn", help="comma-separated names under models/")
+    parser.add_argument(
+        "--models", default="affine,ctr,cnn", help="comma-separated names under models/"
+    )
     parser.add_argument("--workers", type=int, default=1, help="spawned fleet workers")
-    parser.add_argument("--worker-arg", action="append", default=[], help="passed to each worker (repeat)")
+    parser.add_argument(
+        "--worker-arg", action="append", default=[], help="passed to each worker (repeat)"
+    )
     parser.add_argument("-n", "--requests", type=int, default=20_000, help="requests per run")
-    parser.add_argument("--concurrency", type=int, default=64, help="closed loop: requests in flight")
+    parser.add_argument(
+        "--concurrency", type=int, default=64, help="closed loop: requests in flight"
+    )
     parser.add_argument("--rates", default=None, help="open-loop sweep instead, e.g. 500,1000,2000")
     parser.add_argument("--out", default="bench-compare", help="directory for each model's reports")
     args = parser.parse_args()

@@ -29,11 +29,33 @@ FIGURES = ("qps", "p50_ms", "p95_ms", "p99_ms", "mean_batch_rows")
 
 
 def bench_once(url: str, name: str, model: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, "-m", "inferfleet", "bench", "--name", name, "--model", model, "--json",
-           "-n", str(args.requests), "--window", str(args.window), "--rows", str(args.rows),
-           "--warmup", str(args.warmup)]
-    out = subprocess.run(cmd, env=dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT)),
-                         capture_output=True, text=True, check=True, cwd=ROOT)
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferfleet",
+        "bench",
+        "--name",
+        name,
+        "--model",
+        model,
+        "--json",
+        "-n",
+        str(args.requests),
+        "--window",
+        str(args.window),
+        "--rows",
+        str(args.rows),
+        "--warmup",
+        str(args.warmup),
+    ]
+    out = subprocess.run(
+        cmd,
+        env=dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
     return json.loads(out.stdout)["runs"][0]
 
 
@@ -41,7 +63,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--worker-arg", action="append", default=[], help="passed to each worker (repeat)")
+    parser.add_argument(
+        "--worker-arg", action="append", default=[], help="passed to each worker (repeat)"
+    )
     parser.add_argument("--requests", type=int, default=50_000)
     parser.add_argument("--window", type=int, default=2000)
     parser.add_argument("--rows", type=int, default=1)
@@ -55,7 +79,9 @@ def main() -> None:
             runs = []
             for i in range(args.runs):
                 runs.append(bench_once(server.url, name, args.model, args))
-                print(f"run {i + 1}: " + "  ".join(f"{k} {runs[-1][k]}" for k in FIGURES), flush=True)
+                print(
+                    f"run {i + 1}: " + "  ".join(f"{k} {runs[-1][k]}" for k in FIGURES), flush=True
+                )
         finally:
             for proc in procs:
                 proc.terminate()
@@ -63,8 +89,10 @@ def main() -> None:
                 proc.wait(30)
     med = {k: statistics.median(r[k] for r in runs) for k in FIGURES}
     print("median: " + "  ".join(f"{k} {v:.2f}" for k, v in med.items()))
-    print(f"| {Path(args.model).name} | {args.workers} | {' '.join(args.worker_arg) or '-'} | "
-          f"{med['qps']:,.0f} | {med['p50_ms']:.2f} | {med['p99_ms']:.2f} | {med['mean_batch_rows']:.1f} |")
+    print(
+        f"| {Path(args.model).name} | {args.workers} | {' '.join(args.worker_arg) or '-'} | "
+        f"{med['qps']:,.0f} | {med['p50_ms']:.2f} | {med['p99_ms']:.2f} | {med['mean_batch_rows']:.1f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -66,7 +66,9 @@ def latency_run(high: bool, args: argparse.Namespace) -> dict[str, float]:
     os.environ["BATCH_S"] = "0.01"
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
-        proc = start_worker("fleet", server.url, "scripts.example_handlers:SimulatedAccelerator", 32, [])
+        proc = start_worker(
+            "fleet", server.url, "scripts.example_handlers:SimulatedAccelerator", 32, []
+        )
         try:
             wait_joined(client, proc, "fleet-0")
             producer = Producer(server.url, NAME)
@@ -74,7 +76,9 @@ def latency_run(high: bool, args: argparse.Namespace) -> dict[str, float]:
             backlog = producer.submit_many([x] * args.backlog, deadline_s=600)
             urgent = []
             for _ in range(args.interactive):
-                urgent.append(producer.submit(x, deadline_s=600, priority="high" if high else "normal"))
+                urgent.append(
+                    producer.submit(x, deadline_s=600, priority="high" if high else "normal")
+                )
                 time.sleep(0.01)
             replies = producer.results(urgent, timeout_s=300)
             drained = sum(r.ok for r in producer.results(backlog, timeout_s=300))
@@ -82,13 +86,23 @@ def latency_run(high: bool, args: argparse.Namespace) -> dict[str, float]:
             proc.terminate()
             proc.wait(30)
     waits = [r.timing["queued_ms"] + r.timing["infer_ms"] for r in replies]
-    return {"p50_ms": percentile(waits, 50), "p99_ms": percentile(waits, 99),
-            "backlog_answered": float(drained)}
+    return {
+        "p50_ms": percentile(waits, 50),
+        "p99_ms": percentile(waits, 99),
+        "backlog_answered": float(drained),
+    }
 
 
 def _limits(client: redis.Redis) -> None:
-    client.hset(limits_key(KEYS), mapping={"max_backlog": 10**9, "rate:bench": "1000000.0",
-                                           "burst:bench": "1000000.0", "stamp": "bench"})
+    client.hset(
+        limits_key(KEYS),
+        mapping={
+            "max_backlog": 10**9,
+            "rate:bench": "1000000.0",
+            "burst:bench": "1000000.0",
+            "stamp": "bench",
+        },
+    )
 
 
 def admission_run(limited: bool, args: argparse.Namespace) -> dict[str, float]:
@@ -132,14 +146,18 @@ def read_run(mode: str, args: argparse.Namespace) -> dict[str, float]:
         while read < args.requests:
             if mode != "old":
                 entries, _ = reader.read(client, "c", 256, None)
-                if reader.cancels:  # the consumer has each request's id decoded already: so does this
+                if (
+                    reader.cancels
+                ):  # the consumer has each request's id decoded already: so does this
                     take_cancels(client, KEYS, [f"r{read + i}" for i in range(len(entries))])
             else:
                 response = client.xreadgroup("workers", "c", {KEYS.requests: ">"}, count=256)
                 entries = stream_entries(response)
             read += len(entries)
-        out = {"client_us": (time.process_time() - client0) / read * 1e6,
-               "redis_us": (cpu_s(server.pid) - redis0) / read * 1e6}
+        out = {
+            "client_us": (time.process_time() - client0) / read * 1e6,
+            "redis_us": (cpu_s(server.pid) - redis0) / read * 1e6,
+        }
         client.close()
     return out
 
@@ -170,10 +188,19 @@ def cancel_run(marked: bool, args: argparse.Namespace) -> dict[str, float]:
 
 
 PARTS: dict[str, tuple[Any, dict[str, Any]]] = {
-    "latency": (latency_run, {"no lanes (interactive on the normal lane)": False, "lanes (interactive on high)": True}),
+    "latency": (
+        latency_run,
+        {"no lanes (interactive on the normal lane)": False, "lanes (interactive on high)": True},
+    ),
     "admission": (admission_run, {"no limits": False, "limits in force": True}),
-    "read": (read_run, {"one-stream XREADGROUP (before lanes)": "old", "LaneReader.read": "lanes",
-                        "LaneReader.read + take_cancels (a mark standing)": "take"}),
+    "read": (
+        read_run,
+        {
+            "one-stream XREADGROUP (before lanes)": "old",
+            "LaneReader.read": "lanes",
+            "LaneReader.read + take_cancels (a mark standing)": "take",
+        },
+    ),
     "cancel": (cancel_run, {"no cancel marks": False, "a cancel mark standing": True}),
 }
 
@@ -194,9 +221,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=[*PARTS, "all"], default="all")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--backlog", type=int, default=2000, help="latency: normal requests queued first")
+    parser.add_argument(
+        "--backlog", type=int, default=2000, help="latency: normal requests queued first"
+    )
     parser.add_argument("--interactive", type=int, default=100, help="latency: requests measured")
-    parser.add_argument("--requests", type=int, default=50_000, help="admission and cancel: requests a case")
+    parser.add_argument(
+        "--requests", type=int, default=50_000, help="admission and cancel: requests a case"
+    )
     args = parser.parse_args()
     for part in PARTS if args.part == "all" else [args.part]:
         run_part(part, args)

@@ -34,8 +34,13 @@ from inferfleet.worker.runtime.loading import load_runtime  # noqa: E402
 from inferfleet.worker.serving.consumer import Consumer  # noqa: E402
 
 
-def drain(consumer: Consumer, modes: dict[str, WorkerMetrics], cpu: dict[str, float], done: dict[str, int],
-          segment: int) -> None:
+def drain(
+    consumer: Consumer,
+    modes: dict[str, WorkerMetrics],
+    cpu: dict[str, float],
+    done: dict[str, int],
+    segment: int,
+) -> None:
     """Run rounds until the stream is empty, switching the metrics every ``segment`` rounds."""
     mode = "off"
     while True:
@@ -53,16 +58,23 @@ def drain(consumer: Consumer, modes: dict[str, WorkerMetrics], cpu: dict[str, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "affine.pt"))
-    parser.add_argument("--features", type=int, default=16, help="float32 inputs per row (affine: 16)")
+    parser.add_argument(
+        "--features", type=int, default=16, help="float32 inputs per row (affine: 16)"
+    )
     parser.add_argument("--requests", type=int, default=100_000, help="backlog drained per pass")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--segment", type=int, default=20, help="rounds between switches")
     args = parser.parse_args()
     with EmbeddedRedis() as server:
-        settings = WorkerSettings(name="bench-metrics", model=args.model, redis_url=server.url, device="cpu")
+        settings = WorkerSettings(
+            name="bench-metrics", model=args.model, redis_url=server.url, device="cpu"
+        )
         consumer = Consumer(settings, load_runtime(settings), worker_client(server.url))
         consumer.prepare()
-        modes = {"on": WorkerMetrics(settings.name, REGISTRY), "off": WorkerMetrics(settings.name, None)}
+        modes = {
+            "on": WorkerMetrics(settings.name, REGISTRY),
+            "off": WorkerMetrics(settings.name, None),
+        }
         cpu, done = {"on": 0.0, "off": 0.0}, {"on": 0, "off": 0}
         x = np.random.default_rng(0).standard_normal((1, args.features), dtype=np.float32)
         with Producer(server.url, settings.name) as producer:
@@ -72,8 +84,11 @@ def main() -> None:
                 consumer.redis.flushall()  # the replies (the stream is drained)
                 consumer.prepare()
                 off, on = (cpu[m] / max(done[m], 1) * 1e6 for m in ("off", "on"))
-                print(f"{done['off'] + done['on']:,} requests: metrics off {off:.2f} us, on {on:.2f} us "
-                      f"of worker CPU per request ({(on / off - 1) * 100:+.1f}%)", flush=True)
+                print(
+                    f"{done['off'] + done['on']:,} requests: metrics off {off:.2f} us, on {on:.2f} us "
+                    f"of worker CPU per request ({(on / off - 1) * 100:+.1f}%)",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

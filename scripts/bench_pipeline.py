@@ -47,7 +47,9 @@ def export_whole(width: int, depth: int, path: Path) -> np.ndarray:
     example = np.random.default_rng(0).standard_normal((4, 32), dtype=np.float32)
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     program = torch.export.export(model, (torch.from_numpy(example),), dynamic_shapes=({0: batch},))
-    torch.export.save(program, str(path), extra_files={EXTRA: base64.b64encode(encode_body(example)).decode()})
+    torch.export.save(
+        program, str(path), extra_files={EXTRA: base64.b64encode(encode_body(example)).decode()}
+    )
     return example
 
 
@@ -57,14 +59,33 @@ def cpu_s(pid: int) -> float:
 
 
 def rss_mb(pid: int) -> float:
-    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS"))
+    line = next(
+        x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS")
+    )
     return int(line.split()[1]) / 1024
 
 
 def start(url: str, name: str, args: list[str], stream: str) -> subprocess.Popen:
     env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "inferfleet", "worker", "--name", name, "--max-batch-rows", "32",
-                             "--max-wait-ms", "5", "--log-level", "warning", *args], env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferfleet",
+            "worker",
+            "--name",
+            name,
+            "--max-batch-rows",
+            "32",
+            "--max-wait-ms",
+            "5",
+            "--log-level",
+            "warning",
+            *args,
+        ],
+        env=env,
+        cwd=ROOT,
+    )
     import redis
 
     client = redis.Redis.from_url(url)
@@ -98,9 +119,14 @@ def measure(url: str, name: str, procs: list[subprocess.Popen], requests: int, r
         producer.result(producer.submit(x), timeout_s=120)
         latencies.append((time.perf_counter() - started) * 1000)
     latencies.sort()
-    return {"rps": statistics.median(rates), "rps_all": rates, "cpu_ms": cpu_per_req_ms,
-            "p50": latencies[len(latencies) // 2], "p99": latencies[int(len(latencies) * 0.99) - 1],
-            "rss": [rss_mb(p.pid) for p in procs]}
+    return {
+        "rps": statistics.median(rates),
+        "rps_all": rates,
+        "cpu_ms": cpu_per_req_ms,
+        "p50": latencies[len(latencies) // 2],
+        "p99": latencies[int(len(latencies) * 0.99) - 1],
+        "rss": [rss_mb(p.pid) for p in procs],
+    }
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -117,7 +143,9 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--device", default="cpu", help="--device of every worker (cuda: all stages on one GPU)")
+    parser.add_argument(
+        "--device", default="cpu", help="--device of every worker (cuda: all stages on one GPU)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     example = export_whole(args.width, args.depth, work / "whole.pt2")
@@ -125,25 +153,47 @@ def main() -> None:
     points = [f"blocks.{per * k}" for k in range(1, args.stages)]
     manifest = split_model(str(work / "whole.pt2"), example, points, str(work / "split"))
     weights = [s.bytes / 1e6 for s in manifest.stages]
-    print(f"model: width {args.width}, {args.depth} blocks, {sum(weights):.0f} MB of weights; split at "
-          f"{','.join(points)}: stages of {', '.join(f'{w:.0f}' for w in weights)} MB")
+    print(
+        f"model: width {args.width}, {args.depth} blocks, {sum(weights):.0f} MB of weights; split at "
+        f"{','.join(points)}: stages of {', '.join(f'{w:.0f}' for w in weights)} MB"
+    )
     with EmbeddedRedis() as server:
         device = ["--device", args.device]
-        whole = [start(server.url, "whole", ["--model", str(work / "whole.pt2"), *device],
-                       QueueKeys("whole").requests)]
+        whole = [
+            start(
+                server.url,
+                "whole",
+                ["--model", str(work / "whole.pt2"), *device],
+                QueueKeys("whole").requests,
+            )
+        ]
         one = measure(server.url, "whole", whole, args.requests, args.runs)
         stop(whole)
-        stages = [start(server.url, "piped", ["--pipeline", str(work / "split"), "--stage", str(k), *device],
-                        stage_keys(QueueKeys("piped"), k).requests) for k in range(args.stages)]
+        stages = [
+            start(
+                server.url,
+                "piped",
+                ["--pipeline", str(work / "split"), "--stage", str(k), *device],
+                stage_keys(QueueKeys("piped"), k).requests,
+            )
+            for k in range(args.stages)
+        ]
         piped = measure(server.url, "piped", stages, args.requests, args.runs)
         stop(stages)
-    for label, r in (("whole model, 1 worker", one), (f"{args.stages} stages, 1 worker each", piped)):
-        print(f"{label:<28} RSS {' + '.join(f'{m:.0f}' for m in r['rss'])} MB | {r['rps']:.0f} req/s "
-              f"(runs {', '.join(f'{v:.0f}' for v in r['rps_all'])}) | CPU {r['cpu_ms']:.2f} ms/req | "
-              f"latency p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms")
-    print(f"ratios: largest stage RSS / whole RSS {max(piped['rss']) / one['rss'][0]:.2f}; throughput "
-          f"{piped['rps'] / one['rps']:.2f}x; CPU per request {piped['cpu_ms'] / one['cpu_ms']:.2f}x; "
-          f"p50 {piped['p50'] / one['p50']:.2f}x")
+    for label, r in (
+        ("whole model, 1 worker", one),
+        (f"{args.stages} stages, 1 worker each", piped),
+    ):
+        print(
+            f"{label:<28} RSS {' + '.join(f'{m:.0f}' for m in r['rss'])} MB | {r['rps']:.0f} req/s "
+            f"(runs {', '.join(f'{v:.0f}' for v in r['rps_all'])}) | CPU {r['cpu_ms']:.2f} ms/req | "
+            f"latency p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms"
+        )
+    print(
+        f"ratios: largest stage RSS / whole RSS {max(piped['rss']) / one['rss'][0]:.2f}; throughput "
+        f"{piped['rps'] / one['rps']:.2f}x; CPU per request {piped['cpu_ms'] / one['cpu_ms']:.2f}x; "
+        f"p50 {piped['p50'] / one['p50']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

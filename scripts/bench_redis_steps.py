@@ -47,10 +47,10 @@ PAYLOAD = b"\x85" + b"r" * 120  # about a one-row reply's size
 PARTS = {
     "args": "return {0, {}}",
     "xack": "local call = redis.call\nfor i = 2, #KEYS do call('XACK', KEYS[1], ARGV[1], ARGV[2 * i - 1]) end\n"
-            "return {0, {}}",
+    "return {0, {}}",
     "rpush": "local call = redis.call\nfor i = 2, #KEYS do call('RPUSH', KEYS[i], ARGV[2 * i]) end\nreturn {0, {}}",
     "rpush-pexpire": "local call = redis.call\nfor i = 2, #KEYS do call('RPUSH', KEYS[i], ARGV[2 * i]) "
-                     "call('PEXPIRE', KEYS[i], ARGV[2]) end\nreturn {0, {}}",
+    "call('PEXPIRE', KEYS[i], ARGV[2]) end\nreturn {0, {}}",
 }
 
 
@@ -73,7 +73,12 @@ def read_all(client: redis.Redis, requests: int) -> list[bytes]:
     """Entry ids of every request, read by consumer c in COUNT-256 reads (so each is pending on it)."""
     ids: list[bytes] = []
     while len(ids) < requests:
-        ids += [entry_id for entry_id, _ in client.xreadgroup(GROUP, "c", {KEYS.requests: ">"}, count=BATCH)[0][1]]
+        ids += [
+            entry_id
+            for entry_id, _ in client.xreadgroup(GROUP, "c", {KEYS.requests: ">"}, count=BATCH)[0][
+                1
+            ]
+        ]
     return ids
 
 
@@ -81,7 +86,7 @@ def call_script(client: redis.Redis, script: str, ids: list[bytes], keys: list[s
     """``script`` over ``ids`` in calls of 256, each with its reply key and PAYLOAD (the reply script's shape)."""
     sha = client.script_load(script)
     for start in range(0, len(ids), BATCH):
-        part, part_keys = ids[start:start + BATCH], keys[start:start + BATCH]
+        part, part_keys = ids[start : start + BATCH], keys[start : start + BATCH]
         args: list = [GROUP, 300_000]
         for entry_id in part:
             args += [entry_id, PAYLOAD]
@@ -92,7 +97,7 @@ def per_key(client: redis.Redis, command: str, keys: list[str]) -> None:
     """``command`` on each key, pipelined a thousand at a time."""
     for start in range(0, len(keys), 1000):
         pipe = client.pipeline(transaction=False)
-        for key in keys[start:start + 1000]:
+        for key in keys[start : start + 1000]:
             pipe.execute_command(command, key)
         pipe.execute()
 
@@ -105,7 +110,7 @@ def lpop_script(client: redis.Redis, keys: list[str]) -> None:
     """Each of ``keys`` popped by a Lua loop, a thousand keys a call; every key must hold its reply."""
     sha = client.script_load(LPOP_LOOP)
     for start in range(0, len(keys), 1000):
-        part = keys[start:start + 1000]
+        part = keys[start : start + 1000]
         if None in client.evalsha(sha, len(part), *part):
             raise RuntimeError("a reply key was empty when the script popped it")
 
@@ -121,7 +126,9 @@ def measure(requests: int) -> dict[str, float]:
             ids = read_all(client, requests)
         figures["xreadgroup"] = count.instructions
         own = [KEYS.reply(rid) for rid in rids]
-        half = requests // 2  # the pipelined pops take the first half of the replies, the script the rest
+        half = (
+            requests // 2
+        )  # the pipelined pops take the first half of the replies, the script the rest
         steps: list[tuple[str, int, Callable[[], None]]] = [  # (name, requests it serves, the step)
             ("script", requests, lambda: call_script(client, REPLY_SCRIPT, ids, own)),
             ("lpop", half, lambda: per_key(client, "LPOP", own[:half])),
@@ -131,7 +138,9 @@ def measure(requests: int) -> dict[str, float]:
         for name, served, step in steps:
             with server.counting() as count:
                 step()
-            figures[name] = count.instructions * requests / served  # a whole run's worth, as the others
+            figures[name] = (
+                count.instructions * requests / served
+            )  # a whole run's worth, as the others
         if client.xpending(KEYS.requests, GROUP)["pending"] or client.exists(*own[:1000]):
             raise RuntimeError("the reply script left entries pending or the pops left replies")
     figures["script-inbox"] = _on_fresh_entries(requests, REPLY_SCRIPT, inbox=True)
@@ -155,8 +164,13 @@ def _on_fresh_entries(requests: int, script: str, inbox: bool) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=5120)
-    parser.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
-                        help="a Redis setting for every server of the run (CONFIG SET), repeatable")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Redis setting for every server of the run (CONFIG SET), repeatable",
+    )
     args = parser.parse_args()
     if args.requests < BATCH:
         parser.error(f"--requests must be at least {BATCH}")

@@ -241,8 +241,12 @@ return {pushed, failed}
 """
 #: the fleet's script with each TTL a relative PEXPIRE, as c642cb4 set them (the TIME read stays), which
 #: Redis rewrites into a PEXPIREAT to propagate it (the command vector copied, the time made a string)
-PEXPIRE = _changed(REPLY_SCRIPT, "local expire, when = 'PEXPIREAT', string.format('%.0f', now[1] * 1000 + "
-                   "math.floor(now[2] / 1000) + tonumber(ttl))\n", "local expire, when = 'PEXPIRE', ttl\n")
+PEXPIRE = _changed(
+    REPLY_SCRIPT,
+    "local expire, when = 'PEXPIREAT', string.format('%.0f', now[1] * 1000 + "
+    "math.floor(now[2] / 1000) + tonumber(ttl))\n",
+    "local expire, when = 'PEXPIRE', ttl\n",
+)
 NO_EXPIRE = _changed(REPLY_SCRIPT, "pcall(expire, key, when) ~= 1", "false")
 #: one XCLAIM JUSTID of the batch's ids to this consumer instead of an XACK each: it names exactly the
 #: entries still pending, so when it names them all, every reply is pushed and one XACK takes them all
@@ -266,14 +270,25 @@ for i = 1, n do
 end
 return {n, {}}
 """
-FUNCTION = ("#!lua name=inferfleet_bench\n"
-            "local function reply(KEYS, ARGV)\n" + REPLY_SCRIPT + "\nend\n"
-            "redis.register_function('reply', reply)\n")
+FUNCTION = (
+    "#!lua name=inferfleet_bench\n"
+    "local function reply(KEYS, ARGV)\n" + REPLY_SCRIPT + "\nend\n"
+    "redis.register_function('reply', reply)\n"
+)
 
 
 #: The scripts by variant name; each is also measured as NAME-inbox (every reply to one inbox, as ``map``).
-SCRIPTS = {"script": REPLY_SCRIPT, "previous": PREVIOUS, "inline": INLINE, "grouped": GROUPED, "runs": RUNS,
-           "pcheck": PCHECK, "xclaim": XCLAIM, "pexpire": PEXPIRE, "no-expire": NO_EXPIRE}
+SCRIPTS = {
+    "script": REPLY_SCRIPT,
+    "previous": PREVIOUS,
+    "inline": INLINE,
+    "grouped": GROUPED,
+    "runs": RUNS,
+    "pcheck": PCHECK,
+    "xclaim": XCLAIM,
+    "pexpire": PEXPIRE,
+    "no-expire": NO_EXPIRE,
+}
 #: Every variant --variants may name.
 VARIANTS = (*SCRIPTS, *(f"{name}-inbox" for name in SCRIPTS), "function", "plain")
 
@@ -303,9 +318,12 @@ def pending_entries(client: redis.Redis, entries: int) -> list[bytes]:
 def answer(client: redis.Redis, variant: str, ids: list[bytes], batch: int) -> None:
     sha = client.script_load(SCRIPTS.get(variant.removesuffix("-inbox"), REPLY_SCRIPT))
     for start in range(0, len(ids), batch):
-        part = ids[start:start + batch]
-        keys = ["inferfleet:{b}:inbox:one"] * len(part) if variant.endswith("-inbox") \
+        part = ids[start : start + batch]
+        keys = (
+            ["inferfleet:{b}:inbox:one"] * len(part)
+            if variant.endswith("-inbox")
             else [f"inferfleet:{{b}}:reply:{entry_id.decode()}" for entry_id in part]
+        )
         if variant == "plain":
             pipe = client.pipeline(transaction=False)
             for key in keys:
@@ -328,7 +346,7 @@ def answer(client: redis.Redis, variant: str, ids: list[bytes], batch: int) -> N
 
 def run(variant: str, args: argparse.Namespace) -> float:
     """redis-server's CPU us (or, with --callgrind, instructions) per entry answering with ``variant``."""
-    with (CallgrindRedis() if args.callgrind else EmbeddedRedis()) as server:
+    with CallgrindRedis() if args.callgrind else EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
         if variant == "function":
             client.function_load(FUNCTION, replace=True)
@@ -351,9 +369,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--callgrind", action="store_true",
-                        help="count redis-server's instructions under valgrind instead of its CPU time "
-                             "(the same count on a busy machine; use a few thousand entries and --runs 1)")
+    parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="count redis-server's instructions under valgrind instead of its CPU time "
+        "(the same count on a busy machine; use a few thousand entries and --runs 1)",
+    )
     args = parser.parse_args()
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
@@ -366,11 +387,15 @@ def main() -> None:
         for variant in variants:
             results[variant].append(run(variant, args))
     unit, digits = ("instructions", 0) if args.callgrind else ("CPU us", 2)
-    print(f"redis-server {unit} per entry, {args.entries:,} entries in calls of {args.batch}, "
-          f"median of {args.runs}")
+    print(
+        f"redis-server {unit} per entry, {args.entries:,} entries in calls of {args.batch}, "
+        f"median of {args.runs}"
+    )
     for variant, runs in results.items():
-        print(f"{variant:18s} {statistics.median(runs):8.{digits}f}   "
-              f"({', '.join(f'{r:.{digits}f}' for r in runs)})")
+        print(
+            f"{variant:18s} {statistics.median(runs):8.{digits}f}   "
+            f"({', '.join(f'{r:.{digits}f}' for r in runs)})"
+        )
 
 
 if __name__ == "__main__":

@@ -51,7 +51,9 @@ from inferfleet.worker.serving.tracing import tracing_from_env  # noqa: E402
 
 
 def _consumer(server: EmbeddedRedis, model: str, name: str) -> Consumer:
-    settings = WorkerSettings(name=name, model=model, redis_url=server.url, device="cpu", max_wait_ms=0)
+    settings = WorkerSettings(
+        name=name, model=model, redis_url=server.url, device="cpu", max_wait_ms=0
+    )
     consumer = Consumer(settings, load_runtime(settings), worker_client(server.url))
     consumer.prepare()
     return consumer
@@ -60,13 +62,21 @@ def _consumer(server: EmbeddedRedis, model: str, name: str) -> Consumer:
 def _shadow_runner(consumer: Consumer, sample: float) -> ShadowRunner:
     """A runner with the candidate (another copy of the live model) loaded as a worker would."""
     settings = consumer.settings
-    runner = ShadowRunner(consumer.redis, consumer.keys, settings, load_runtime, consumer.counters,
-                          lambda alerts: None, encode_answer)
+    runner = ShadowRunner(
+        consumer.redis,
+        consumer.keys,
+        settings,
+        load_runtime,
+        consumer.counters,
+        lambda alerts: None,
+        encode_answer,
+    )
     runner.runtime = load_runtime(settings)
     runner.encoder = BatchEncoder(runner.runtime.model_meta, encode_answer)
     # published as `inferfleet shadow` would, so the runner's housekeeping keeps it loaded
-    runner.spec = publish_candidate(consumer.redis, consumer.keys, settings.model, "candidate", sample, 0.0,
-                                    Thresholds())
+    runner.spec = publish_candidate(
+        consumer.redis, consumer.keys, settings.model, "candidate", sample, 0.0, Thresholds()
+    )
     return runner
 
 
@@ -113,9 +123,13 @@ def shadow_part(args: argparse.Namespace) -> None:
         consumer.hooks.housekeep(consumer.runtime)  # flush the last comparisons
         shadowed = sum(stats.compared for _, _, stats in read_pairs(consumer.redis, consumer.keys))
     for m in ("off", "on"):
-        print(f"shadow {m:>3} (sample {args.sample:g}): {len(latency[m]):,} replies, {_percentiles(latency[m])}; "
-              f"worker CPU {cpu[m] / max(served[m], 1) * 1e6:.1f} us/request")
-    print(f"requests compared with the candidate: {shadowed:,} of {len(latency['on']):,} served with the shadow on")
+        print(
+            f"shadow {m:>3} (sample {args.sample:g}): {len(latency[m]):,} replies, {_percentiles(latency[m])}; "
+            f"worker CPU {cpu[m] / max(served[m], 1) * 1e6:.1f} us/request"
+        )
+    print(
+        f"requests compared with the candidate: {shadowed:,} of {len(latency['on']):,} served with the shadow on"
+    )
 
 
 _LABELS = {"none": "no hooks", "off": "hooks, tracing off", "on": "tracing on"}
@@ -165,8 +179,14 @@ def tracing_part(args: argparse.Namespace) -> None:
                 consumer.prepare()
                 per = {m: cpu[m] / max(done[m], 1) * 1e6 for m in modes}
                 base = per[order[0]]
-                print(f"{sum(done.values()):,} requests, worker CPU per request: " + ", ".join(
-                    f"{_LABELS[m]} {per[m]:.2f} us ({(per[m] / base - 1) * 100:+.1f}%)" for m in order), flush=True)
+                print(
+                    f"{sum(done.values()):,} requests, worker CPU per request: "
+                    + ", ".join(
+                        f"{_LABELS[m]} {per[m]:.2f} us ({(per[m] / base - 1) * 100:+.1f}%)"
+                        for m in order
+                    ),
+                    flush=True,
+                )
         if tracing is not None:
             tracing.shutdown()
 
@@ -175,19 +195,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["shadow", "tracing"], required=True)
     parser.add_argument("--model", default=str(ROOT / "models" / "affine.pt"))
-    parser.add_argument("--sample", type=float, default=0.1, help="shadow: share of batches shadowed")
+    parser.add_argument(
+        "--sample", type=float, default=0.1, help="shadow: share of batches shadowed"
+    )
     parser.add_argument("--seconds", type=float, default=60.0, help="shadow: length of the run")
-    parser.add_argument("--switch-s", type=float, default=0.5, help="shadow: seconds between switches")
-    parser.add_argument("--features", type=int, default=16, help="tracing: float32 inputs per row (affine: 16)")
-    parser.add_argument("--requests", type=int, default=50_000, help="tracing: backlog drained per pass")
+    parser.add_argument(
+        "--switch-s", type=float, default=0.5, help="shadow: seconds between switches"
+    )
+    parser.add_argument(
+        "--features", type=int, default=16, help="tracing: float32 inputs per row (affine: 16)"
+    )
+    parser.add_argument(
+        "--requests", type=int, default=50_000, help="tracing: backlog drained per pass"
+    )
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--segment", type=int, default=20, help="tracing: rounds between switches")
-    parser.add_argument("--modes", default="none,off,on", help="tracing: the modes to interleave, first = base")
-    parser.add_argument("--sampler-ratio", type=float, default=None,
-                        help="tracing: record this share of traces (OTEL_TRACES_SAMPLER=traceidratio)")
+    parser.add_argument(
+        "--modes", default="none,off,on", help="tracing: the modes to interleave, first = base"
+    )
+    parser.add_argument(
+        "--sampler-ratio",
+        type=float,
+        default=None,
+        help="tracing: record this share of traces (OTEL_TRACES_SAMPLER=traceidratio)",
+    )
     args = parser.parse_args()
     if args.sampler_ratio is not None:
-        os.environ.update(OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG=str(args.sampler_ratio))
+        os.environ.update(
+            OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG=str(args.sampler_ratio)
+        )
     shadow_part(args) if args.part == "shadow" else tracing_part(args)
 
 

@@ -32,7 +32,11 @@ from scripts.export_onnx import export_onnx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: (label, file suffix, precision); the first is the baseline of the ratios.
-VARIANTS = [("TorchScript", ".pt", "fp32"), ("ONNX Runtime", ".onnx", "fp32"), ("ONNX Runtime int8", ".onnx", "int8")]
+VARIANTS = [
+    ("TorchScript", ".pt", "fp32"),
+    ("ONNX Runtime", ".onnx", "fp32"),
+    ("ONNX Runtime int8", ".onnx", "int8"),
+]
 
 
 def load_variants(kind: str, folder: str, threads: int, max_rows: int) -> dict[str, ModelRuntime]:
@@ -40,13 +44,25 @@ def load_variants(kind: str, folder: str, threads: int, max_rows: int) -> dict[s
     if not os.path.exists(script):
         build(kind, os.path.join(ROOT, "models"))
     files = {".pt": script, ".onnx": export_onnx(kind, os.path.join(folder, f"{kind}.onnx"))}
-    return {label: load_runtime(WorkerSettings(name=kind, model=files[suffix], precision=precision, device="cpu",
-                                               torch_threads=threads, warmup_iters=1, max_batch_rows=max_rows))
-            for label, suffix, precision in VARIANTS}
+    return {
+        label: load_runtime(
+            WorkerSettings(
+                name=kind,
+                model=files[suffix],
+                precision=precision,
+                device="cpu",
+                torch_threads=threads,
+                warmup_iters=1,
+                max_batch_rows=max_rows,
+            )
+        )
+        for label, suffix, precision in VARIANTS
+    }
 
 
-def measure(kind: str, runtimes: dict[str, ModelRuntime], batches: list[int], seconds: float,
-            runs: int) -> dict[tuple[str, int], list[float]]:
+def measure(
+    kind: str, runtimes: dict[str, ModelRuntime], batches: list[int], seconds: float, runs: int
+) -> dict[tuple[str, int], list[float]]:
     """rows/s of every (variant, batch), ``runs`` samples each, interleaved."""
     samples: dict[tuple[str, int], list[float]] = {}
     for _ in range(runs):
@@ -65,26 +81,46 @@ def table(results: dict[str, dict[tuple[str, int], list[float]]], batches: list[
         for size in batches:
             medians = [statistics.median(samples[(label, size)]) for label, _, _ in VARIANTS]
             ratios = [m / medians[0] for m in medians[1:]]
-            lines.append(f"| {kind} | {size} | " + " | ".join(f"{m:,.0f}" for m in medians) + " | "
-                         + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+            lines.append(
+                f"| {kind} | {size} | "
+                + " | ".join(f"{m:,.0f}" for m in medians)
+                + " | "
+                + " | ".join(f"{r:.2f}x" for r in ratios)
+                + " |"
+            )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime intra-op threads (default 1)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch and ONNX Runtime intra-op threads (default 1)"
+    )
     parser.add_argument("--batches", default="1,8,64", help="batch sizes (default 1,8,64)")
-    parser.add_argument("--seconds", type=float, default=1.0, help="length of one timed loop (default 1)")
-    parser.add_argument("--runs", type=int, default=3, help="samples per cell; the median is reported (default 3)")
-    parser.add_argument("--only", default=",".join(DEFAULT_MODELS), help="comma-separated subset of affine,ctr,cnn")
+    parser.add_argument(
+        "--seconds", type=float, default=1.0, help="length of one timed loop (default 1)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=3, help="samples per cell; the median is reported (default 3)"
+    )
+    parser.add_argument(
+        "--only", default=",".join(DEFAULT_MODELS), help="comma-separated subset of affine,ctr,cnn"
+    )
     args = parser.parse_args()
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
         parser.error(f"--batches takes comma-separated integers, got {args.batches!r}")
     kinds = args.only.split(",")
-    if any(k not in DEFAULT_MODELS for k in kinds) or min(batches) < 1 or args.runs < 1 or args.seconds <= 0:
-        parser.error(f"--only takes {', '.join(DEFAULT_MODELS)}; batches, --runs and --seconds must be positive")
+    if (
+        any(k not in DEFAULT_MODELS for k in kinds)
+        or min(batches) < 1
+        or args.runs < 1
+        or args.seconds <= 0
+    ):
+        parser.error(
+            f"--only takes {', '.join(DEFAULT_MODELS)}; batches, --runs and --seconds must be positive"
+        )
     logging.basicConfig(level=logging.ERROR)
     results = {}
     with tempfile.TemporaryDirectory(prefix="inferfleet-runtimes-") as folder:

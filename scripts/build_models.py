@@ -60,13 +60,17 @@ class CTR(nn.Module):
         self.register_buffer("offsets", torch.arange(CTR_SPARSE, dtype=torch.int64) * CTR_VOCAB)
         self.dense_mlp = nn.Sequential(nn.Linear(CTR_DENSE, 64), nn.ReLU(), nn.Linear(64, CTR_DIM))
         self.top = nn.Sequential(
-            nn.Linear((CTR_SPARSE + 1) * CTR_DIM, 256), nn.ReLU(),
-            nn.Linear(256, 128), nn.ReLU(),
+            nn.Linear((CTR_SPARSE + 1) * CTR_DIM, 256),
+            nn.ReLU(),
+            nn.Linear(256, 128),
+            nn.ReLU(),
             nn.Linear(128, 1),
         )
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        ids = sparse.remainder(self.vocab) + self.offsets  # hash-bucket every feature into its table
+        ids = (
+            sparse.remainder(self.vocab) + self.offsets
+        )  # hash-bucket every feature into its table
         emb = self.tables(ids).flatten(1)
         x = torch.cat([self.dense_mlp(dense), emb], dim=1)
         return torch.sigmoid(self.top(x))
@@ -76,9 +80,15 @@ class SmallCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
         )
         self.head = nn.Linear(64, 10)
 
@@ -120,7 +130,9 @@ class Block(nn.Module):
 class Stack(nn.Module):
     """``depth`` residual MLP blocks of ``width`` between an input and an output layer: stages of equal cost."""
 
-    def __init__(self, width: int = STACK_WIDTH, depth: int = 6, inputs: int = 32, outputs: int = 8) -> None:
+    def __init__(
+        self, width: int = STACK_WIDTH, depth: int = 6, inputs: int = 32, outputs: int = 8
+    ) -> None:
         super().__init__()
         self.embed = nn.Linear(inputs, width)
         self.blocks = nn.Sequential(*[Block(width) for _ in range(depth)])
@@ -141,12 +153,20 @@ class Bottleneck(nn.Module):
         super().__init__()
         cout = mid * 4
         self.body = nn.Sequential(
-            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
-            nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
-            nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout),
+            nn.Conv2d(cin, mid, 1, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.ReLU(),
+            nn.Conv2d(mid, mid, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.ReLU(),
+            nn.Conv2d(mid, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
         )
-        self.skip = (nn.Identity() if stride == 1 and cin == cout else
-                     nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+        self.skip = (
+            nn.Identity()
+            if stride == 1 and cin == cout
+            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.body(x) + self.skip(x))
@@ -160,8 +180,12 @@ class ResNet50(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-                                   nn.MaxPool2d(3, 2, 1)]
+        layers: list[nn.Module] = [
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2, 1),
+        ]
         cin = 64
         for mid, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
             for b in range(blocks):
@@ -227,7 +251,9 @@ def save_ctr_extras(out: str) -> list[str]:
 
 def build(kind: str, out: str) -> list[str]:
     path = os.path.join(out, f"{kind}.pt")
-    torch.jit.save(torch.jit.script(make_model(kind)), path, _extra_files={EXTRA: example_body(kind)})
+    torch.jit.save(
+        torch.jit.script(make_model(kind)), path, _extra_files={EXTRA: example_body(kind)}
+    )
     written = [path]
     if kind in ("affine", "stack"):
         written.append(save_export(kind, os.path.join(out, f"{kind}.pt2")))
@@ -242,8 +268,11 @@ def build(kind: str, out: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="models", help="output folder (default: models)")
-    parser.add_argument("--only", default=",".join(DEFAULT_MODELS),
-                        help=f"comma-separated subset of {', '.join(MODELS)} (default: {', '.join(DEFAULT_MODELS)})")
+    parser.add_argument(
+        "--only",
+        default=",".join(DEFAULT_MODELS),
+        help=f"comma-separated subset of {', '.join(MODELS)} (default: {', '.join(DEFAULT_MODELS)})",
+    )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     for kind in args.only.split(","):

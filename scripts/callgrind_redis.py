@@ -37,8 +37,10 @@ def missing_tools() -> str | None:
     """Why callgrind counts cannot run here (a tool is missing), or None when they can."""
     for tool in ("valgrind", "callgrind_control", "redis-server"):
         if shutil.which(tool) is None:
-            return (f"{tool} not found: callgrind counts need valgrind and redis-server "
-                    "(apt-get install valgrind redis-server)")
+            return (
+                f"{tool} not found: callgrind counts need valgrind and redis-server "
+                "(apt-get install valgrind redis-server)"
+            )
     return None
 
 
@@ -62,8 +64,12 @@ class CallgrindRedis(EmbeddedRedis):
         self._dumps = 0
 
     def _command(self, binary: str, data_dir: str) -> list[str]:
-        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={Path(data_dir) / 'callgrind.out'}",
-                *super()._command(binary, data_dir)]
+        return [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={Path(data_dir) / 'callgrind.out'}",
+            *super()._command(binary, data_dir),
+        ]
 
     @contextmanager
     def counting(self) -> Iterator[Count]:
@@ -77,7 +83,12 @@ class CallgrindRedis(EmbeddedRedis):
         count.instructions = self._dumped(name)
 
     def _control(self, action: str) -> None:
-        subprocess.run(["callgrind_control", action, str(self.pid)], check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["callgrind_control", action, str(self.pid)],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
     def _dumped(self, name: str, timeout_s: float = 30.0) -> int:
         """The instruction total of the dump described as ``name`` (callgrind writes it asynchronously)."""

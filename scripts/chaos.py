@@ -58,13 +58,36 @@ FACTOR = {"sim-1": 2.0, "sim-2": 3.0}
 
 
 @contextmanager
-def fleet(url: str, workers: int, handler: str = "SimulatedAccelerator", *extra: str) -> Iterator[subprocess.Popen]:
+def fleet(
+    url: str, workers: int, handler: str = "SimulatedAccelerator", *extra: str
+) -> Iterator[subprocess.Popen]:
     """``inferfleet supervise`` with a fixed fleet, until the block ends (then drained)."""
     env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT), BATCH_S="0.005")
-    cmd = [sys.executable, "-m", "inferfleet", "supervise", "--name", NAME,
-           "--model", f"scripts.example_handlers:{handler}", "--max-batch-rows", "16", "--devices", "cpu",
-           "--policy", "fixed", "--min-workers", str(workers), "--max-workers", str(workers),
-           "--interval-s", "0.2", "--log-level", "warning", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferfleet",
+        "supervise",
+        "--name",
+        NAME,
+        "--model",
+        f"scripts.example_handlers:{handler}",
+        "--max-batch-rows",
+        "16",
+        "--devices",
+        "cpu",
+        "--policy",
+        "fixed",
+        "--min-workers",
+        str(workers),
+        "--max-workers",
+        str(workers),
+        "--interval-s",
+        "0.2",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
     client = redis.Redis.from_url(url)
     try:
@@ -112,7 +135,9 @@ def feed(url: str, requests: int, per_s: float, accepted: dict[str, int]) -> Non
     producer.close()
 
 
-def tally(client: redis.Redis, accepted: dict[str, int], timeout_s: float, settle_s: float = 30.0) -> dict[str, float]:
+def tally(
+    client: redis.Redis, accepted: dict[str, int], timeout_s: float, settle_s: float = 30.0
+) -> dict[str, float]:
     """Wait for every accepted request's reply; count lost, duplicated, wrong, dead-lettered.
 
     Each reply is checked when its list first shows one. Duplicates are counted at the end,
@@ -121,7 +146,14 @@ def tally(client: redis.Redis, accepted: dict[str, int], timeout_s: float, settl
     long after the first.
     """
     pending = dict(accepted)
-    counts = {"answered": 0, "duplicated": 0, "wrong": 0, "dead_lettered": 0, "sim-1": 0, "sim-2": 0}
+    counts = {
+        "answered": 0,
+        "duplicated": 0,
+        "wrong": 0,
+        "dead_lettered": 0,
+        "sim-1": 0,
+        "sim-2": 0,
+    }
     deadline = time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
         rids = list(pending)
@@ -187,8 +219,18 @@ def kill_random_worker(client: redis.Redis) -> int:
 
 def scenario_kill(requests: int = 5000, workers: int = 3, kill_every_s: float = 1.0) -> dict:
     """SIGKILL a random worker every ``kill_every_s`` while requests flow."""
-    with EmbeddedRedis() as server, fleet(server.url, workers, "SimulatedAccelerator",
-                                          "--crash-loop-deaths", "1000", "--max-deliveries", "20"):
+    with (
+        EmbeddedRedis() as server,
+        fleet(
+            server.url,
+            workers,
+            "SimulatedAccelerator",
+            "--crash-loop-deaths",
+            "1000",
+            "--max-deliveries",
+            "20",
+        ),
+    ):
         client = redis.Redis.from_url(server.url)
         accepted: dict[str, int] = {}
         feeder = threading.Thread(target=feed, args=(server.url, requests, 600, accepted))
@@ -200,7 +242,9 @@ def scenario_kill(requests: int = 5000, workers: int = 3, kill_every_s: float = 
         feeder.join()
         last_kill = time.monotonic()
         result = tally(client, accepted, 120)
-        result.update(kills=kills, recover_s=round(time.monotonic() - last_kill - result["settle_s"], 2))
+        result.update(
+            kills=kills, recover_s=round(time.monotonic() - last_kill - result["settle_s"], 2)
+        )
         client.close()
     return result
 
@@ -219,7 +263,9 @@ def scenario_redis(requests: int = 3000, workers: int = 2, down_s: float = 1.0) 
         back = time.monotonic()
         client = redis.Redis.from_url(server.url)
         probe = Producer(server.url, NAME, default_deadline_s=None)
-        probe.result(probe.submit(inputs_for(0)), timeout_s=60)  # a full round trip through the fleet
+        probe.result(
+            probe.submit(inputs_for(0)), timeout_s=60
+        )  # a full round trip through the fleet
         first_reply_s = time.monotonic() - back
         probe.close()
         feeder.join()
@@ -231,7 +277,10 @@ def scenario_redis(requests: int = 3000, workers: int = 2, down_s: float = 1.0) 
 
 def scenario_poison(requests: int = 2000, workers: int = 2) -> dict:
     """One request kills every worker that computes it; the rest must keep flowing."""
-    with EmbeddedRedis() as server, fleet(server.url, workers, "CrashOnPoison", "--crash-loop-deaths", "100"):
+    with (
+        EmbeddedRedis() as server,
+        fleet(server.url, workers, "CrashOnPoison", "--crash-loop-deaths", "100"),
+    ):
         client = redis.Redis.from_url(server.url)
         producer = Producer(server.url, NAME, default_deadline_s=None)
         started = time.monotonic()
@@ -241,8 +290,11 @@ def scenario_poison(requests: int = 2000, workers: int = 2) -> dict:
         reply = producer.result(poison, timeout_s=120, raise_errors=False)
         result = tally(client, accepted, 120)
         answered_s = time.monotonic() - started - result["settle_s"]
-        result.update(poison_code=reply.error_code, poison_answered_s=round(answered_s, 2),
-                      dead_letters=int(client.xlen(KEYS.dead)))
+        result.update(
+            poison_code=reply.error_code,
+            poison_answered_s=round(answered_s, 2),
+            dead_letters=int(client.xlen(KEYS.dead)),
+        )
         producer.close()
         client.close()
     return result
@@ -251,11 +303,23 @@ def scenario_poison(requests: int = 2000, workers: int = 2) -> dict:
 def scenario_swap(requests: int = 4000, workers: int = 3, kill_every_s: float = 1.0) -> dict:
     """Swap sim-1 -> sim-2, roll back, swap again, while a random worker is SIGKILLed every second."""
     base = "scripts.example_handlers:SimulatedAccelerator"
-    steps = [lambda c: publish(c, KEYS, base + "V2", "sim-2", serving=(base, "sim-1")),
-             lambda c: rollback(c, KEYS),
-             lambda c: rollback(c, KEYS)]  # rolling back a rollback: sim-2 again
-    with EmbeddedRedis() as server, fleet(server.url, workers, "SimulatedAccelerator",
-                                          "--crash-loop-deaths", "1000", "--max-deliveries", "20"):
+    steps = [
+        lambda c: publish(c, KEYS, base + "V2", "sim-2", serving=(base, "sim-1")),
+        lambda c: rollback(c, KEYS),
+        lambda c: rollback(c, KEYS),
+    ]  # rolling back a rollback: sim-2 again
+    with (
+        EmbeddedRedis() as server,
+        fleet(
+            server.url,
+            workers,
+            "SimulatedAccelerator",
+            "--crash-loop-deaths",
+            "1000",
+            "--max-deliveries",
+            "20",
+        ),
+    ):
         client = redis.Redis.from_url(server.url)
         accepted: dict[str, int] = {}
         feeder = threading.Thread(target=feed, args=(server.url, requests, 600, accepted))
@@ -269,14 +333,22 @@ def scenario_swap(requests: int = 4000, workers: int = 3, kill_every_s: float = 
             kills += kill_random_worker(client)
         feeder.join()
         result = tally(client, accepted, 120)
-        wait_for(lambda: {b.version for b in read_heartbeats(client, KEYS)} == {"sim-2"}, 60,
-                 "every worker, restarted ones included, to serve the published version")
+        wait_for(
+            lambda: {b.version for b in read_heartbeats(client, KEYS)} == {"sim-2"},
+            60,
+            "every worker, restarted ones included, to serve the published version",
+        )
         result.update(kills=kills, swaps=3 - len(steps))
         client.close()
     return result
 
 
-SCENARIOS = {"kill": scenario_kill, "redis": scenario_redis, "poison": scenario_poison, "swap": scenario_swap}
+SCENARIOS = {
+    "kill": scenario_kill,
+    "redis": scenario_redis,
+    "poison": scenario_poison,
+    "swap": scenario_swap,
+}
 
 
 def main() -> None:

@@ -58,11 +58,23 @@ def run(url: str, requests: int, workers: int) -> None:
     try:
         with Producer(url, "demo-ctr") as producer:
             pool = bench_inputs(str(model), None, rows=1)
-            columns = (TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            columns = (
+                TextColumn("[bold]requests"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
             with Progress(*columns, console=console) as bar:
                 task = bar.add_task("requests", total=requests)
-                report = run_bench(producer, pool, requests, window=1000, warmup=500, timeout_s=60,
-                                   on_reply=lambda done: bar.update(task, completed=done))
+                report = run_bench(
+                    producer,
+                    pool,
+                    requests,
+                    window=1000,
+                    warmup=500,
+                    timeout_s=60,
+                    on_reply=lambda done: bar.update(task, completed=done),
+                )
                 bar.update(task, completed=requests)
             error = check_sample(producer, model)
     finally:
@@ -73,11 +85,15 @@ def run(url: str, requests: int, workers: int) -> None:
     table = Table(title=f"inferfleet demo: CTR model, {workers} workers")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for label, value in [("requests", f"{report.requests:,}"), ("errors", str(report.errors)),
-                         ("QPS", f"{report.qps:,.0f}"), ("p50 latency", f"{report.p50_ms:.2f} ms"),
-                         ("p99 latency", f"{report.p99_ms:.2f} ms"),
-                         ("mean batch rows", f"{report.mean_batch_rows:.1f}"),
-                         ("max |fleet - direct torch|", f"{error:.2e}")]:
+    for label, value in [
+        ("requests", f"{report.requests:,}"),
+        ("errors", str(report.errors)),
+        ("QPS", f"{report.qps:,.0f}"),
+        ("p50 latency", f"{report.p50_ms:.2f} ms"),
+        ("p99 latency", f"{report.p99_ms:.2f} ms"),
+        ("mean batch rows", f"{report.mean_batch_rows:.1f}"),
+        ("max |fleet - direct torch|", f"{error:.2e}"),
+    ]:
         table.add_row(label, value)
     console.print(table)
     if report.errors or error > 1e-4:
@@ -86,7 +102,9 @@ def run(url: str, requests: int, workers: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run the inferfleet fleet end to end.")
-    parser.add_argument("--requests", type=int, default=5000, help="requests to push (default 5000)")
+    parser.add_argument(
+        "--requests", type=int, default=5000, help="requests to push (default 5000)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     args = parser.parse_args()
     if os.environ.get("REDIS_URL"):

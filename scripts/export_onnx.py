@@ -38,8 +38,14 @@ def export_onnx(kind: str, path: str) -> str:
         # raised inside torch.export/torch.onnx (torch 2.13), not by this script: pytree and axis-name notes
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", message=r".*axis name", category=UserWarning)
-        program = torch.onnx.export(make_model(kind), args, kwargs=kwargs, dynamo=True,
-                                    dynamic_shapes=dynamic, verbose=False)
+        program = torch.onnx.export(
+            make_model(kind),
+            args,
+            kwargs=kwargs,
+            dynamo=True,
+            dynamic_shapes=dynamic,
+            verbose=False,
+        )
     assert program is not None
     proto = program.model_proto
     onnx.helper.set_model_props(proto, {EXTRA: example_body(kind)})
@@ -64,9 +70,14 @@ def export_all(kinds: list[str], out: str, int8: bool = False) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="models", help="output folder (default: models)")
-    parser.add_argument("--only", default=",".join(DEFAULT_MODELS),
-                        help=f"comma-separated subset of {', '.join(DEFAULT_MODELS)} (default: all)")
-    parser.add_argument("--int8", action="store_true", help="also write KIND.int8.onnx (ONNX Runtime dynamic int8)")
+    parser.add_argument(
+        "--only",
+        default=",".join(DEFAULT_MODELS),
+        help=f"comma-separated subset of {', '.join(DEFAULT_MODELS)} (default: all)",
+    )
+    parser.add_argument(
+        "--int8", action="store_true", help="also write KIND.int8.onnx (ONNX Runtime dynamic int8)"
+    )
     args = parser.parse_args()
     kinds = args.only.split(",")
     for kind in kinds:

@@ -13,13 +13,39 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_workers(url: str, name: str, model: str, count: int, label: str,
-                  extra: list[str] | tuple[str, ...] = (), timeout_s: float = 120.0) -> list[subprocess.Popen]:
+def start_workers(
+    url: str,
+    name: str,
+    model: str,
+    count: int,
+    label: str,
+    extra: list[str] | tuple[str, ...] = (),
+    timeout_s: float = 120.0,
+) -> list[subprocess.Popen]:
     """``count`` workers named LABEL-0.. on queue ``name``; raises SystemExit if they do not come up."""
     env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, "-m", "inferfleet", "worker", "--name", name, "--model", str(model),
-                               "--consumer", f"{label}-{i}", "--log-level", "warning", *extra], env=env, cwd=ROOT)
-             for i in range(count)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "inferfleet",
+                "worker",
+                "--name",
+                name,
+                "--model",
+                str(model),
+                "--consumer",
+                f"{label}-{i}",
+                "--log-level",
+                "warning",
+                *extra,
+            ],
+            env=env,
+            cwd=ROOT,
+        )
+        for i in range(count)
+    ]
     client = redis.Redis.from_url(url)
     stream = f"inferfleet:{{{name}}}:requests"
     deadline = time.monotonic() + timeout_s

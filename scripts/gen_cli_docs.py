@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write docs/cli.md from the click commands' own help, so the two never disagree.
 
-    python scripts/gen_cli_docs.py          # rewrite docs/cli.md
-    python scripts/gen_cli_docs.py --check  # exit 1 if docs/cli.md is stale (a test runs this)
+python scripts/gen_cli_docs.py          # rewrite docs/cli.md
+python scripts/gen_cli_docs.py --check  # exit 1 if docs/cli.md is stale (a test runs this)
 """
 
 from __future__ import annotations

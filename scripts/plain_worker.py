@@ -20,7 +20,9 @@ import redis
 import torch
 
 
-def serve(client: redis.Redis, name: str, model: torch.jit.ScriptModule, count: int, consumer: str) -> None:
+def serve(
+    client: redis.Redis, name: str, model: torch.jit.ScriptModule, count: int, consumer: str
+) -> None:
     stream = f"inferfleet:{{{name}}}:requests"
     try:
         client.xgroup_create(stream, "workers", id="0", mkstream=True)
@@ -34,8 +36,14 @@ def serve(client: redis.Redis, name: str, model: torch.jit.ScriptModule, count: 
             continue
         entries = read[0][1]
         bodies = [msgpack.unpackb(fields[b"body"]) for _, fields in entries]
-        x = np.concatenate([np.frombuffer(b["inputs"]["data"], b["inputs"]["dtype"]).reshape(b["inputs"]["shape"])
-                            for b in bodies])
+        x = np.concatenate(
+            [
+                np.frombuffer(b["inputs"]["data"], b["inputs"]["dtype"]).reshape(
+                    b["inputs"]["shape"]
+                )
+                for b in bodies
+            ]
+        )
         with torch.inference_mode():
             y = model(torch.from_numpy(x)).numpy()
         pipe = client.pipeline(transaction=False)
@@ -43,8 +51,18 @@ def serve(client: redis.Redis, name: str, model: torch.jit.ScriptModule, count: 
             rid = fields[b"id"].decode()
             out = {"dtype": "float32", "shape": [1, *row.shape], "data": row.tobytes()}
             key = f"inferfleet:{{{name}}}:reply:{rid}"
-            pipe.rpush(key, msgpack.packb({"id": rid, "ok": True, "outputs": out, "model": meta,
-                                           "timing": {"queued_ms": 0.0, "infer_ms": 0.0, "batch_rows": len(y)}}))
+            pipe.rpush(
+                key,
+                msgpack.packb(
+                    {
+                        "id": rid,
+                        "ok": True,
+                        "outputs": out,
+                        "model": meta,
+                        "timing": {"queued_ms": 0.0, "infer_ms": 0.0, "batch_rows": len(y)},
+                    }
+                ),
+            )
             pipe.expire(key, 300)
         pipe.xack(stream, "workers", *[entry_id for entry_id, _ in entries])
         pipe.execute()
@@ -53,7 +71,9 @@ def serve(client: redis.Redis, name: str, model: torch.jit.ScriptModule, count: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True)
-    parser.add_argument("--model", required=True, help="a TorchScript file of one tensor in, one tensor out")
+    parser.add_argument(
+        "--model", required=True, help="a TorchScript file of one tensor in, one tensor out"
+    )
     parser.add_argument("--redis-url", default="redis://localhost:6379/0")
     parser.add_argument("--count", type=int, default=256, help="most entries per read (the batch)")
     parser.add_argument("--consumer", default="plain-0")

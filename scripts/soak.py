@@ -54,7 +54,9 @@ def plot(samples: list[tuple[float, int, float]], path: str, title: str) -> None
     ax.set_xlabel("requests served (thousands)")
     ax.set_ylabel("worker RSS (MiB)")
     ax.set_title(title)
-    ax.set_ylim(0, max(s[2] for s in samples) * 1.2)  # headroom: a flat line must not hide under the frame
+    ax.set_ylim(
+        0, max(s[2] for s in samples) * 1.2
+    )  # headroom: a flat line must not hide under the frame
     ax.grid(alpha=0.3)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -69,8 +71,24 @@ def main() -> None:
     args = parser.parse_args()
     with EmbeddedRedis() as server:
         env = dict(os.environ, REDIS_URL=server.url, PYTHONPATH=str(ROOT))
-        worker = subprocess.Popen([sys.executable, "-m", "inferfleet", "worker", "--name", "soak", "--model",
-                                   args.model, "--consumer", "soak-0", "--log-level", "warning"], env=env, cwd=ROOT)
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "inferfleet",
+                "worker",
+                "--name",
+                "soak",
+                "--model",
+                args.model,
+                "--consumer",
+                "soak-0",
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            cwd=ROOT,
+        )
         client = redis.Redis.from_url(server.url)
         while not read_heartbeats(client, QueueKeys("soak")):
             time.sleep(0.1)
@@ -82,7 +100,9 @@ def main() -> None:
         started = time.perf_counter()
         errors = 0
         with Producer(server.url, "soak") as producer:
-            for reply in producer.imap((pool[i % len(pool)] for i in range(args.requests)), window=2000):
+            for reply in producer.imap(
+                (pool[i % len(pool)] for i in range(args.requests)), window=2000
+            ):
                 errors += not reply.ok
         seconds = time.perf_counter() - started
         time.sleep(1.2)
@@ -93,13 +113,24 @@ def main() -> None:
     warm = next(s for s in samples if s[1] >= args.requests * 0.05)
     end = samples[-1]
     growth = (end[2] - warm[2]) / warm[2] * 100
-    report = {"requests": args.requests, "errors": errors, "seconds": round(seconds, 1),
-              "qps": round(args.requests / seconds), "rss_warm_mb": warm[2], "rss_end_mb": end[2],
-              "rss_peak_mb": max(s[2] for s in samples), "growth_pct": round(growth, 2)}
+    report = {
+        "requests": args.requests,
+        "errors": errors,
+        "seconds": round(seconds, 1),
+        "qps": round(args.requests / seconds),
+        "rss_warm_mb": warm[2],
+        "rss_end_mb": end[2],
+        "rss_peak_mb": max(s[2] for s in samples),
+        "growth_pct": round(growth, 2),
+    }
     report["samples"] = len(samples)
     print(json.dumps(report))
     if args.png:
-        plot(samples, args.png, f"worker RSS over {args.requests:,} requests ({Path(args.model).name})")
+        plot(
+            samples,
+            args.png,
+            f"worker RSS over {args.requests:,} requests ({Path(args.model).name})",
+        )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,10 @@ class ComposeError(RuntimeError):
 def compose_cli() -> list[str] | None:
     """``docker compose`` (v2 plugin) if it works, else ``docker-compose`` (v1), else None."""
     docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+    if (
+        docker
+        and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0
+    ):
         return [docker, "compose"]
     legacy = shutil.which("docker-compose")
     return [legacy] if legacy else None
@@ -55,17 +58,22 @@ def engine_problem() -> str | None:
         return "no docker client on PATH"
     if compose_cli() is None:
         return "neither `docker compose` nor `docker-compose` is installed"
-    out = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
+    out = subprocess.run(
+        [docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True
+    )
     if out.returncode != 0:
         return f"no Docker engine answers (`docker info`: {out.stderr.strip()[:200]})"
     return None
 
 
-def run(argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 600.0,
-        check: bool = True) -> subprocess.CompletedProcess:
+def run(
+    argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 600.0, check: bool = True
+) -> subprocess.CompletedProcess:
     out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     if check and out.returncode != 0:
-        raise ComposeError(f"{' '.join(argv)} exited {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}")
+        raise ComposeError(
+            f"{' '.join(argv)} exited {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+        )
     return out
 
 
@@ -89,7 +97,9 @@ def wheel_index(wheelhouse: Path) -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _index_server(handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> http.server.ThreadingHTTPServer:
+def _index_server(
+    handler: Callable[..., http.server.BaseHTTPRequestHandler],
+) -> http.server.ThreadingHTTPServer:
     """On INDEX_PORT when it is free: the index URL is a build argument of the torch layer, so
     the same URL on every run lets Docker reuse that layer from its cache. Else any free port."""
     try:
@@ -127,9 +137,19 @@ class ComposeStack:
             raise ComposeError("no docker compose CLI")
         self.project = project
         self.env = env
-        self.base = [*cli, "-p", project, "-f", str(ROOT / "docker-compose.yml"), "-f", str(TEST_OVERRIDE)]
+        self.base = [
+            *cli,
+            "-p",
+            project,
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            "-f",
+            str(TEST_OVERRIDE),
+        ]
 
-    def compose(self, *args: str, timeout_s: float = 300.0, check: bool = True) -> subprocess.CompletedProcess:
+    def compose(
+        self, *args: str, timeout_s: float = 300.0, check: bool = True
+    ) -> subprocess.CompletedProcess:
         return run([*self.base, *args], env=self.env, timeout_s=timeout_s, check=check)
 
     def container(self, service: str) -> str:
@@ -146,14 +166,18 @@ class ComposeStack:
         """Seconds until the service's healthcheck passes (raises if it fails or the time runs out)."""
         start = time.monotonic()
         while time.monotonic() - start < timeout_s:
-            state = self.inspect(service, "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}")
+            state = self.inspect(
+                service, "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}"
+            )
             if state == "running healthy":
                 return time.monotonic() - start
             if state.startswith(("exited", "dead")) or state.endswith("unhealthy"):
                 break
             time.sleep(1.0)
-        raise ComposeError(f"{service} is not healthy after {time.monotonic() - start:.0f} s "
-                           f"({state})\n{self.logs(service)}")
+        raise ComposeError(
+            f"{service} is not healthy after {time.monotonic() - start:.0f} s "
+            f"({state})\n{self.logs(service)}"
+        )
 
     def published(self, service: str, port: int) -> tuple[str, int]:
         """Where the service's ``port`` is published on this machine: (host, port)."""
@@ -179,4 +203,4 @@ class ComposeStack:
 def last_json(text: str) -> dict:
     """The JSON document a command printed last (its log lines may come before it)."""
     start = text.rfind("\n{")
-    return json.loads(text[start + 1 if start >= 0 else text.index("{"):])
+    return json.loads(text[start + 1 if start >= 0 else text.index("{") :])

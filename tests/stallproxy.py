@@ -45,7 +45,9 @@ class StallProxy:
         self._spawn(self._accept)
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._closed.set()
         self._flowing.set()
         self._listener.close()

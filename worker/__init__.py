@@ -15,8 +15,12 @@ if TYPE_CHECKING:
 
 __all__ = ["Handler", "WorkerSettings", "pad_batch", "save_model"]
 
-_HOMES = {"Handler": "inferfleet.worker.handler", "pad_batch": "inferfleet.worker.handler",
-          "WorkerSettings": "inferfleet.worker.config", "save_model": "inferfleet.worker.runtime.saving"}
+_HOMES = {
+    "Handler": "inferfleet.worker.handler",
+    "pad_batch": "inferfleet.worker.handler",
+    "WorkerSettings": "inferfleet.worker.config",
+    "save_model": "inferfleet.worker.runtime.saving",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,14 @@ from inferfleet.producer.protocol import (
 from inferfleet.worker.errors import ConfigError
 from inferfleet.worker.keys import MAX_STAGES, stage_keys
 
-__all__ = ["WorkerSettings", "ENV_VARS", "DEVICE_CHOICES", "PRECISIONS", "default_consumer_name", "env_var"]
+__all__ = [
+    "WorkerSettings",
+    "ENV_VARS",
+    "DEVICE_CHOICES",
+    "PRECISIONS",
+    "default_consumer_name",
+    "env_var",
+]
 
 #: fp32 as trained; fp16 and bf16 run under torch.autocast (GPU, and CPU where the ops support it);
 #: int8 is dynamic quantization of the linear layers (CPU only).
@@ -52,80 +59,171 @@ class WorkerSettings:
     """
 
     name: str = field(metadata={"help": "Queue (model) name: 1-64 of A-Z a-z 0-9 . _ -"})
-    model: str = field(metadata={
-        "help": "TorchScript file, torch.export .pt2 file, ONNX .onnx file, or module:Handler; with --stage, the "
-                "directory `inferfleet split` wrote (--pipeline)."})
-    redis_url: str = field(default_factory=lambda: os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL, metadata={
-        "help": f"Redis URL (redis://, rediss://, unix://); default {DEFAULT_REDIS_URL}.", "env": "REDIS_URL"})
+    model: str = field(
+        metadata={
+            "help": "TorchScript file, torch.export .pt2 file, ONNX .onnx file, or module:Handler; with --stage, the "
+            "directory `inferfleet split` wrote (--pipeline)."
+        }
+    )
+    redis_url: str = field(
+        default_factory=lambda: os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
+        metadata={
+            "help": f"Redis URL (redis://, rediss://, unix://); default {DEFAULT_REDIS_URL}.",
+            "env": "REDIS_URL",
+        },
+    )
     prefix: str = field(default=DEFAULT_PREFIX, metadata={"help": "Key prefix of every Redis key."})
     device: str = field(default="auto", metadata={"help": f"One of {DEVICE_CHOICES}."})
     max_batch_rows: int = field(default=64, metadata={"help": "Most rows in one forward pass."})
     max_wait_ms: float = field(default=5.0, metadata={"help": "Longest wait for a batch to fill."})
-    consumer: str = field(default_factory=default_consumer_name, metadata={
-        "help": "Consumer name in the group (default host-pid)."})
-    model_version: str | None = field(default=None, metadata={
-        "help": "Version reported in replies (default: file hash)."})
-    warmup_input: str | None = field(default=None, metadata={
-        "help": ".npy/.npz inputs to warm up with (default: the model's example)."})
-    input_spec: str | None = field(default=None, metadata={
-        "help": "The inputs the model takes, where its file does not say (TorchScript): e.g. 'float32[N,16]', "
-                "'int64[N,L]' (L varies), '{ids: int64[N,L], mask: bool[N,L]}'. Requests are checked against it "
-                "and the worker warms up on zeros of it."})
-    warmup_iters: int = field(default=3, metadata={
-        "help": "Forward passes at each warm-up batch size (0: no warm-up)."})
-    torch_threads: int = field(default=1, metadata={"help": "Intra-op threads of each worker process."})
-    reply_ttl_s: int = field(default=DEFAULT_REPLY_TTL_S, metadata={"help": "TTL of each reply list."})
-    max_body_bytes: int = field(default=16 * 1024 * 1024, metadata={"help": "Larger bodies are answered too_large."})
-    idle_block_ms: int = field(default=1000, metadata={
-        "help": "Longest an idle worker blocks reading the stream before it checks for a stop (a request wakes it "
-                "at once)."})
-    claim_idle_s: float = field(default=2.0, metadata={
-        "help": "Take over entries of a consumer with no heartbeat once idle this long."})
-    max_deliveries: int = field(default=3, metadata={"help": "Dead-letter an entry delivered more often than this."})
-    housekeeping_s: float = field(default=1.0, metadata={
-        "help": "How often a worker takes over entries of dead consumers, trims the stream and looks for a new "
-                "model version."})
-    heartbeat_s: float = field(default=1.0, metadata={
-        "help": "How often a worker publishes its heartbeat (which expires after 3 of these, at least 2 s)."})
-    precision: str = field(default="fp32", metadata={
-        "help": "fp16/bf16 run the model under torch.autocast; int8 quantizes its linear layers dynamically "
-                "(CPU; .pt2, .onnx, handlers); outputs stay float32."})
-    compile: bool = field(default=False, metadata={"help": "torch.compile the model (torch.export .pt2 models)."})
-    empty_cache_every: int = field(default=0, metadata={"help": "Return cached GPU memory every N batches (0: never)."})
-    prefetch: str = field(default="auto", metadata={
-        "help": "Read and decode the next batch while one computes (auto: on GPUs)."})
-    tune_malloc: bool = field(default=True, metadata={
-        "help": "Fix glibc's mmap/trim thresholds so batch buffers are reused, not re-mapped."})
+    consumer: str = field(
+        default_factory=default_consumer_name,
+        metadata={"help": "Consumer name in the group (default host-pid)."},
+    )
+    model_version: str | None = field(
+        default=None, metadata={"help": "Version reported in replies (default: file hash)."}
+    )
+    warmup_input: str | None = field(
+        default=None,
+        metadata={"help": ".npy/.npz inputs to warm up with (default: the model's example)."},
+    )
+    input_spec: str | None = field(
+        default=None,
+        metadata={
+            "help": "The inputs the model takes, where its file does not say (TorchScript): e.g. 'float32[N,16]', "
+            "'int64[N,L]' (L varies), '{ids: int64[N,L], mask: bool[N,L]}'. Requests are checked against it "
+            "and the worker warms up on zeros of it."
+        },
+    )
+    warmup_iters: int = field(
+        default=3, metadata={"help": "Forward passes at each warm-up batch size (0: no warm-up)."}
+    )
+    torch_threads: int = field(
+        default=1, metadata={"help": "Intra-op threads of each worker process."}
+    )
+    reply_ttl_s: int = field(
+        default=DEFAULT_REPLY_TTL_S, metadata={"help": "TTL of each reply list."}
+    )
+    max_body_bytes: int = field(
+        default=16 * 1024 * 1024, metadata={"help": "Larger bodies are answered too_large."}
+    )
+    idle_block_ms: int = field(
+        default=1000,
+        metadata={
+            "help": "Longest an idle worker blocks reading the stream before it checks for a stop (a request wakes it "
+            "at once)."
+        },
+    )
+    claim_idle_s: float = field(
+        default=2.0,
+        metadata={"help": "Take over entries of a consumer with no heartbeat once idle this long."},
+    )
+    max_deliveries: int = field(
+        default=3, metadata={"help": "Dead-letter an entry delivered more often than this."}
+    )
+    housekeeping_s: float = field(
+        default=1.0,
+        metadata={
+            "help": "How often a worker takes over entries of dead consumers, trims the stream and looks for a new "
+            "model version."
+        },
+    )
+    heartbeat_s: float = field(
+        default=1.0,
+        metadata={
+            "help": "How often a worker publishes its heartbeat (which expires after 3 of these, at least 2 s)."
+        },
+    )
+    precision: str = field(
+        default="fp32",
+        metadata={
+            "help": "fp16/bf16 run the model under torch.autocast; int8 quantizes its linear layers dynamically "
+            "(CPU; .pt2, .onnx, handlers); outputs stay float32."
+        },
+    )
+    compile: bool = field(
+        default=False, metadata={"help": "torch.compile the model (torch.export .pt2 models)."}
+    )
+    empty_cache_every: int = field(
+        default=0, metadata={"help": "Return cached GPU memory every N batches (0: never)."}
+    )
+    prefetch: str = field(
+        default="auto",
+        metadata={"help": "Read and decode the next batch while one computes (auto: on GPUs)."},
+    )
+    tune_malloc: bool = field(
+        default=True,
+        metadata={
+            "help": "Fix glibc's mmap/trim thresholds so batch buffers are reused, not re-mapped."
+        },
+    )
     # result cache (inferfleet.worker.serving.cache): 0 entries turns the per-worker LFU off; a TTL of 0 the fleet cache
-    cache_size: int = field(default=0, metadata={"help": "Entries of the per-worker LFU result cache (0: off)."})
-    fleet_cache_ttl_s: int = field(default=0, metadata={
-        "help": "Also share results fleet-wide in Redis for this long (0: off; needs --cache-size)."})
+    cache_size: int = field(
+        default=0, metadata={"help": "Entries of the per-worker LFU result cache (0: off)."}
+    )
+    fleet_cache_ttl_s: int = field(
+        default=0,
+        metadata={
+            "help": "Also share results fleet-wide in Redis for this long (0: off; needs --cache-size)."
+        },
+    )
     # result checks (inferfleet.worker.serving.validation): 0 turns a check off
-    min_confidence: float = field(default=0.0, metadata={
-        "help": "Alert when a reply's top score is below this (0: off)."})
-    consistency_tol: float = field(default=0.0, metadata={
-        "help": "Alert when identical inputs on one version differ by more than this (0: off)."})
-    nan_guard: bool = field(default=True, metadata={
-        "help": "Answer model_error (and alert) for outputs holding NaN or Inf."})
+    min_confidence: float = field(
+        default=0.0, metadata={"help": "Alert when a reply's top score is below this (0: off)."}
+    )
+    consistency_tol: float = field(
+        default=0.0,
+        metadata={
+            "help": "Alert when identical inputs on one version differ by more than this (0: off)."
+        },
+    )
+    nan_guard: bool = field(
+        default=True,
+        metadata={"help": "Answer model_error (and alert) for outputs holding NaN or Inf."},
+    )
     # observability: Prometheus /metrics on this port (0: off)
-    metrics_port: int = field(default=0, metadata={"help": "Serve Prometheus metrics on this port (0: off)."})
-    heartbeat_file: str = field(default="", metadata={
-        "help": "Also write each heartbeat to this file (JSON: last_seen_ms, loop_ms, the consumer loop's last "
-                "round), for a liveness probe ('': off)."})
-    metrics_address: str = field(default="0.0.0.0", metadata={
-        "help": "Address the metrics port binds to: 0.0.0.0 every IPv4 interface, :: every interface, "
-                "127.0.0.1 this host only."})
+    metrics_port: int = field(
+        default=0, metadata={"help": "Serve Prometheus metrics on this port (0: off)."}
+    )
+    heartbeat_file: str = field(
+        default="",
+        metadata={
+            "help": "Also write each heartbeat to this file (JSON: last_seen_ms, loop_ms, the consumer loop's last "
+            "round), for a liveness probe ('': off)."
+        },
+    )
+    metrics_address: str = field(
+        default="0.0.0.0",
+        metadata={
+            "help": "Address the metrics port binds to: 0.0.0.0 every IPv4 interface, :: every interface, "
+            "127.0.0.1 this host only."
+        },
+    )
     # Redis Cluster sharding: this worker serves shard `shard` of `shards` (queue NAME.shard)
-    shards: int = field(default=1, metadata={
-        "help": "Streams the queue is sharded into (queues NAME.0, NAME.1 ...); a request's shard is CRC-32 of "
-                "its id mod this."})
-    shard: int = field(default=0, metadata={"help": "With --shards: the shard this worker serves (0 to shards-1)."})
-    cluster: bool = field(default=False, metadata={  # connect with redis-py's RedisCluster
-        "help": "Connect to a Redis Cluster (the URL names any one node)."})
+    shards: int = field(
+        default=1,
+        metadata={
+            "help": "Streams the queue is sharded into (queues NAME.0, NAME.1 ...); a request's shard is CRC-32 of "
+            "its id mod this."
+        },
+    )
+    shard: int = field(
+        default=0, metadata={"help": "With --shards: the shard this worker serves (0 to shards-1)."}
+    )
+    cluster: bool = field(
+        default=False,
+        metadata={  # connect with redis-py's RedisCluster
+            "help": "Connect to a Redis Cluster (the URL names any one node)."
+        },
+    )
     # pipeline parallelism: this worker serves one stage of a split model (inferfleet split)
-    stage: int | None = field(default=None, metadata={
-        "help": "Serve stage K of the split model in --pipeline DIR: stage 0 reads the queue's requests, stage K "
-                "the stream PREFIX:{NAME}:stage:K."})
+    stage: int | None = field(
+        default=None,
+        metadata={
+            "help": "Serve stage K of the split model in --pipeline DIR: stage 0 reads the queue's requests, stage K "
+            "the stream PREFIX:{NAME}:stage:K."
+        },
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -158,11 +256,15 @@ class WorkerSettings:
         self._check_range("metrics_port", 0, 65535)
         _check_ip_address("metrics_address", self.metrics_address)
         if self.fleet_cache_ttl_s and not self.cache_size:
-            raise ConfigError("fleet_cache_ttl_s needs cache_size: the fleet cache is a tier of the worker's cache")
+            raise ConfigError(
+                "fleet_cache_ttl_s needs cache_size: the fleet cache is a tier of the worker's cache"
+            )
         self._check_range("shards", 1, 1024)
         self._check_range("shard", 0, self.shards - 1)
         try:
-            shard_name(self.name, self.shard, self.shards)  # the shard's name must fit 64 characters too
+            shard_name(
+                self.name, self.shard, self.shards
+            )  # the shard's name must fit 64 characters too
         except ProtocolError as exc:
             raise ConfigError(str(exc)) from exc
         if self.prefetch not in ("auto", "on", "off"):
@@ -174,7 +276,11 @@ class WorkerSettings:
 
     def _check_range(self, name: str, low: float, high: float) -> None:
         value = getattr(self, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+        if (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or not low <= value <= high
+        ):
             raise ConfigError(f"{name} must be a number from {low} to {high}, got {value!r}")
 
     @property
@@ -198,7 +304,9 @@ def _check_ip_address(name: str, value: str) -> None:
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        raise ConfigError(f"{name} {value!r} is not an IP address (e.g. 0.0.0.0, ::, 127.0.0.1)") from None
+        raise ConfigError(
+            f"{name} {value!r} is not an IP address (e.g. 0.0.0.0, ::, 127.0.0.1)"
+        ) from None
 
 
 def env_var(setting: Field[Any]) -> str:

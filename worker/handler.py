@@ -57,8 +57,11 @@ def to_device(inputs: Any, device: torch.device) -> Any:
     return [to_device(v, device) for v in inputs]
 
 
-def pad_batch(arrays: Sequence[np.ndarray], pad_value: Any = 0, buckets: Sequence[int] = (),
-              ) -> tuple[np.ndarray, np.ndarray]:
+def pad_batch(
+    arrays: Sequence[np.ndarray],
+    pad_value: Any = 0,
+    buckets: Sequence[int] = (),
+) -> tuple[np.ndarray, np.ndarray]:
     """Stack arrays of shape (rows, length, ...) of varying lengths into one padded batch and its mask.
 
     Returns ``(batch, mask)``: ``batch`` of shape (sum of rows, L, ...) filled with ``pad_value``
@@ -75,8 +78,8 @@ def pad_batch(arrays: Sequence[np.ndarray], pad_value: Any = 0, buckets: Sequenc
     mask = np.zeros((rows, length), dtype=bool)
     start = 0
     for a in arrays:
-        batch[start:start + a.shape[0], :a.shape[1]] = a
-        mask[start:start + a.shape[0], :a.shape[1]] = True
+        batch[start : start + a.shape[0], : a.shape[1]] = a
+        mask[start : start + a.shape[0], : a.shape[1]] = True
         start += a.shape[0]
     return batch, mask
 
@@ -94,7 +97,7 @@ def split_rows(outputs: Any, rows: Sequence[int]) -> list[Any]:
         return [[c[i] for c in columns] for i in range(len(rows))]
     if len(outputs) != bounds[-1]:
         raise ValueError(f"the model returned {len(outputs)} rows for a batch of {bounds[-1]}")
-    return [outputs[bounds[i]:bounds[i + 1]] for i in range(len(rows))]
+    return [outputs[bounds[i] : bounds[i + 1]] for i in range(len(rows))]
 
 
 def _concat(items: Sequence[Any]) -> Any:
@@ -134,7 +137,9 @@ class Handler:
 
     def compile(self) -> None:
         """Compile the model for ``--compile``; a handler that supports it overrides this."""
-        raise ValueError(f"{type(self).__name__} does not support --compile (override Handler.compile)")
+        raise ValueError(
+            f"{type(self).__name__} does not support --compile (override Handler.compile)"
+        )
 
     def quantize(self) -> None:
         """Make the model int8 for ``--precision int8`` (CPU); called once, after ``setup``.
@@ -144,7 +149,9 @@ class Handler:
         quantized one (:func:`inferfleet.worker.runtime.quantize.quantize_handler`).
         Override it for anything else; raise ValueError when it cannot be done.
         """
-        raise NotImplementedError("the runtime quantizes a Handler that does not override quantize()")
+        raise NotImplementedError(
+            "the runtime quantizes a Handler that does not override quantize()"
+        )
 
     def predict(self, x: Any, params: dict) -> Any:
         """Run the model on one batch."""
@@ -175,4 +182,6 @@ class Handler:
     @property
     def per_request(self) -> bool:
         """Whether this handler overrides any per-request hook (:data:`PER_REQUEST_HOOKS`)."""
-        return any(getattr(type(self), hook) is not getattr(Handler, hook) for hook in PER_REQUEST_HOOKS)
+        return any(
+            getattr(type(self), hook) is not getattr(Handler, hook) for hook in PER_REQUEST_HOOKS
+        )

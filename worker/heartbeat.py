@@ -41,6 +41,7 @@ __all__ = ["Heartbeat", "HeartbeatInfo", "read_heartbeats", "heartbeat_key", "HE
 
 log = logging.getLogger(__name__)
 
+
 def rss_mb() -> float:
     """This process's resident set size in MiB (Linux /proc; peak RSS elsewhere)."""
     try:
@@ -50,8 +51,6 @@ def rss_mb() -> float:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 
 
 def _int(text: str | None) -> int:
@@ -96,13 +95,26 @@ class HeartbeatInfo:
     def from_hash(cls, raw: dict[bytes, bytes]) -> HeartbeatInfo:
         """Parse a heartbeat hash; a corrupt number reads as 0, never raises."""
         d = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
-        return cls(d.get("consumer", "?"), _int(d.get("pid")), d.get("host", "?"), d.get("device", "?"),
-                   d.get("version", "?"), d.get("state", "?"), _int(d.get("requests")),
-                   _int(d.get("batches")), _int(d.get("rows")), _rate(d.get("rate_rps")),
-                   min(_rate(d.get("busy")), 1.0), _int(d.get("started_ms")), _int(d.get("last_seen_ms")),
-                   _rate(d.get("rss_mb")), d.get("swap_error", ""),
-                   _rate(d["cache_hit_rate"]) if "cache_hit_rate" in d else None,
-                   d.get("shadow", ""), d.get("shadow_error", ""))
+        return cls(
+            d.get("consumer", "?"),
+            _int(d.get("pid")),
+            d.get("host", "?"),
+            d.get("device", "?"),
+            d.get("version", "?"),
+            d.get("state", "?"),
+            _int(d.get("requests")),
+            _int(d.get("batches")),
+            _int(d.get("rows")),
+            _rate(d.get("rate_rps")),
+            min(_rate(d.get("busy")), 1.0),
+            _int(d.get("started_ms")),
+            _int(d.get("last_seen_ms")),
+            _rate(d.get("rss_mb")),
+            d.get("swap_error", ""),
+            _rate(d["cache_hit_rate"]) if "cache_hit_rate" in d else None,
+            d.get("shadow", ""),
+            d.get("shadow_error", ""),
+        )
 
     @property
     def capacity_rps(self) -> float | None:
@@ -113,10 +125,18 @@ class HeartbeatInfo:
 class Heartbeat:
     """Publishes one worker's heartbeat from a daemon thread until stopped."""
 
-    def __init__(self, client: redis.Redis, keys: QueueKeys, consumer: str, counters: Counters,
-                 fields: dict[str, Any], interval_s: float = 1.0,
-                 extra: Callable[[], dict[str, Any]] | None = None,
-                 clock: Callable[[], float] = time.monotonic, file: str | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: QueueKeys,
+        consumer: str,
+        counters: Counters,
+        fields: dict[str, Any],
+        interval_s: float = 1.0,
+        extra: Callable[[], dict[str, Any]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        file: str | None = None,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.consumer = consumer
@@ -129,10 +149,17 @@ class Heartbeat:
         self.clock = clock
         self.file = file  # each beat is written here too, Redis or not (a liveness probe reads it)
         self._last = (clock(), counters.snapshot())  # the rates of the next beat are since then
-        self._fields = {"consumer": consumer, "pid": os.getpid(), "host": socket.gethostname(),
-                        "started_ms": int(time.time() * 1000), **fields}
+        self._fields = {
+            "consumer": consumer,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_ms": int(time.time() * 1000),
+            **fields,
+        }
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{consumer}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name=f"heartbeat-{consumer}", daemon=True
+        )
 
     def start(self) -> Heartbeat:
         """Publish once now (so the worker is alive before its first read), then every interval."""
@@ -149,10 +176,18 @@ class Heartbeat:
         now_ms = int(time.time() * 1000)
         key = heartbeat_key(self.keys, self.consumer)
         changing = self.extra() if self.extra is not None else {}
-        mapping = {**self._fields, **changing, "state": self.state, "rss_mb": round(rss_mb(), 1),
-                   "requests": totals.requests,
-                   "batches": totals.batches, "rows": totals.rows, "rate_rps": round(rate, 2),
-                   "busy": round(busy, 4), "last_seen_ms": now_ms}
+        mapping = {
+            **self._fields,
+            **changing,
+            "state": self.state,
+            "rss_mb": round(rss_mb(), 1),
+            "requests": totals.requests,
+            "batches": totals.batches,
+            "rows": totals.rows,
+            "rate_rps": round(rate, 2),
+            "busy": round(busy, 4),
+            "last_seen_ms": now_ms,
+        }
         if self.file:
             _write_file(self.file, mapping)
         pipe = self.client.pipeline(transaction=True)
@@ -167,7 +202,11 @@ class Heartbeat:
         then, before = self._last
         self._last = (now, totals)
         span = max(now - then, 1e-6)
-        return totals, (totals.requests - before.requests) / span, min(1.0, (totals.busy_s - before.busy_s) / span)
+        return (
+            totals,
+            (totals.requests - before.requests) / span,
+            min(1.0, (totals.busy_s - before.busy_s) / span),
+        )
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -37,9 +37,24 @@ from dataclasses import dataclass
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import QueueKeys
 
-__all__ = ["HEARTBEAT_INDEX", "MAX_STAGES", "STAGE_PREFIX", "StageKeys", "alerts_key", "cache_key", "heartbeat_index",
-           "heartbeat_key", "model_key", "shadow_alerted_key", "shadow_key", "shadow_pair_key", "shadow_pairs_key",
-           "stage_keys", "supervisor_key", "supervisor_lease_key"]
+__all__ = [
+    "HEARTBEAT_INDEX",
+    "MAX_STAGES",
+    "STAGE_PREFIX",
+    "StageKeys",
+    "alerts_key",
+    "cache_key",
+    "heartbeat_index",
+    "heartbeat_key",
+    "model_key",
+    "shadow_alerted_key",
+    "shadow_key",
+    "shadow_pair_key",
+    "shadow_pairs_key",
+    "stage_keys",
+    "supervisor_key",
+    "supervisor_lease_key",
+]
 
 #: Pipeline stages one queue may have.
 MAX_STAGES = 64

@@ -39,8 +39,17 @@ from pythonjsonlogger.json import JsonFormatter
 
 from inferfleet.worker.errors import ConfigError
 
-__all__ = ["LOG_FORMATS", "TEXT_FORMAT", "MAX_MESSAGE_CHARS", "JsonLogFormatter", "ContextFilter", "batch_context",
-           "bind", "clip", "setup_logging"]
+__all__ = [
+    "LOG_FORMATS",
+    "TEXT_FORMAT",
+    "MAX_MESSAGE_CHARS",
+    "JsonLogFormatter",
+    "ContextFilter",
+    "batch_context",
+    "bind",
+    "clip",
+    "setup_logging",
+]
 
 LOG_FORMATS = ("text", "json")
 #: The longest message a record keeps once emitted; longer ones are cut (:func:`clip`).
@@ -109,16 +118,26 @@ class JsonLogFormatter(JsonFormatter):
     any context or ``extra=`` fields, and ``exception`` when there is one."""
 
     def __init__(self) -> None:
-        super().__init__("{levelname}{name}{message}{process}", style="{", timestamp=False,
-                         rename_fields={"levelname": "level", "name": "logger", "exc_info": "exception"})
+        super().__init__(
+            "{levelname}{name}{message}{process}",
+            style="{",
+            timestamp=False,
+            rename_fields={"levelname": "level", "name": "logger", "exc_info": "exception"},
+        )
 
-    def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
-        log_data["time"] = datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(timespec="milliseconds")
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        log_data["time"] = datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(
+            timespec="milliseconds"
+        )
         super().add_fields(log_data, record, message_dict)
 
 
 def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-    logging.getLogger("inferfleet").critical("uncaught %s: %s", kind.__name__, exc, exc_info=(kind, exc, tb))
+    logging.getLogger("inferfleet").critical(
+        "uncaught %s: %s", kind.__name__, exc, exc_info=(kind, exc, tb)
+    )
 
 
 def setup_logging(level: str, fmt: str = "text") -> None:

@@ -17,11 +17,26 @@ SCRIPT = str(ROOT / "scripts" / "bench_reply_script.py")
 
 
 def test_every_reply_script_variant_answers_and_acknowledges_every_entry():
-    done = subprocess.run([sys.executable, SCRIPT, "--entries", "600", "--batch", "256", "--runs", "1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--entries", "600", "--batch", "256", "--runs", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     measured = {line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()}
-    bases = ("script", "previous", "inline", "grouped", "runs", "pcheck", "xclaim", "pexpire", "no-expire")
+    bases = (
+        "script",
+        "previous",
+        "inline",
+        "grouped",
+        "runs",
+        "pcheck",
+        "xclaim",
+        "pexpire",
+        "no-expire",
+    )
     assert measured == {*bases, *(f"{base}-inbox" for base in bases), "function", "plain"}
 
 
@@ -29,20 +44,44 @@ def test_callgrind_counts_the_same_instructions_for_the_same_calls():
     """--callgrind counts redis-server's instructions: a figure that hardly moves with the machine's load
     (Redis's timer adds a little work to a slow run: a few percent on a load this small), and that tells
     the reply script's variants apart."""
-    done = subprocess.run([sys.executable, SCRIPT, "--callgrind", "--entries", "512", "--batch", "256", "--runs",
-                           "2", "--variants", "script,no-expire"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            SCRIPT,
+            "--callgrind",
+            "--entries",
+            "512",
+            "--batch",
+            "256",
+            "--runs",
+            "2",
+            "--variants",
+            "script,no-expire",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "instructions per entry" in done.stdout
-    rows = {line.split()[0]: line.split("(")[1].rstrip(")").split(", ") for line in done.stdout.splitlines()[1:]}
+    rows = {
+        line.split()[0]: line.split("(")[1].rstrip(")").split(", ")
+        for line in done.stdout.splitlines()[1:]
+    }
     script, bare = [[int(v) for v in rows[name]] for name in ("script", "no-expire")]
     assert abs(script[0] - script[1]) < 0.03 * script[0]  # about the same count, run after run
     assert bare[0] < 0.9 * script[0]  # and a PEXPIRE a reply shows
 
 
 def test_an_unknown_variant_is_refused():
-    done = subprocess.run([sys.executable, SCRIPT, "--variants", "script,fastest"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--variants", "script,fastest"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "unknown variant(s) fastest" in done.stderr
 
@@ -50,12 +89,30 @@ def test_an_unknown_variant_is_refused():
 def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
     """``bench_cpu.py --callgrind``: redis-server's instructions a request for a real SDK call through a
     real worker, with the commands a request costs (one XADD, one reply push and TTL at Redis's clock, one pop each)."""
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--kind", "sdk", "--callgrind",
-                           "--modes", "submit_many", "--requests", "300", "--runs", "1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_cpu.py"),
+            "--kind",
+            "sdk",
+            "--callgrind",
+            "--modes",
+            "submit_many",
+            "--requests",
+            "300",
+            "--runs",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     header, row = done.stdout.strip().splitlines()[-2:]
-    figures = dict(zip(header.split(" | ")[1:], (float(v.replace(",", "")) for v in row.split(" | ")[1:])))
+    figures = dict(
+        zip(header.split(" | ")[1:], (float(v.replace(",", "")) for v in row.split(" | ")[1:]))
+    )
     assert 10_000 < figures["redis_instructions"] < 1_000_000
     for command in ("xadd", "rpush", "pexpireat", "xack"):
         assert figures[f"{command}_calls"] == 1.0, command
@@ -65,23 +122,49 @@ def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
 def test_bench_redis_steps_adds_up_to_what_a_request_costs():
     """Each step of a request in Redis, counted alone: every step is measured, a pop costs more than a
     trivial command, and the reply script's parts each cost more than its bare call."""
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_redis_steps.py"), "--requests", "512"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_redis_steps.py"), "--requests", "512"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     steps = {line.split()[0]: float(line.split()[1]) for line in done.stdout.splitlines()[1:]}
-    assert set(steps) == {"xadd", "xreadgroup", "script", "lpop", "lpop-script", "exists", "script-inbox", "args",
-                          "xack", "rpush", "rpush-pexpire"}
+    assert set(steps) == {
+        "xadd",
+        "xreadgroup",
+        "script",
+        "lpop",
+        "lpop-script",
+        "exists",
+        "script-inbox",
+        "args",
+        "xack",
+        "rpush",
+        "rpush-pexpire",
+    }
     assert steps["lpop-script"] > steps["lpop"] > steps["exists"] > 0
     assert steps["script-inbox"] < steps["script"]
-    assert steps["args"] < min(steps["xack"], steps["rpush"]) < steps["rpush-pexpire"] < steps["script"]
+    assert (
+        steps["args"]
+        < min(steps["xack"], steps["rpush"])
+        < steps["rpush-pexpire"]
+        < steps["script"]
+    )
 
 
 def test_bench_cpu_refuses_callgrind_where_it_would_measure_something_else():
     """--callgrind counts the SDK runs only: with the drain runs, or with --commandstats, it would
     silently have reported CPU time or nothing."""
     for extra in (["--kind", "drain"], ["--kind", "all"], ["--kind", "sdk", "--commandstats"]):
-        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--callgrind", *extra],
-                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--callgrind", *extra],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 2, extra
         assert "--callgrind" in done.stderr.splitlines()[-1], extra
 
@@ -89,15 +172,42 @@ def test_bench_cpu_refuses_callgrind_where_it_would_measure_something_else():
 def test_bench_cpu_sends_the_requests_in_the_calls_asked_for():
     """``--calls K``: one producer sends the requests in K SDK calls of consecutive parts (a
     submit_many + results call keeps its replies in Redis until it collects them); all are answered."""
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--kind", "sdk", "--modes",
-                           "submit_many", "--requests", "300", "--calls", "3", "--runs", "1", "--commandstats"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_cpu.py"),
+            "--kind",
+            "sdk",
+            "--modes",
+            "submit_many",
+            "--requests",
+            "300",
+            "--calls",
+            "3",
+            "--runs",
+            "1",
+            "--commandstats",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "300 requests in 3 calls each" in done.stdout
     header, row = done.stdout.strip().splitlines()[-2:]
-    figures = dict(zip(header.split(" | ")[1:], (float(v.replace(",", "")) for v in row.split(" | ")[1:])))
+    figures = dict(
+        zip(header.split(" | ")[1:], (float(v.replace(",", "")) for v in row.split(" | ")[1:]))
+    )
     assert figures["xadd_calls"] == 1.0  # every request sent once, over the three calls
-    assert 0 <= figures["redis_sys_us"] <= figures["redis_us"]  # the kernel's part of redis-server's CPU
-    refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--kind", "sdk", "--calls",
-                              "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (
+        0 <= figures["redis_sys_us"] <= figures["redis_us"]
+    )  # the kernel's part of redis-server's CPU
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--kind", "sdk", "--calls", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert refused.returncode == 2 and "--calls must be from 1" in refused.stderr

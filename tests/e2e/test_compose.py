@@ -71,15 +71,21 @@ def stack(report: Report) -> Iterator[ComposeStack]:
     problem = engine_problem()
     if problem:
         skip_unless_ci(f"{problem}: the compose test needs a Docker engine")
-    env = {**os.environ, "INFERFLEET_IMAGE": "inferfleet:compose-test",
-           # free ports of 127.0.0.1 instead of 9100 and 9090, which may be taken here
-           "INFERFLEET_PUBLISH_ADDRESS": "127.0.0.1", "INFERFLEET_PUBLISH_METRICS_PORT": "",
-           "INFERFLEET_PUBLISH_PROMETHEUS_PORT": ""}
+    env = {
+        **os.environ,
+        "INFERFLEET_IMAGE": "inferfleet:compose-test",
+        # free ports of 127.0.0.1 instead of 9100 and 9090, which may be taken here
+        "INFERFLEET_PUBLISH_ADDRESS": "127.0.0.1",
+        "INFERFLEET_PUBLISH_METRICS_PORT": "",
+        "INFERFLEET_PUBLISH_PROMETHEUS_PORT": "",
+    }
     wheels = env.get(WHEELHOUSE_VARIABLE)
     with wheel_index(Path(wheels)) if wheels else nullcontext() as torch_index:
         seconds = build_image(env["INFERFLEET_IMAGE"], env, torch_index)
-    report(f"image built in {seconds:.0f} s (base {env.get('PYTHON_IMAGE') or 'python:3.11-slim'}, "
-           f"torch from {'a local index' if wheels else 'the PyTorch CPU index'})")
+    report(
+        f"image built in {seconds:.0f} s (base {env.get('PYTHON_IMAGE') or 'python:3.11-slim'}, "
+        f"torch from {'a local index' if wheels else 'the PyTorch CPU index'})"
+    )
     project = ComposeStack(f"ifcompose{os.getpid()}", env)
     project.down()
     try:
@@ -100,7 +106,9 @@ def group_state(client: redis.Redis) -> tuple[int, int, int]:
     ``lag``: a Redis restarted from its AOF reports the lag of a trimmed stream as nil."""
     group = next(g for g in client.xinfo_groups(STREAM) if g["name"] in (GROUP, GROUP.encode()))
     last = group["last-delivered-id"]
-    waiting = len(client.xrange(STREAM, b"(" + (last if isinstance(last, bytes) else last.encode()), "+"))
+    waiting = len(
+        client.xrange(STREAM, b"(" + (last if isinstance(last, bytes) else last.encode()), "+")
+    )
     return int(client.xlen(STREAM)), waiting, int(group["pending"])
 
 
@@ -121,13 +129,26 @@ def bring_up(stack: ComposeStack, report: Report) -> None:
 
 
 def run_producer(stack: ComposeStack, report: Report) -> None:
-    out = stack.compose("run", "--rm", "--no-deps", "-T", "-e", f"INFERFLEET_BENCH_REQUESTS={BENCH_REQUESTS}",
-                        "-e", "INFERFLEET_BENCH_WARMUP=100", "-e", "INFERFLEET_BENCH_JSON=true", "producer",
-                        timeout_s=600)
+    out = stack.compose(
+        "run",
+        "--rm",
+        "--no-deps",
+        "-T",
+        "-e",
+        f"INFERFLEET_BENCH_REQUESTS={BENCH_REQUESTS}",
+        "-e",
+        "INFERFLEET_BENCH_WARMUP=100",
+        "-e",
+        "INFERFLEET_BENCH_JSON=true",
+        "producer",
+        timeout_s=600,
+    )
     runs = last_json(out.stdout)["runs"]
     for run in runs:
-        report(f"producer at {run['offered_qps']:,.0f} req/s: {run['requests']} requests answered, "
-               f"{run['errors']} errors, p99 {run['p99_ms']:.1f} ms")
+        report(
+            f"producer at {run['offered_qps']:,.0f} req/s: {run['requests']} requests answered, "
+            f"{run['errors']} errors, p99 {run['p99_ms']:.1f} ms"
+        )
     assert [r["offered_qps"] for r in runs] == [200.0, 5000.0, 200.0]  # the compose file's phases
     assert all(r["requests"] == BENCH_REQUESTS and r["errors"] == 0 for r in runs), runs
 
@@ -143,11 +164,16 @@ def prometheus_value(stack: ComposeStack, query: str) -> float | None:
 def check_prometheus(stack: ComposeStack, report: Report) -> None:
     served = 3 * BENCH_REQUESTS
     ok = 'sum(inferfleet_requests_total{code="ok"})'
-    waited = wait_until(lambda: (prometheus_value(stack, ok) or 0) >= served, 120,
-                        f"Prometheus to scrape {served} requests served")
+    waited = wait_until(
+        lambda: (prometheus_value(stack, ok) or 0) >= served,
+        120,
+        f"Prometheus to scrape {served} requests served",
+    )
     workers = prometheus_value(stack, "max(inferfleet_workers)")
-    report(f"Prometheus scraped inferfleet_workers={workers:g} and {prometheus_value(stack, ok):g} requests "
-           f"served ({waited:.0f} s after the bench)")
+    report(
+        f"Prometheus scraped inferfleet_workers={workers:g} and {prometheus_value(stack, ok):g} requests "
+        f"served ({waited:.0f} s after the bench)"
+    )
     assert workers is not None and workers >= 1
 
 
@@ -184,7 +210,9 @@ def collect_answered(client: redis.Redis, ids: list[str]) -> tuple[list[str], li
         pipe.exists(producer.keys_for(rid).reply(rid))
     written = pipe.execute()
     done = [rid for rid, there in zip(ids, written) if there]
-    return reply_codes(producer.results(done, timeout_s=30)), [rid for rid, there in zip(ids, written) if not there]
+    return reply_codes(producer.results(done, timeout_s=30)), [
+        rid for rid, there in zip(ids, written) if not there
+    ]
 
 
 def stop_under_load(stack: ComposeStack, client: redis.Redis, report: Report) -> list[str]:
@@ -196,33 +224,45 @@ def stop_under_load(stack: ComposeStack, client: redis.Redis, report: Report) ->
     code = stack.inspect("supervisor", "{{.State.ExitCode}}")
     _, lag, pending = group_state(client)
     codes, unanswered = collect_answered(client, ids)
-    report(f"stop under load: supervisor stopped in {seconds:.1f} s (grace {GRACE_S:g} s), exit {code}, "
-           f"{pending} pending, {lag} waiting; {len(ids)} requests sent, {len(ids) - len(unanswered)} answered "
-           f"{codes}")
+    report(
+        f"stop under load: supervisor stopped in {seconds:.1f} s (grace {GRACE_S:g} s), exit {code}, "
+        f"{pending} pending, {lag} waiting; {len(ids)} requests sent, {len(ids) - len(unanswered)} answered "
+        f"{codes}"
+    )
     assert code == "0", stack.logs("supervisor")
     assert seconds < GRACE_S
     assert pending == 0, "the drain left entries pending"
     assert codes in (["ok"], []), codes
-    assert lag > 0 and len(unanswered) == lag, "the requests not answered are not the ones waiting in the queue"
+    assert lag > 0 and len(unanswered) == lag, (
+        "the requests not answered are not the ones waiting in the queue"
+    )
     return unanswered
 
 
-def restart(stack: ComposeStack, before: tuple[int, int, int], ids: list[str], report: Report) -> None:
+def restart(
+    stack: ComposeStack, before: tuple[int, int, int], ids: list[str], report: Report
+) -> None:
     stack.compose("stop", timeout_s=GRACE_S + 120)
     stack.compose("up", "-d", "redis", timeout_s=300)
     stack.wait_healthy("redis", timeout_s=120)
     client = queue_client(stack)  # a new port: published ports are chosen again
     after = group_state(client)
-    report(f"after stop and up: {after[0]} entries, {after[1]} waiting (before: {before[0]}, {before[1]})")
+    report(
+        f"after stop and up: {after[0]} entries, {after[1]} waiting (before: {before[0]}, {before[1]})"
+    )
     assert after == before, "the queue did not survive the restart (AOF volume)"
     start = time.monotonic()
     stack.compose("up", "-d", "supervisor", "prometheus", timeout_s=600)
     stack.wait_healthy("supervisor", timeout_s=300)
-    wait_until(lambda: group_state(client)[1:] == (0, 0), 120, "the fleet to serve the queue it found")
+    wait_until(
+        lambda: group_state(client)[1:] == (0, 0), 120, "the fleet to serve the queue it found"
+    )
     replies = Producer(name=QUEUE, client=client).results(ids, timeout_s=30)
     codes = reply_codes(replies)
-    report(f"the restarted fleet served the queue in {time.monotonic() - start:.0f} s; "
-           f"the {len(ids)} requests waiting answered {codes}")
+    report(
+        f"the restarted fleet served the queue in {time.monotonic() - start:.0f} s; "
+        f"the {len(ids)} requests waiting answered {codes}"
+    )
     assert codes == ["ok"]
 
 

@@ -19,11 +19,39 @@ def test_gpu_bench_runs_end_to_end_on_the_cpu_and_a_failed_row_loses_no_other(mo
     out = tmp_path / "gpu"
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out)}
     run = subprocess.run(
-        ["bash", "scripts/gpu_bench.sh", "--device", "cpu", "--models", "cnn,nosuchmodel", "--precisions", "fp32",
-         "--threads", "1", "--batches", "1,8", "--seconds", "0.2", "--requests", "cnn=200", "--concurrency", "16",
-         "--max-batch-rows", "16", "--budget-s", "300"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert run.returncode == 1, run.stdout + run.stderr  # 1: some step failed (the unbuildable model), not 2
+        [
+            "bash",
+            "scripts/gpu_bench.sh",
+            "--device",
+            "cpu",
+            "--models",
+            "cnn,nosuchmodel",
+            "--precisions",
+            "fp32",
+            "--threads",
+            "1",
+            "--batches",
+            "1,8",
+            "--seconds",
+            "0.2",
+            "--requests",
+            "cnn=200",
+            "--concurrency",
+            "16",
+            "--max-batch-rows",
+            "16",
+            "--budget-s",
+            "300",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert run.returncode == 1, (
+        run.stdout + run.stderr
+    )  # 1: some step failed (the unbuildable model), not 2
     table = (out / "gpu.md").read_text().splitlines()
     assert table[1].startswith("| model | precision | bare loop best rows/s (batch) |")
     cnn, missing = table[3].split(" | "), table[4]

@@ -22,8 +22,10 @@ def _examples() -> list[tuple[str, str, str, str]]:
     files = [b for b in python if b.startswith("# file: ")]
     clients = [b for b in python if b.startswith("# client:")]
     assert len(files) == len(clients) == len(shell) == 2, "the page has two complete examples"
-    return [(f.splitlines()[0].removeprefix("# file: ").strip(), f, commands(s)[0], c)
-            for f, s, c in zip(files, shell, clients)]
+    return [
+        (f.splitlines()[0].removeprefix("# file: ").strip(), f, commands(s)[0], c)
+        for f, s, c in zip(files, shell, clients)
+    ]
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["tuple-outputs", "variable-length-text"])
@@ -33,20 +35,37 @@ def test_each_handler_example_runs_as_written(index, tmp_path, redis_url, redis_
     argv = shlex.split(command)
     assert argv[0] == "inferfleet" and "--model" in argv
     name = argv[argv.index("--name") + 1]
-    env = worker_env(redis_url)  # the handler module is found in the current directory, not on PYTHONPATH
-    proc = subprocess.Popen([INFERFLEET, *argv[1:], "--consumer", "doc"], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = worker_env(
+        redis_url
+    )  # the handler module is found in the current directory, not on PYTHONPATH
+    proc = subprocess.Popen(
+        [INFERFLEET, *argv[1:], "--consumer", "doc"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         try:
             wait_for_consumer(redis_client, f"inferfleet:{{{name}}}:requests", "doc", proc)
         except (RuntimeError, TimeoutError) as exc:
             stop_process(proc)
             raise AssertionError(f"{exc}\n{proc.stderr.read().decode(errors='replace')}") from exc
-        ran = subprocess.run([sys.executable, "-c", client], cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=120)
+        ran = subprocess.run(
+            [sys.executable, "-c", client],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert ran.returncode == 0, ran.stderr
-        if index == 1:  # four raw texts of four lengths: answered from shared batches, not one batch each
-            rows = [int(line.split("rows in batch: ")[1].split()[0]) for line in ran.stdout.splitlines()]
+        if (
+            index == 1
+        ):  # four raw texts of four lengths: answered from shared batches, not one batch each
+            rows = [
+                int(line.split("rows in batch: ")[1].split()[0]) for line in ran.stdout.splitlines()
+            ]
             assert len(rows) == 4 and max(rows) > 1, ran.stdout
     finally:
         stop_process(proc)
@@ -57,9 +76,14 @@ def test_the_worker_finds_no_handler_outside_its_directory(tmp_path, redis_url):
     (tmp_path / "elsewhere").mkdir()
     filename, source, _, _ = _examples()[0]
     (tmp_path / filename).write_text(source)
-    ran = subprocess.run([INFERFLEET, "worker", "--name", "t", "--model", "tabular_handler:TabularHandler"],
-                         cwd=tmp_path / "elsewhere", env=worker_env(redis_url), capture_output=True, text=True,
-                         timeout=120)
+    ran = subprocess.run(
+        [INFERFLEET, "worker", "--name", "t", "--model", "tabular_handler:TabularHandler"],
+        cwd=tmp_path / "elsewhere",
+        env=worker_env(redis_url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ran.returncode == 1
     assert "cannot import handler 'tabular_handler:TabularHandler'" in ran.stderr
     assert "Traceback" not in ran.stderr

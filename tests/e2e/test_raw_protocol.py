@@ -32,11 +32,15 @@ DEFAULT_TTL_MS = 300_000
 
 #: The worked example of docs/protocol.md, byte for byte: {"inputs": float32[1,16] of 1.0}.
 DOC_EXAMPLE_BODY = bytes.fromhex(
-    "81" "a6696e70757473"  # map of 1: "inputs" ->
-    "83" "a56474797065" "a7666c6f61743332"  # map of 3: "dtype" -> "float32"
-    "a5736861706592" "0110"  # "shape" -> [1, 16]
-    "a464617461" "c440"  # "data" -> bin 8 of 64 bytes
-    + "0000803f" * 16  # 16 x float32 1.0, little-endian
+    "81"
+    "a6696e70757473"  # map of 1: "inputs" ->
+    "83"
+    "a56474797065"
+    "a7666c6f61743332"  # map of 3: "dtype" -> "float32"
+    "a5736861706592"
+    "0110"  # "shape" -> [1, 16]
+    "a464617461"
+    "c440" + "0000803f" * 16  # "data" -> bin 8 of 64 bytes  # 16 x float32 1.0, little-endian
 )
 
 
@@ -55,7 +59,9 @@ def body(inputs: Any, **extra: Any) -> bytes:
 
 
 def from_tensor(obj: dict[str, Any]) -> np.ndarray:
-    return np.frombuffer(obj["data"], dtype=np.dtype(obj["dtype"]).newbyteorder("<")).reshape(obj["shape"])
+    return np.frombuffer(obj["data"], dtype=np.dtype(obj["dtype"]).newbyteorder("<")).reshape(
+        obj["shape"]
+    )
 
 
 def blpop(client: redis.Redis, key: str) -> dict[str, Any]:
@@ -99,8 +105,9 @@ def affine(models_dir: Path) -> Callable[[np.ndarray], np.ndarray]:
 
 
 @pytest.fixture
-def start_worker(redis_url: str, redis_client: redis.Redis, models_dir: Path,
-                 tmp_path: Path) -> Iterator[Callable[[], subprocess.Popen]]:
+def start_worker(
+    redis_url: str, redis_client: redis.Redis, models_dir: Path, tmp_path: Path
+) -> Iterator[Callable[[], subprocess.Popen]]:
     """``start_worker()`` runs ``inferfleet worker`` on affine.pt; it is always stopped after."""
     procs: list[subprocess.Popen] = []
 
@@ -109,9 +116,22 @@ def start_worker(redis_url: str, redis_client: redis.Redis, models_dir: Path,
         log_path = tmp_path / f"{consumer}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "inferfleet", "worker", "--name", NAME,
-                 "--model", str(models_dir / "affine.pt"), "--consumer", consumer],
-                env=worker_env(redis_url), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "inferfleet",
+                    "worker",
+                    "--name",
+                    NAME,
+                    "--model",
+                    str(models_dir / "affine.pt"),
+                    "--consumer",
+                    consumer,
+                ],
+                env=worker_env(redis_url),
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         procs.append(proc)
         try:  # ready once it has joined the group (it loads and warms the model first)
@@ -127,8 +147,10 @@ def start_worker(redis_url: str, redis_client: redis.Redis, models_dir: Path,
 
 
 def test_requests_written_before_any_worker_are_served(redis_client, start_worker, affine):
-    xs = {f"early-{i}": np.random.default_rng(i).standard_normal((i + 1, 16), dtype=np.float32)
-          for i in range(3)}
+    xs = {
+        f"early-{i}": np.random.default_rng(i).standard_normal((i + 1, 16), dtype=np.float32)
+        for i in range(3)
+    }
     for rid, x in xs.items():
         redis_client.xadd(STREAM, {"id": rid, "body": body(tensor(x))})
     # no worker yet, so no group: the whole stream is backlog (the XLEN fallback)
@@ -161,8 +183,9 @@ def test_doc_worked_example_bytes(redis_client, start_worker, affine):
     assert set(reply) == {"id", "ok", "outputs", "model", "timing"}
     assert reply["outputs"]["dtype"] == "float32" and reply["outputs"]["shape"] == [1, 4]
     assert isinstance(reply["outputs"]["data"], bytes) and len(reply["outputs"]["data"]) == 16
-    np.testing.assert_allclose(from_tensor(reply["outputs"]), affine(np.ones((1, 16), np.float32)),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        from_tensor(reply["outputs"]), affine(np.ones((1, 16), np.float32)), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_ok_reply_format_single_element_with_ttl(redis_client, start_worker, affine):
@@ -200,7 +223,9 @@ def test_malformed_requests_get_bad_request(redis_client, start_worker):
         "short-data": {"body": body({"dtype": "float32", "shape": [1, 16], "data": b"\0" * 60})},
         "data-as-str": {"body": body({"dtype": "float32", "shape": [1, 1], "data": "abcd"})},
         "params-to-torchscript": {"body": body(tensor(ones), params={"t": 1})},
-        "ext-type": {"body": msgpack.packb({"inputs": msgpack.ExtType(1, b"x")}, use_bin_type=True)},
+        "ext-type": {
+            "body": msgpack.packb({"inputs": msgpack.ExtType(1, b"x")}, use_bin_type=True)
+        },
         "not-msgpack": {"body": b"\xc1"},
         "extra-body-key": {"body": body(tensor(ones), extra=1)},
         "no-body": {},
@@ -227,8 +252,9 @@ def test_malformed_requests_get_bad_request(redis_client, start_worker):
     assert_all_acked(redis_client)
 
 
-
-def test_reply_to_outside_the_inbox_prefix_is_refused_on_the_default_key(redis_client, start_worker):
+def test_reply_to_outside_the_inbox_prefix_is_refused_on_the_default_key(
+    redis_client, start_worker
+):
     start_worker()
     x = body(tensor(np.ones((1, 16), np.float32)))
     elsewhere = {
@@ -243,7 +269,9 @@ def test_reply_to_outside_the_inbox_prefix_is_refused_on_the_default_key(redis_c
         reply = blpop(redis_client, reply_key(rid))
         assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
         assert "reply_to" in reply["error"]["message"]
-    assert not redis_client.exists("victim", "inferfleet:{other}:inbox:x", "inferfleet:{affine}:inbox:")
+    assert not redis_client.exists(
+        "victim", "inferfleet:{other}:inbox:x", "inferfleet:{affine}:inbox:"
+    )
     assert redis_client.type(STREAM) == b"stream"
     assert_all_acked(redis_client)
 
@@ -260,7 +288,9 @@ def test_reply_to_an_inbox(redis_client, start_worker, affine):
     assert set(got) == set(xs)
     for rid, x in xs.items():
         assert got[rid]["ok"] is True
-        np.testing.assert_allclose(from_tensor(got[rid]["outputs"]), affine(x), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            from_tensor(got[rid]["outputs"]), affine(x), rtol=1e-6, atol=1e-6
+        )
         assert not redis_client.exists(reply_key(rid))  # nothing on the default key
     assert not redis_client.exists(INBOX)  # exactly one reply per request
     assert_all_acked(redis_client)
@@ -288,4 +318,3 @@ def test_body_over_the_size_limit_is_too_large(redis_client, start_worker):
     reply = blpop(redis_client, reply_key("big"))
     assert reply["ok"] is False and reply["error"]["code"] == "too_large", reply
     assert_all_acked(redis_client)
-

@@ -35,7 +35,7 @@ def _use_it_blocks() -> list[str]:
     """The bash blocks of the README's "Use it" section, in order."""
     text = README.read_text()
     start = text.index("## Use it")
-    section = text[start:text.index("\n## ", start)]
+    section = text[start : text.index("\n## ", start)]
     return [body for lang, body in FENCE.findall(section) if lang == "bash"]
 
 
@@ -71,8 +71,9 @@ def _second_block() -> str:
 
 def _long_running(line: str) -> bool:
     argv = shlex.split(line)
-    return argv[:1] == ["inferfleet"] and (argv[1] in ("worker", "supervise") or "--watch" in argv
-                                            or "--follow" in argv)
+    return argv[:1] == ["inferfleet"] and (
+        argv[1] in ("worker", "supervise") or "--watch" in argv or "--follow" in argv
+    )
 
 
 def _stream(argv: list[str]) -> str:
@@ -93,12 +94,20 @@ def _start(line: str, env: dict[str, str], client: redis.Redis) -> subprocess.Po
     argv = shlex.split(line)
     stream = _stream(argv) if "--name" in argv else ""
     before = _consumers(client, stream) if stream else 0
-    proc = subprocess.Popen(["bash", "-c", f"exec {line}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {line}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"{line!r} exited with {proc.returncode}:\n{proc.stderr.read().decode()}")
+            raise AssertionError(
+                f"{line!r} exited with {proc.returncode}:\n{proc.stderr.read().decode()}"
+            )
         if argv[1] in ("worker", "supervise"):
             if _consumers(client, stream) > before:
                 return proc
@@ -118,7 +127,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _normal(text: str) -> str:
     """Output with its numbers (counts, ratios, versions, ids) made one word: the README shows one run's."""
-    hashes = re.sub(r"\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b", "N", text.strip())  # versions, ids: a00a1fa9e4c3
+    hashes = re.sub(
+        r"\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b", "N", text.strip()
+    )  # versions, ids: a00a1fa9e4c3
     return re.sub(r"\d[0-9a-z.]*", "N", hashes)
 
 
@@ -127,16 +138,28 @@ def _run(step: Step, env: dict[str, str]) -> None:
     line = step.line
     name, sep, _ = line.partition("=")
     if sep and name.isidentifier() and " " not in name:
-        ran = subprocess.run(["bash", "-c", f'{line} && printf %s "${name}"'], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=600)
+        ran = subprocess.run(
+            ["bash", "-c", f'{line} && printf %s "${name}"'],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         env[name] = ran.stdout
     else:
-        ran = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert ran.returncode == step.status, f"{line!r} exited with {ran.returncode}:\n{ran.stdout}\n{ran.stderr}"
+        ran = subprocess.run(
+            ["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
+    assert ran.returncode == step.status, (
+        f"{line!r} exited with {ran.returncode}:\n{ran.stdout}\n{ran.stderr}"
+    )
     assert "Traceback" not in ran.stderr, ran.stderr
     printed = [_normal(out) for out in (ran.stdout + ran.stderr).splitlines()]
     for shown in step.shown:
-        assert _normal(shown) in printed, f"{line!r} printed no line like {shown!r}:\n{ran.stdout}\n{ran.stderr}"
+        assert _normal(shown) in printed, (
+            f"{line!r} printed no line like {shown!r}:\n{ran.stdout}\n{ran.stderr}"
+        )
 
 
 def run_block(block: list[Step], env: dict[str, str], client: redis.Redis) -> int:
@@ -176,7 +199,9 @@ def test_the_readme_usage_block_runs_as_written(redis_url, redis_client):
 def test_the_readme_rollout_lanes_and_pipeline_block_runs_as_written(redis_url, redis_client):
     block = steps(_second_block())
     refused = [s for s in block if s.status]
-    assert [s.line for s in refused] == ["inferfleet shadow --name ctr --promote"]  # refused, then --force
+    assert [s.line for s in refused] == [
+        "inferfleet shadow --name ctr --promote"
+    ]  # refused, then --force
     assert any("not promoted" in shown for shown in refused[0].shown)
     assert run_block(block, _env(redis_url), redis_client) == 3
     published = read_published(redis_client, QueueKeys("ctr"))
@@ -186,8 +211,12 @@ def test_the_readme_rollout_lanes_and_pipeline_block_runs_as_written(redis_url, 
 def test_the_readme_names_only_files_the_setup_builds():
     for line in _usage_block() + [s.line for s in steps(_second_block())]:
         for word in (w.rstrip(")") for w in shlex.split(line)):
-            if word.startswith("models/") and not word.endswith((".onnx", "-split")):  # written by the block
-                assert (ROOT / word).exists(), f"{word} (in {line!r}) is not built by ./scripts/setup"
+            if word.startswith("models/") and not word.endswith(
+                (".onnx", "-split")
+            ):  # written by the block
+                assert (ROOT / word).exists(), (
+                    f"{word} (in {line!r}) is not built by ./scripts/setup"
+                )
 
 
 def test_the_protocol_example_says_its_version_is_the_files_hash():
@@ -195,5 +224,7 @@ def test_the_protocol_example_says_its_version_is_the_files_hash():
     page = (ROOT / "docs" / "protocol.md").read_text()
     shown = "6d24718510d7"
     assert f"`model.version`, `{shown}` here, is the first 12 hex digits" in page
-    assert "".join(f"{ord(c):02x}" for c in shown) in page.replace(" ", "")  # the hexdump shows the same bytes
+    assert "".join(f"{ord(c):02x}" for c in shown) in page.replace(
+        " ", ""
+    )  # the hexdump shows the same bytes
     assert "62f36a1e9f76" not in page

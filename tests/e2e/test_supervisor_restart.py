@@ -32,12 +32,36 @@ MAX_WORKERS = 2
 
 
 def supervise(redis_url: str, models_dir: Path, log_path: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "inferfleet", "supervise", "--name", "q", "--model", str(models_dir / "affine.pt"),
-           "--policy", "fixed", "--min-workers", str(MAX_WORKERS), "--max-workers", str(MAX_WORKERS),
-           "--devices", "cpu", "--interval-s", "0.2", "--heartbeat-s", "0.2", "--idle-block-ms", "100",
-           "--warmup-iters", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferfleet",
+        "supervise",
+        "--name",
+        "q",
+        "--model",
+        str(models_dir / "affine.pt"),
+        "--policy",
+        "fixed",
+        "--min-workers",
+        str(MAX_WORKERS),
+        "--max-workers",
+        str(MAX_WORKERS),
+        "--devices",
+        "cpu",
+        "--interval-s",
+        "0.2",
+        "--heartbeat-s",
+        "0.2",
+        "--idle-block-ms",
+        "100",
+        "--warmup-iters",
+        "1",
+    ]
     with open(log_path, "ab") as stderr:
-        return subprocess.Popen(cmd, env=worker_env(redis_url), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+        return subprocess.Popen(
+            cmd, env=worker_env(redis_url), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr
+        )
 
 
 def wait_until(predicate, timeout_s: float, what: str) -> None:
@@ -78,7 +102,9 @@ class FleetWatch:
 
 
 @pytest.mark.slow
-def test_a_restarted_supervisor_does_not_double_the_fleet(redis_url, redis_client, models_dir, tmp_path):
+def test_a_restarted_supervisor_does_not_double_the_fleet(
+    redis_url, redis_client, models_dir, tmp_path
+):
     log_path = tmp_path / "supervisors.log"
     producer = Producer(redis_url, "q")
     accepted: list[str] = []
@@ -102,8 +128,11 @@ def test_a_restarted_supervisor_does_not_double_the_fleet(redis_url, redis_clien
             time.sleep(1.0)
             first.kill()  # SIGKILL the supervisor only: its workers are not signalled by anyone
             first.wait(10)
-            wait_until(lambda: not any(pid_alive(p) for p in first_pids), 60,
-                       "the dead supervisor's workers to drain and exit on their own")
+            wait_until(
+                lambda: not any(pid_alive(p) for p in first_pids),
+                60,
+                "the dead supervisor's workers to drain and exit on their own",
+            )
             second = supervise(redis_url, models_dir, log_path)
             wait_until(lambda: len(watch.serving()) == MAX_WORKERS, 90, "the second fleet")
             third = supervise(redis_url, models_dir, log_path)
@@ -121,17 +150,23 @@ def test_a_restarted_supervisor_does_not_double_the_fleet(redis_url, redis_clien
                 stop_process(proc)
     log = log_path.read_text(errors="replace")
     assert watch.most <= MAX_WORKERS, log  # never more worker processes serving than --max-workers
-    assert len(watch.consumers) == 2 * MAX_WORKERS  # the second fleet's names are new, not the first's
+    assert (
+        len(watch.consumers) == 2 * MAX_WORKERS
+    )  # the second fleet's names are new, not the first's
     assert "already manages queue q" in log
     assert not any(pid_alive(pid) for pid in watch.pids)  # nothing left running
     assert [r.error_code for r in replies if not r.ok] == []
-    assert not any(redis_client.exists(KEYS.reply(rid)) for rid in accepted)  # no second reply anywhere
+    assert not any(
+        redis_client.exists(KEYS.reply(rid)) for rid in accepted
+    )  # no second reply anywhere
     assert redis_client.xlen(KEYS.dead) == 0
     assert os.getpid() not in watch.pids
 
 
 @pytest.mark.slow
-def test_a_worker_whose_supervisor_dies_drains_and_exits(redis_url, redis_client, models_dir, tmp_path):
+def test_a_worker_whose_supervisor_dies_drains_and_exits(
+    redis_url, redis_client, models_dir, tmp_path
+):
     """Without a successor: the orphans leave the group and stop on their own."""
     proc = supervise(redis_url, models_dir, tmp_path / "supervisor.log")
     try:

@@ -61,7 +61,9 @@ def _port_pair_free(port: int) -> bool:
 def _free_ports(count: int) -> list[int]:
     ports: list[int] = []
     while len(ports) < count:
-        with socket.socket() as sock:  # let the kernel pick, then keep those whose bus port is free too
+        with (
+            socket.socket() as sock
+        ):  # let the kernel pick, then keep those whose bus port is free too
             sock.bind(("127.0.0.1", 0))
             port = int(sock.getsockname()[1])
         if port != 6379 and port + 10000 <= 65535 and port not in ports and _port_pair_free(port):
@@ -71,10 +73,30 @@ def _free_ports(count: int) -> list[int]:
 
 def _start_node(binary: str, port: int, workdir: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-         "--cluster-config-file", str(workdir / f"nodes-{port}.conf"), "--dir", str(workdir),
-         "--save", "", "--appendonly", "no", "--protected-mode", "no", "--cluster-node-timeout", "5000"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            str(workdir / f"nodes-{port}.conf"),
+            "--dir",
+            str(workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--cluster-node-timeout",
+            "5000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _wait(predicate, timeout_s: float, what: str) -> None:
@@ -93,18 +115,27 @@ def _create(cluster: LocalCluster, cli: str) -> None:
     for port in cluster.ports:
         _wait(lambda: cluster.node(port).ping(), 20, f"redis-server on port {port}")
     nodes = [f"127.0.0.1:{port}" for port in cluster.ports]
-    subprocess.run([cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     for port in cluster.ports:
-        _wait(lambda: cluster.node(port).cluster("info").get("cluster_state") == "ok", 30,
-              f"cluster_state:ok on port {port}")
+        _wait(
+            lambda: cluster.node(port).cluster("info").get("cluster_state") == "ok",
+            30,
+            f"cluster_state:ok on port {port}",
+        )
 
 
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if binary is None or cli is None:
-        pytest.fail("the Redis Cluster tests need redis-server and redis-cli on PATH (CI installs both)")
+        pytest.fail(
+            "the Redis Cluster tests need redis-server and redis-cli on PATH (CI installs both)"
+        )
     cluster = LocalCluster(_free_ports(MASTERS), tmp_path_factory.mktemp("redis-cluster"))
     try:
         cluster.procs = [_start_node(binary, port, cluster.workdir) for port in cluster.ports]

@@ -68,7 +68,9 @@ def test_the_loop_sends_replies_behind_reads(redis_url, redis_client, models_dir
     model = torch.jit.load(str(models_dir / "affine.pt"))
     with torch.no_grad():
         for x, reply in zip(inputs, replies):
-            np.testing.assert_allclose(reply.outputs, model(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                reply.outputs, model(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6
+            )
     assert len(sends) >= 5, "rounds under load send their replies with the next read"
     assert int(redis_client.xpending(consumer.keys.requests, GROUP)["pending"]) == 0
 
@@ -113,7 +115,9 @@ def test_a_held_call_lost_with_its_connection_is_answered_once(redis_url, redis_
     for i in range(30):
         redis_client.xadd(keys.requests, {"id": f"b{i}", "body": BODY})
     assert consumer._round() == 30  # a's call went out behind b's read; b's is held
-    redis_client.client_kill_filter(_type="normal", skipme=True)  # the worker's connections, mid-flight
+    redis_client.client_kill_filter(
+        _type="normal", skipme=True
+    )  # the worker's connections, mid-flight
     stop, thread = serve(consumer)
     try:
         deadline = time.monotonic() + 20
@@ -155,29 +159,45 @@ def test_run_once_writes_its_replies_before_returning(redis_url, redis_client, m
 
 def test_a_prefetching_consumer_holds_nothing(redis_url, models_dir):
     """The read-ahead thread reads while the main thread writes: no call may be held between them."""
-    assert consumer_on(redis_url, str(models_dir / "affine.pt"), prefetch="on").replies.behind is None
+    assert (
+        consumer_on(redis_url, str(models_dir / "affine.pt"), prefetch="on").replies.behind is None
+    )
 
 
-def test_behind_read_reports_a_sent_call_once_and_closes_a_dropped_ones_connection(redis_url, redis_client):
+def test_behind_read_reports_a_sent_call_once_and_closes_a_dropped_ones_connection(
+    redis_url, redis_client
+):
     client = redis.Redis.from_url(redis_url)
     done: list[tuple[int, list[int]]] = []
-    behind = BehindRead(client, lambda packed: client.execute_command("EVAL", "return {1, {}}", 0), lambda: None)
-    behind.hold(b"*3\r\n$4\r\nEVAL\r\n$14\r\nreturn {2, {}}\r\n$1\r\n0\r\n", lambda p, f: done.append((p, f)))
+    behind = BehindRead(
+        client, lambda packed: client.execute_command("EVAL", "return {1, {}}", 0), lambda: None
+    )
+    behind.hold(
+        b"*3\r\n$4\r\nEVAL\r\n$14\r\nreturn {2, {}}\r\n$1\r\n0\r\n",
+        lambda p, f: done.append((p, f)),
+    )
     assert behind.unsent
     (pong,) = behind.send_with(b"*1\r\n$4\r\nPING\r\n", 1)
     assert pong in (b"PONG", "PONG", True) and not behind.unsent
     behind.settle()
     assert done == [(2, [])]
-    behind.hold(b"*3\r\n$4\r\nEVAL\r\n$14\r\nreturn {3, {}}\r\n$1\r\n0\r\n", lambda p, f: done.append((p, f)))
+    behind.hold(
+        b"*3\r\n$4\r\nEVAL\r\n$14\r\nreturn {3, {}}\r\n$1\r\n0\r\n",
+        lambda p, f: done.append((p, f)),
+    )
     behind.send_with(b"*1\r\n$4\r\nPING\r\n", 1)
     conn = behind._held.conn
     behind.drop()
-    assert conn._sock is None, "its answer is still on the way: the connection must not be read again"
+    assert conn._sock is None, (
+        "its answer is still on the way: the connection must not be read again"
+    )
     behind.settle()  # nothing held any more
     assert done == [(2, [])]
 
 
-def test_a_held_call_refused_by_a_full_redis_leaves_its_entries_pending(redis_url, redis_client, models_dir):
+def test_a_held_call_refused_by_a_full_redis_leaves_its_entries_pending(
+    redis_url, redis_client, models_dir
+):
     """maxmemory (noeviction) below what Redis holds: the held script is refused when it goes out,
     nothing of it is acknowledged, and the replay answers every entry once Redis has room."""
     consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt")))

@@ -14,7 +14,9 @@ TIMING = {"queue_ms": 0.0, "infer_ms": 1.0, "batch_rows": 1}
 
 
 def reply_of(rid: str, index: int, version: str = "sim-1") -> bytes:
-    return encode_reply_ok(rid, chaos.inputs_for(index) * chaos.FACTOR[version], ("chaos", version), TIMING)
+    return encode_reply_ok(
+        rid, chaos.inputs_for(index) * chaos.FACTOR[version], ("chaos", version), TIMING
+    )
 
 
 def answer(client: redis.Redis, rid: str, body: bytes) -> None:
@@ -26,12 +28,25 @@ def test_tally_counts_answers_versions_wrong_outputs_dead_letters_and_lost(redis
     answer(redis_client, "r0", reply_of("r0", 0))
     answer(redis_client, "r1", reply_of("r1", 1, "sim-2"))
     answer(redis_client, "r2", reply_of("r2", 3))  # the outputs of another input
-    answer(redis_client, "r3", encode_reply_error("r3", "dead_letter", "over the limit", ("chaos", "sim-1"), TIMING))
+    answer(
+        redis_client,
+        "r3",
+        encode_reply_error("r3", "dead_letter", "over the limit", ("chaos", "sim-1"), TIMING),
+    )
     answer(redis_client, "r4", reply_of("r4", 4, "sim-2"))
     counts = chaos.tally(redis_client, accepted, timeout_s=0.5, settle_s=0)
     assert counts.pop("settle_s") >= 0
-    assert counts == {"requests": 6, "answered": 5, "lost": 1, "duplicated": 0, "wrong": 1, "dead_lettered": 1,
-                      "sim-1": 2, "sim-2": 2, "unacknowledged": 0}
+    assert counts == {
+        "requests": 6,
+        "answered": 5,
+        "lost": 1,
+        "duplicated": 0,
+        "wrong": 1,
+        "dead_lettered": 1,
+        "sim-1": 2,
+        "sim-2": 2,
+        "unacknowledged": 0,
+    }
 
 
 def test_a_second_reply_pushed_after_the_first_was_read_is_counted(redis_client, monkeypatch):
@@ -41,14 +56,21 @@ def test_a_second_reply_pushed_after_the_first_was_read_is_counted(redis_client,
         answer(redis_client, rid, reply_of(rid, index))
     first_read = chaos._check
 
-    def read_then_answer_again(client: redis.Redis, rid: str, index: int, counts: dict[str, Any]) -> None:
+    def read_then_answer_again(
+        client: redis.Redis, rid: str, index: int, counts: dict[str, Any]
+    ) -> None:
         first_read(client, rid, index, counts)
         if rid == "r1":
             answer(client, rid, reply_of(rid, index))  # pushed once the tally has read this list
 
     monkeypatch.setattr(chaos, "_check", read_then_answer_again)
     counts = chaos.tally(redis_client, accepted, timeout_s=10, settle_s=0)
-    assert (counts["answered"], counts["duplicated"], counts["lost"], counts["wrong"]) == (3, 1, 0, 0)
+    assert (counts["answered"], counts["duplicated"], counts["lost"], counts["wrong"]) == (
+        3,
+        1,
+        0,
+        0,
+    )
     assert redis_client.llen(chaos.KEYS.reply("r1")) == 2
 
 

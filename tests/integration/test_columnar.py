@@ -30,8 +30,14 @@ from tests.handlers import POISON
 
 
 def consumer_on(redis_url: str, model: str, **overrides) -> Consumer:
-    settings = WorkerSettings(name="q", model=model, redis_url=redis_url, consumer="c1", warmup_iters=1,
-                              **{"idle_block_ms": 50, **overrides})
+    settings = WorkerSettings(
+        name="q",
+        model=model,
+        redis_url=redis_url,
+        consumer="c1",
+        warmup_iters=1,
+        **{"idle_block_ms": 50, **overrides},
+    )
     consumer = Consumer(settings, load_runtime(settings), worker_client(redis_url))
     consumer.prepare()
     return consumer
@@ -62,7 +68,9 @@ def paths(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     return calls
 
 
-def test_sdk_requests_take_the_columnar_path_and_get_the_model_outputs(redis_url, redis_client, models_dir, paths):
+def test_sdk_requests_take_the_columnar_path_and_get_the_model_outputs(
+    redis_url, redis_client, models_dir, paths
+):
     consumer = consumer_on(redis_url, str(models_dir / "affine.pt"))
     producer = Producer(redis_url, "q")
     inputs = np.random.default_rng(0).standard_normal((300, 16), dtype=np.float32)
@@ -77,7 +85,7 @@ def test_sdk_requests_take_the_columnar_path_and_get_the_model_outputs(redis_url
         want = model(torch.from_numpy(inputs)).numpy()
     for i, reply in enumerate(replies):
         assert reply.ok and reply.model_version == consumer.runtime.version
-        np.testing.assert_allclose(reply.outputs, want[i:i + 1], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(reply.outputs, want[i : i + 1], rtol=1e-5, atol=1e-6)
         assert reply.timing["batch_rows"] >= 1 and reply.timing["queued_ms"] >= 0
     assert paths["columnar"] >= 1 and paths["general"] == 1
     assert int(redis_client.xpending(consumer.keys.requests, GROUP)["pending"]) == 0
@@ -101,7 +109,9 @@ def test_map_replies_to_the_inbox_through_the_columnar_path(redis_url, models_di
     model = torch.jit.load(str(models_dir / "affine.pt"))
     with torch.no_grad():
         for x, reply in zip(inputs, replies):
-            np.testing.assert_allclose(reply.outputs, model(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                reply.outputs, model(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6
+            )
 
 
 def test_a_batch_answered_twice_is_replied_once(redis_url, redis_client, models_dir):
@@ -121,10 +131,14 @@ def test_a_batch_answered_twice_is_replied_once(redis_url, redis_client, models_
     assert consumer.counters.skipped == 20
 
 
-def answers_of(redis_url: str, redis_client: redis.Redis, handler: str, rows: list[np.ndarray]) -> list:
+def answers_of(
+    redis_url: str, redis_client: redis.Redis, handler: str, rows: list[np.ndarray]
+) -> list:
     consumer = consumer_on(redis_url, handler)
     keys = consumer.keys
-    redis_client.xadd(keys.requests, {"id": "warm", "body": encode_body(np.ones((1, 4), np.float32))})
+    redis_client.xadd(
+        keys.requests, {"id": "warm", "body": encode_body(np.ones((1, 4), np.float32))}
+    )
     drain(consumer)
     for i, x in enumerate(rows):
         redis_client.xadd(keys.requests, {"id": f"r{i}", "body": encode_body(x)})
@@ -138,7 +152,9 @@ def test_a_failing_request_is_isolated(redis_url, redis_client, paths):
     assert [r.ok for r in replies] == [True, True, False, True, True]
     assert replies[2].error_code == "model_error" and "poison" in replies[2].error_message
     np.testing.assert_array_equal(replies[4].outputs, rows[4] * 2)
-    assert paths["columnar"] == 1  # the read was one Columns batch; its failure went to the bisection
+    assert (
+        paths["columnar"] == 1
+    )  # the read was one Columns batch; its failure went to the bisection
 
 
 def test_a_non_finite_output_is_refused_alone(redis_url, redis_client):
@@ -149,7 +165,9 @@ def test_a_non_finite_output_is_refused_alone(redis_url, redis_client):
     np.testing.assert_array_equal(replies[2].outputs, rows[2] * 2)
 
 
-def test_an_inbox_holding_another_type_gets_bad_request_at_the_default_key(redis_url, redis_client, models_dir):
+def test_an_inbox_holding_another_type_gets_bad_request_at_the_default_key(
+    redis_url, redis_client, models_dir
+):
     consumer = consumer_on(redis_url, str(models_dir / "affine.pt"))
     keys = consumer.keys
     body = encode_body(np.ones((1, 16), np.float32))
@@ -160,7 +178,9 @@ def test_an_inbox_holding_another_type_gets_bad_request_at_the_default_key(redis
     redis_client.delete(inbox, broken)
     redis_client.set(broken, "not a list")
     for i in range(6):
-        redis_client.xadd(keys.requests, {"id": f"r{i}", "body": body, "reply_to": broken if i == 3 else inbox})
+        redis_client.xadd(
+            keys.requests, {"id": f"r{i}", "body": body, "reply_to": broken if i == 3 else inbox}
+        )
     drain(consumer)
     assert redis_client.llen(inbox) == 5
     refused = decode_reply(redis_client.lpop(keys.reply("r3")))
@@ -183,8 +203,14 @@ def test_the_packed_call_reloads_a_flushed_script(redis_url, redis_client, model
 
 
 def test_the_plain_redis_client_still_serves_through_the_general_path(redis_url, models_dir, paths):
-    settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=redis_url, consumer="c2",
-                              warmup_iters=1, idle_block_ms=50)
+    settings = WorkerSettings(
+        name="q",
+        model=str(models_dir / "affine.pt"),
+        redis_url=redis_url,
+        consumer="c2",
+        warmup_iters=1,
+        idle_block_ms=50,
+    )
     consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
     consumer.prepare()
     producer = Producer(redis_url, "q")
@@ -194,10 +220,14 @@ def test_the_plain_redis_client_still_serves_through_the_general_path(redis_url,
     assert paths["columnar"] == 0 and paths["general"] >= 1
 
 
-def test_columns_read_ahead_count_as_held_not_as_lost(redis_url, redis_client, models_dir, monkeypatch):
+def test_columns_read_ahead_count_as_held_not_as_lost(
+    redis_url, redis_client, models_dir, monkeypatch
+):
     """Housekeeping compares the entries pending on us with those we hold: a Columns batch read
     ahead holds many. Counted as one, its entries would look lost and be replayed."""
-    consumer = consumer_on(redis_url, str(models_dir / "affine.pt"), max_batch_rows=4, prefetch="on")
+    consumer = consumer_on(
+        redis_url, str(models_dir / "affine.pt"), max_batch_rows=4, prefetch="on"
+    )
     keys = consumer.keys
     body = encode_body(np.ones((1, 16), np.float32))
     redis_client.xadd(keys.requests, {"id": "warm", "body": body})

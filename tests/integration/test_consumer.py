@@ -20,8 +20,13 @@ from tests.handlers import POISON
 
 def make_consumer(redis_url: str, model: str, name: str = "q", **overrides) -> Consumer:
     overrides.setdefault("warmup_iters", 1)
-    settings = WorkerSettings(name=name, model=model, redis_url=redis_url, consumer=overrides.pop("consumer", "c1"),
-                              **overrides)
+    settings = WorkerSettings(
+        name=name,
+        model=model,
+        redis_url=redis_url,
+        consumer=overrides.pop("consumer", "c1"),
+        **overrides,
+    )
     consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
     consumer.prepare()
     return consumer
@@ -43,9 +48,14 @@ def affine(redis_url: str, redis_client: redis.Redis, models_dir) -> Consumer:
     return make_consumer(redis_url, str(models_dir / "affine.pt"), idle_block_ms=50)
 
 
-def test_batches_queued_requests_and_matches_direct_forward(affine, redis_url, redis_client, models_dir):
+def test_batches_queued_requests_and_matches_direct_forward(
+    affine, redis_url, redis_client, models_dir
+):
     producer = Producer(redis_url, "q")
-    inputs = [np.random.default_rng(i).standard_normal((i % 3 + 1, 16), dtype=np.float32) for i in range(10)]
+    inputs = [
+        np.random.default_rng(i).standard_normal((i % 3 + 1, 16), dtype=np.float32)
+        for i in range(10)
+    ]
     rids = producer.submit_many(inputs)
     drain(affine)
     replies = producer.results(rids, timeout_s=5)
@@ -53,7 +63,9 @@ def test_batches_queued_requests_and_matches_direct_forward(affine, redis_url, r
     with torch.no_grad():
         for x, reply in zip(inputs, replies):
             assert reply.ok
-            np.testing.assert_allclose(reply.outputs, model(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                reply.outputs, model(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6
+            )
     assert {r.timing["batch_rows"] for r in replies} == {sum(x.shape[0] for x in inputs)}
     assert pending(redis_client, affine.keys) == 0
 
@@ -62,12 +74,18 @@ def test_bad_entries_are_answered_acked_and_never_block(affine, redis_url, redis
     keys = affine.keys
     good = encode_body(np.ones((1, 16), np.float32))
     redis_client.xadd(keys.requests, {"id": "garbage", "body": b"\xc1\xc1not msgpack"})
-    redis_client.xadd(keys.requests, {"id": "dtype", "body": encode_body(np.ones((1, 16), np.float64))})
-    redis_client.xadd(keys.requests, {"id": "shape", "body": encode_body(np.ones((1, 3), np.float32))})
+    redis_client.xadd(
+        keys.requests, {"id": "dtype", "body": encode_body(np.ones((1, 16), np.float64))}
+    )
+    redis_client.xadd(
+        keys.requests, {"id": "shape", "body": encode_body(np.ones((1, 3), np.float32))}
+    )
     redis_client.xadd(keys.requests, {"id": "nobody"})
     redis_client.xadd(keys.requests, {"body": good})  # no id: acknowledged, logged, no reply
     redis_client.xadd(keys.requests, {"id": "x" * 200, "body": good})  # unreadable id
-    redis_client.xadd(keys.requests, {"id": "big", "body": pack({"inputs": b"x" * (17 * 1024 * 1024)})})
+    redis_client.xadd(
+        keys.requests, {"id": "big", "body": pack({"inputs": b"x" * (17 * 1024 * 1024)})}
+    )
     redis_client.xadd(keys.requests, {"id": "ok", "body": good})
     drain(affine)
     codes = {}
@@ -75,8 +93,14 @@ def test_bad_entries_are_answered_acked_and_never_block(affine, redis_url, redis
         raw = redis_client.lpop(keys.reply(rid))
         reply = decode_reply(raw)
         codes[rid] = reply.error_code if not reply.ok else "ok"
-    assert codes == {"garbage": "bad_request", "dtype": "bad_request", "shape": "bad_request",
-                     "nobody": "bad_request", "big": "too_large", "ok": "ok"}
+    assert codes == {
+        "garbage": "bad_request",
+        "dtype": "bad_request",
+        "shape": "bad_request",
+        "nobody": "bad_request",
+        "big": "too_large",
+        "ok": "ok",
+    }
     assert pending(redis_client, keys) == 0
     assert redis_client.keys(keys.base + "reply:*") == []  # nothing else was answered
 
@@ -99,7 +123,11 @@ def test_handler_params_split_batches(redis_url, redis_client):
     consumer = make_consumer(redis_url, "tests.handlers:Scale", idle_block_ms=50)
     producer = Producer(redis_url, "q")
     x = np.ones((1, 4), np.float32)
-    rids = [producer.submit(x, {"factor": 3}), producer.submit(x), producer.submit(x, {"factor": 5})]
+    rids = [
+        producer.submit(x, {"factor": 3}),
+        producer.submit(x),
+        producer.submit(x, {"factor": 5}),
+    ]
     drain(consumer)
     outs = [r.outputs[0, 0] for r in producer.results(rids, timeout_s=5)]
     assert outs == [3.0, 2.0, 5.0]
@@ -122,8 +150,9 @@ def test_computed_twice_answered_once(affine, redis_url, redis_client, models_di
     entries = affine._read(1, None)
     assert len(entries) == 1
     # consumer c2 reclaims it and answers
-    other = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="c2",
-                          idle_block_ms=50, claim_idle_s=0.1)
+    other = make_consumer(
+        redis_url, str(models_dir / "affine.pt"), consumer="c2", idle_block_ms=50, claim_idle_s=0.1
+    )
     time.sleep(0.15)
     other.recovery.reclaim()
     drain(other)
@@ -137,11 +166,15 @@ def test_restarted_consumer_replays_its_own_pending(redis_url, redis_client, mod
     keys = QueueKeys("q")
     producer = Producer(redis_url, "q")
     rids = producer.submit_many([np.ones((1, 16), np.float32)] * 5)
-    first = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="slot-0", idle_block_ms=50)
+    first = make_consumer(
+        redis_url, str(models_dir / "affine.pt"), consumer="slot-0", idle_block_ms=50
+    )
     first.recovery.replay_own = False
     assert len(first._read(5, None)) == 5  # read, then "crash" before answering
     assert pending(redis_client, keys) == 5
-    second = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="slot-0", idle_block_ms=50)
+    second = make_consumer(
+        redis_url, str(models_dir / "affine.pt"), consumer="slot-0", idle_block_ms=50
+    )
     drain(second)
     assert all(r.ok for r in producer.results(rids, timeout_s=5))
     assert pending(redis_client, keys) == 0
@@ -160,7 +193,7 @@ def test_acknowledged_entries_are_trimmed_but_pending_kept(affine, redis_url, re
     affine.recovery._trim()
     assert redis_client.xlen(keys.requests) == 4  # the held entry and the three undelivered
     drain(affine)
-    (entry_id, fields), = redis_client.xrange(keys.requests, "-", "+", count=1)
+    ((entry_id, fields),) = redis_client.xrange(keys.requests, "-", "+", count=1)
     other._answer([other.intake.admit(entry_id, fields, time.time() * 1000)])
     assert producer.result(held, 5).ok
 
@@ -178,10 +211,17 @@ def test_worker_serves_until_stopped(affine, redis_url, redis_client):
     assert not thread.is_alive()
 
 
-def test_out_of_memory_splits_the_batch_and_lowers_the_row_limit(redis_url, redis_client, monkeypatch):
+def test_out_of_memory_splits_the_batch_and_lowers_the_row_limit(
+    redis_url, redis_client, monkeypatch
+):
     monkeypatch.setenv("OOM_ROWS", "8")
-    consumer = make_consumer(redis_url, "tests.handlers:OutOfMemoryOverRows", idle_block_ms=50,
-                             max_batch_rows=32, warmup_iters=0)
+    consumer = make_consumer(
+        redis_url,
+        "tests.handlers:OutOfMemoryOverRows",
+        idle_block_ms=50,
+        max_batch_rows=32,
+        warmup_iters=0,
+    )
     producer = Producer(redis_url, "q")
     inputs = [np.full((1, 4), i, np.float32) for i in range(32)]
     rids = producer.submit_many(inputs)
@@ -209,30 +249,46 @@ def test_dead_letter_commands(redis_url, redis_client, models_dir):
     redis_client.xadd(keys.dead, dead_fields(b"1-0", fields, "delivered 4 times", 4, "c9"))
     cli = [sys.executable, "-m", "inferfleet", "dead"]
     env = {**worker_env(redis_url), "COLUMNS": "200"}  # rich wraps tables to the terminal width
-    listed = subprocess.run([*cli, "list", "--name", "q"], env=env, capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        [*cli, "list", "--name", "q"], env=env, capture_output=True, text=True, check=True
+    )
     assert "victim-1" in listed.stdout and "delivered 4 times" in listed.stdout
-    shown = subprocess.run([*cli, "show", "--name", "q", "victim-1"], env=env, capture_output=True, text=True,
-                           check=True)
+    shown = subprocess.run(
+        [*cli, "show", "--name", "q", "victim-1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert '"deliveries": 4' in shown.stdout
-    subprocess.run([*cli, "replay", "--name", "q", "victim-1"], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [*cli, "replay", "--name", "q", "victim-1"], env=env, check=True, capture_output=True
+    )
     assert redis_client.xlen(keys.dead) == 0
     consumer = make_consumer(redis_url, str(models_dir / "affine.pt"), idle_block_ms=50)
     drain(consumer)
     assert Producer(redis_url, "q").result("victim-1", timeout_s=5).ok  # replayed and answered
     redis_client.xadd(keys.dead, dead_fields(b"2-0", fields, "x", 4, "c9"))
-    purged = subprocess.run([*cli, "purge", "--name", "q", "--yes"], env=env, capture_output=True, text=True,
-                            check=True)
+    purged = subprocess.run(
+        [*cli, "purge", "--name", "q", "--yes"], env=env, capture_output=True, text=True, check=True
+    )
     assert "purged 1" in purged.stdout and redis_client.xlen(keys.dead) == 0
-    missing = subprocess.run([*cli, "show", "--name", "q", "nope"], env=env, capture_output=True, text=True)
+    missing = subprocess.run(
+        [*cli, "show", "--name", "q", "nope"], env=env, capture_output=True, text=True
+    )
     assert missing.returncode == 1 and "no dead letter" in missing.stderr
 
 
 def test_read_ahead_answers_everything_once(redis_url, redis_client, models_dir):
-    consumer = make_consumer(redis_url, str(models_dir / "cnn.pt"), idle_block_ms=50, max_batch_rows=8,
-                             prefetch="on")
+    consumer = make_consumer(
+        redis_url, str(models_dir / "cnn.pt"), idle_block_ms=50, max_batch_rows=8, prefetch="on"
+    )
     assert consumer.prefetch
     producer = Producer(redis_url, "q")
-    inputs = [np.random.default_rng(i).standard_normal((1, 3, 32, 32), dtype=np.float32) for i in range(50)]
+    inputs = [
+        np.random.default_rng(i).standard_normal((1, 3, 32, 32), dtype=np.float32)
+        for i in range(50)
+    ]
     rids = producer.submit_many(inputs)
     drain(consumer)
     assert consumer._prefetched == []
@@ -240,14 +296,19 @@ def test_read_ahead_answers_everything_once(redis_url, redis_client, models_dir)
     for x, rid in zip(inputs, rids):
         assert redis_client.llen(affine_keys().reply(rid)) == 1
         with torch.no_grad():
-            np.testing.assert_allclose(producer.result(rid, 5).outputs, model(torch.from_numpy(x)).numpy(),
-                                       rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(
+                producer.result(rid, 5).outputs,
+                model(torch.from_numpy(x)).numpy(),
+                rtol=1e-4,
+                atol=1e-5,
+            )
     assert pending(redis_client, consumer.keys) == 0
 
 
 def test_stopping_answers_what_was_read_ahead(redis_url, redis_client, models_dir):
-    consumer = make_consumer(redis_url, str(models_dir / "affine.pt"), idle_block_ms=50, max_batch_rows=4,
-                             prefetch="on")
+    consumer = make_consumer(
+        redis_url, str(models_dir / "affine.pt"), idle_block_ms=50, max_batch_rows=4, prefetch="on"
+    )
     producer = Producer(redis_url, "q")
     rids = producer.submit_many([np.ones((1, 16), np.float32)] * 8)
     consumer.run_once()  # answers 4, reads the next 4 ahead
@@ -263,7 +324,9 @@ def affine_keys() -> QueueKeys:
     return QueueKeys("q")
 
 
-def test_reply_key_of_the_wrong_type_is_answered_on_the_default_key(affine, redis_url, redis_client):
+def test_reply_key_of_the_wrong_type_is_answered_on_the_default_key(
+    affine, redis_url, redis_client
+):
     keys = affine.keys
     inbox = keys.inbox("broken")
     redis_client.set(inbox, "not a list")
@@ -295,7 +358,9 @@ def test_replies_survive_a_script_flush(affine, redis_url, redis_client):
 
 
 @pytest.mark.parametrize("limit", [2, 4])
-def test_dead_letters_at_the_limit_and_not_one_delivery_before(redis_url, redis_client, models_dir, limit):
+def test_dead_letters_at_the_limit_and_not_one_delivery_before(
+    redis_url, redis_client, models_dir, limit
+):
     """--max-deliveries N: an entry delivered N-1 times is computed once more (its Nth delivery,
     still within the limit); one delivered N times is dead-lettered (its next would be the N+1th)."""
     from inferfleet.worker.serving.consumer import ensure_group
@@ -306,12 +371,21 @@ def test_dead_letters_at_the_limit_and_not_one_delivery_before(redis_url, redis_
     x = np.ones((1, 16), np.float32)
     below, at = producer.submit(x), producer.submit(x)
     ensure_group(redis_client, keys.requests)
-    (_, entries), = redis_client.xreadgroup(GROUP, "c1", {keys.requests: ">"}, count=2)  # then c1 "crashes"
+    ((_, entries),) = redis_client.xreadgroup(
+        GROUP, "c1", {keys.requests: ">"}, count=2
+    )  # then c1 "crashes"
     (below_id, _), (at_id, _) = entries
-    redis_client.xclaim(keys.requests, GROUP, "c1", 0, [below_id], retrycount=limit - 1, justid=True)
+    redis_client.xclaim(
+        keys.requests, GROUP, "c1", 0, [below_id], retrycount=limit - 1, justid=True
+    )
     redis_client.xclaim(keys.requests, GROUP, "c1", 0, [at_id], retrycount=limit, justid=True)
-    restarted = make_consumer(redis_url, str(models_dir / "affine.pt"), consumer="c1", idle_block_ms=50,
-                              max_deliveries=limit)
+    restarted = make_consumer(
+        redis_url,
+        str(models_dir / "affine.pt"),
+        consumer="c1",
+        idle_block_ms=50,
+        max_deliveries=limit,
+    )
     drain(restarted)  # replays c1's own pending entries, one at a time, counting a delivery each
     assert producer.result(below, 5).ok
     dead = producer.result(at, 5, raise_errors=False)
@@ -322,8 +396,9 @@ def test_dead_letters_at_the_limit_and_not_one_delivery_before(redis_url, redis_
     assert pending(redis_client, keys) == 0
 
 
-def test_a_broken_device_stops_the_consumer_without_answering_or_acknowledging(redis_url, redis_client,
-                                                                                monkeypatch):
+def test_a_broken_device_stops_the_consumer_without_answering_or_acknowledging(
+    redis_url, redis_client, monkeypatch
+):
     """A sticky CUDA error: no bisection, no model_error replies, nothing acknowledged. The entries stay
     pending for the restarted worker (tests/integration/test_supervisor.py follows them there)."""
     from inferfleet.worker.errors import DeviceBroken
@@ -331,14 +406,21 @@ def test_a_broken_device_stops_the_consumer_without_answering_or_acknowledging(r
 
     monkeypatch.setattr(BreaksDevice, "broken", False)
     monkeypatch.setattr(BreaksDevice, "calls", 0)
-    consumer = make_consumer(redis_url, "tests.handlers:BreaksDevice", idle_block_ms=50, max_batch_rows=16,
-                             warmup_iters=0)
+    consumer = make_consumer(
+        redis_url,
+        "tests.handlers:BreaksDevice",
+        idle_block_ms=50,
+        max_batch_rows=16,
+        warmup_iters=0,
+    )
     producer = Producer(redis_url, "q")
     inputs = [np.full((1, 4), POISON if i == 2 else i, np.float32) for i in range(4)]
     producer.submit_many(inputs)
     with pytest.raises(DeviceBroken, match="device-side assert"):
         consumer.run_once()
     assert BreaksDevice.calls == 1  # the failed batch was not retried in halves on a dead device
-    assert pending(redis_client, consumer.keys) == 4  # nothing acknowledged: all four will be replayed
+    assert (
+        pending(redis_client, consumer.keys) == 4
+    )  # nothing acknowledged: all four will be replayed
     assert consumer.counters.requests == 0 and consumer.counters.errors == 0  # and nothing answered
     assert not redis_client.keys("*inbox*")

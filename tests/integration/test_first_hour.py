@@ -15,7 +15,10 @@ from tests.integration.test_consumer import drain, make_consumer
 def test_waiting_on_a_queue_no_worker_ever_served_says_so(redis_url, redis_client):
     producer = Producer(redis_url, "nobody-serves-this")
     rid = producer.submit(np.ones((1, 16), np.float32))
-    with pytest.raises(ReplyTimeout, match=r"no worker has ever served queue 'nobody-serves-this'.*inferfleet worker"):
+    with pytest.raises(
+        ReplyTimeout,
+        match=r"no worker has ever served queue 'nobody-serves-this'.*inferfleet worker",
+    ):
         producer.result(rid, timeout_s=0.1)
 
 
@@ -28,7 +31,9 @@ def test_the_async_client_says_so_too(redis_url, redis_client):
         asyncio.run(wait())
 
 
-def test_a_second_result_for_a_taken_reply_says_replies_are_read_once(redis_url, redis_client, models_dir):
+def test_a_second_result_for_a_taken_reply_says_replies_are_read_once(
+    redis_url, redis_client, models_dir
+):
     consumer = make_consumer(redis_url, str(models_dir / "affine.pt"), idle_block_ms=50)
     producer = Producer(redis_url, "q")
     rid = producer.submit(np.ones((1, 16), np.float32))
@@ -39,7 +44,9 @@ def test_a_second_result_for_a_taken_reply_says_replies_are_read_once(redis_url,
 
 
 def test_a_wait_on_a_busy_queue_says_how_much_is_ahead(redis_url, redis_client, models_dir):
-    make_consumer(redis_url, str(models_dir / "affine.pt"), idle_block_ms=50)  # the group exists; nobody reads
+    make_consumer(
+        redis_url, str(models_dir / "affine.pt"), idle_block_ms=50
+    )  # the group exists; nobody reads
     producer = Producer(redis_url, "q")
     rids = producer.submit_many([np.ones((1, 16), np.float32)] * 3)
     with pytest.raises(ReplyTimeout, match="queue 'q' has 3 requests waiting and 0 in progress"):

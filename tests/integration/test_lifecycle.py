@@ -34,8 +34,14 @@ FACTOR = {"scale-1": 2.0, "triple-1": 3.0}
 
 
 def swap_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "inferfleet", "swap", "--name", "q", *args],
-                          env=worker_env(redis_url), cwd=ROOT, capture_output=True, text=True, timeout=90)
+    return subprocess.run(
+        [sys.executable, "-m", "inferfleet", "swap", "--name", "q", *args],
+        env=worker_env(redis_url),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
 
 
 def test_publish_keeps_the_previous_version_for_rollback(redis_client):
@@ -43,7 +49,12 @@ def test_publish_keeps_the_previous_version_for_rollback(redis_client):
     with pytest.raises(NoPreviousVersion):
         rollback(redis_client, keys)
     first = publish(redis_client, keys, "b.pt", "v2", serving=("a.pt", "v1"))
-    assert (first.model, first.version, first.previous_model, first.previous_version) == ("b.pt", "v2", "a.pt", "v1")
+    assert (first.model, first.version, first.previous_model, first.previous_version) == (
+        "b.pt",
+        "v2",
+        "a.pt",
+        "v1",
+    )
     assert first.served_version == "v1"  # what the live workers served counts as served
     assert mark_served(redis_client, keys, first)  # a worker switched to v2
     second = publish(redis_client, keys, "c.pt", "v3")
@@ -59,7 +70,9 @@ def test_rollback_returns_to_the_last_version_served_never_one_that_failed(redis
     mark_served(redis_client, keys, v2)
     publish(redis_client, keys, "broken.pt", "v3")  # no worker could load it: never served
     stale = publish(redis_client, keys, "other.pt", "v4")
-    assert not mark_served(redis_client, keys, v2)  # a late report of a version no longer published is ignored
+    assert not mark_served(
+        redis_client, keys, v2
+    )  # a late report of a version no longer published is ignored
     back = rollback(redis_client, keys)
     assert (back.model, back.version, back.previous_version) == ("b.pt", "v2", "v4")  # not v3
     assert not mark_served(redis_client, keys, stale)
@@ -118,7 +131,9 @@ def test_a_failed_load_is_reported_once_and_not_retried(redis_client):
     watcher.poll("v1")
     loader.gate.release()
     outcome, _, error = wait_taken(watcher)
-    assert outcome == "failed" and "bad file" in str(error) and watcher.error == "version v2: bad file"
+    assert (
+        outcome == "failed" and "bad file" in str(error) and watcher.error == "version v2: bad file"
+    )
     assert watcher.poll("v1") is None and loader.started == ["v2"]
 
 
@@ -133,7 +148,9 @@ def run_load(producer: Producer, stop: threading.Event, log: list) -> None:
         i += 20
 
 
-def test_swap_under_load_loses_nothing_and_each_reply_names_its_version(redis_url, redis_client, spawn_worker):
+def test_swap_under_load_loses_nothing_and_each_reply_names_its_version(
+    redis_url, redis_client, spawn_worker
+):
     for _ in range(2):
         spawn_worker("q", SCALE, "--max-wait-ms", "2")
     log: list = []
@@ -169,12 +186,23 @@ def test_swap_under_load_loses_nothing_and_each_reply_names_its_version(redis_ur
             assert reply.model_version == "scale-1"
     assert versions["triple-1"] > 0 and versions["scale-1"] > 0
     assert "triple-1 (tests.handlers:Triple) published" in swapped.stdout
-    assert "previous scale-1" in swapped.stdout  # the version live workers served: the rollback target
+    assert (
+        "previous scale-1" in swapped.stdout
+    )  # the version live workers served: the rollback target
 
 
 def test_a_failed_swap_keeps_the_old_model_and_says_why(redis_url, redis_client, spawn_worker):
     spawn_worker("q", SCALE)
-    bad = swap_cli(redis_url, "--model", "tests.handlers:Missing", "--version", "v9", "--no-check", "--wait-s", "20")
+    bad = swap_cli(
+        redis_url,
+        "--model",
+        "tests.handlers:Missing",
+        "--version",
+        "v9",
+        "--no-check",
+        "--wait-s",
+        "20",
+    )
     assert bad.returncode == 1
     assert "FAILED" in bad.stdout and "Missing" in bad.stdout
     with Producer(redis_url, "q") as producer:
@@ -184,12 +212,20 @@ def test_a_failed_swap_keeps_the_old_model_and_says_why(redis_url, redis_client,
     assert "v9" in alert.detail
     (info,) = read_heartbeats(redis_client, QueueKeys("q"))
     assert info.version == "scale-1" and "v9" in info.swap_error
-    shown = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "q"], capture_output=True,
-                           env={**worker_env(redis_url), "COLUMNS": "300"}, cwd=ROOT, text=True, check=True).stdout
+    shown = subprocess.run(
+        [sys.executable, "-m", "inferfleet", "status", "--name", "q"],
+        capture_output=True,
+        env={**worker_env(redis_url), "COLUMNS": "300"},
+        cwd=ROOT,
+        text=True,
+        check=True,
+    ).stdout
     assert "swap failed: version v9" in shown
 
 
-def test_a_worker_started_after_a_swap_serves_the_published_version(redis_url, redis_client, spawn_worker):
+def test_a_worker_started_after_a_swap_serves_the_published_version(
+    redis_url, redis_client, spawn_worker
+):
     publish(redis_client, QueueKeys("q"), TRIPLE, "triple-1", serving=(SCALE, "scale-1"))
     spawn_worker("q", SCALE)  # its --model is the old one
     with Producer(redis_url, "q") as producer:
@@ -209,22 +245,43 @@ def test_swap_refuses_bad_input(redis_url, redis_client):
 
 
 @pytest.mark.slow  # six swap commands (each imports torch) and two workers: about two minutes on 2 cores
-def test_the_swap_sequence_ends_on_the_version_the_fleet_served(redis_url, redis_client, spawn_worker):
+def test_the_swap_sequence_ends_on_the_version_the_fleet_served(
+    redis_url, redis_client, spawn_worker
+):
     """v2 (good), v3 (broken, --no-check), v4 (another signature), rollback: the fleet is back on v2,
     also a worker started afterwards."""
     worker = spawn_worker("q", SCALE)
     assert swap_cli(redis_url, "--model", TRIPLE, "--wait-s", "30").returncode == 0
-    broken = swap_cli(redis_url, "--model", "tests.handlers:Missing", "--version", "v3", "--no-check", "--wait-s", "20")
+    broken = swap_cli(
+        redis_url,
+        "--model",
+        "tests.handlers:Missing",
+        "--version",
+        "v3",
+        "--no-check",
+        "--wait-s",
+        "20",
+    )
     assert broken.returncode == 1 and "FAILED" in broken.stdout
     wide = swap_cli(redis_url, "--model", "tests.handlers:Wide", "--wait-s", "5")
-    assert wide.returncode == 2 and "float32[N,8] is not the one the fleet serves, float32[N,4]" in wide.stderr
+    assert (
+        wide.returncode == 2
+        and "float32[N,8] is not the one the fleet serves, float32[N,4]" in wide.stderr
+    )
     halves = swap_cli(redis_url, "--model", "tests.handlers:Halves", "--wait-s", "5")
     assert halves.returncode == 2 and "outputs float32[N,2]" in halves.stderr
-    assert read_published(redis_client, QueueKeys("q")).version == "v3"  # neither check published anything
+    assert (
+        read_published(redis_client, QueueKeys("q")).version == "v3"
+    )  # neither check published anything
     rolled = swap_cli(redis_url, "--rollback", "--wait-s", "30")
-    assert rolled.returncode == 0 and "version triple-1" in rolled.stdout, rolled.stdout + rolled.stderr
+    assert rolled.returncode == 0 and "version triple-1" in rolled.stdout, (
+        rolled.stdout + rolled.stderr
+    )
     with Producer(redis_url, "q") as producer:
-        assert producer.result(producer.submit(np.ones((1, 4), np.float32)), 20).model_version == "triple-1"
+        assert (
+            producer.result(producer.submit(np.ones((1, 4), np.float32)), 20).model_version
+            == "triple-1"
+        )
         worker.kill()  # a restarted worker: its --model is v1, the fleet's version is v2
         worker.wait(10)
         spawn_worker("q", SCALE, consumer="restarted")
@@ -232,15 +289,35 @@ def test_the_swap_sequence_ends_on_the_version_the_fleet_served(redis_url, redis
     assert {r.model_version for r in replies} == {"triple-1"}
 
 
-def test_a_worker_that_cannot_load_the_published_version_serves_nothing_and_says_so(redis_url, redis_client,
-                                                                                    tmp_path):
+def test_a_worker_that_cannot_load_the_published_version_serves_nothing_and_says_so(
+    redis_url, redis_client, tmp_path
+):
     keys = QueueKeys("q")
     publish(redis_client, keys, "tests.handlers:Missing", "v3", serving=(SCALE, "scale-1"))
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "inferfleet", "worker", "--name", "q", "--model", SCALE,
-                                 "--consumer", "w1", "--heartbeat-s", "0.2", "--housekeeping-s", "0.2"],
-                                env=worker_env(redis_url), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "inferfleet",
+                "worker",
+                "--name",
+                "q",
+                "--model",
+                SCALE,
+                "--consumer",
+                "w1",
+                "--heartbeat-s",
+                "0.2",
+                "--housekeeping-s",
+                "0.2",
+            ],
+            env=worker_env(redis_url),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     try:
         producer = Producer(redis_url, "q")
         rid = producer.submit(np.ones((1, 4), np.float32))
@@ -252,12 +329,21 @@ def test_a_worker_that_cannot_load_the_published_version_serves_nothing_and_says
         assert "v3" in info.swap_error and info.version == "none"
         (alert,) = read_alerts(redis_client, keys, kind="swap_failed")
         assert "v3" in alert.detail and alert.consumer == "w1"
-        shown = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "q"], capture_output=True,
-                               env={**worker_env(redis_url), "COLUMNS": "300"}, cwd=ROOT, text=True).stdout
+        shown = subprocess.run(
+            [sys.executable, "-m", "inferfleet", "status", "--name", "q"],
+            capture_output=True,
+            env={**worker_env(redis_url), "COLUMNS": "300"},
+            cwd=ROOT,
+            text=True,
+        ).stdout
         assert "swap failed: version v3" in shown
-        with pytest.raises(errors.ReplyTimeout):  # it serves nothing: not v3, and not its --model either
+        with pytest.raises(
+            errors.ReplyTimeout
+        ):  # it serves nothing: not v3, and not its --model either
             producer.result(rid, timeout_s=2)
-        assert swap_cli(redis_url, "--rollback", "--wait-s", "0").returncode == 0  # back to scale-1: it joins
+        assert (
+            swap_cli(redis_url, "--rollback", "--wait-s", "0").returncode == 0
+        )  # back to scale-1: it joins
         assert producer.result(rid, timeout_s=60).model_version == "scale-1"
         assert "CANNOT SERVE" in log_path.read_text()
     finally:
@@ -265,7 +351,9 @@ def test_a_worker_that_cannot_load_the_published_version_serves_nothing_and_says
         proc.wait(30)
 
 
-def test_a_batch_in_flight_during_a_swap_finishes_and_answers_on_the_old_copy(redis_url, redis_client):
+def test_a_batch_in_flight_during_a_swap_finishes_and_answers_on_the_old_copy(
+    redis_url, redis_client
+):
     """Deterministic: the batch blocks mid-forward-pass, the swap is published and loaded
     meanwhile, then the batch is let go. Its replies carry and name the old version; the
     next batch is computed and named by the new one."""
@@ -274,8 +362,14 @@ def test_a_batch_in_flight_during_a_swap_finishes_and_answers_on_the_old_copy(re
     Gate.entered.clear()
     Gate.release.clear()
     keys = QueueKeys("q")
-    settings = WorkerSettings(name="q", model="tests.handlers:Gate", redis_url=redis_url, consumer="c1",
-                              warmup_iters=0, idle_block_ms=50)
+    settings = WorkerSettings(
+        name="q",
+        model="tests.handlers:Gate",
+        redis_url=redis_url,
+        consumer="c1",
+        warmup_iters=0,
+        idle_block_ms=50,
+    )
     client = redis.Redis.from_url(redis_url)
     watcher = ModelWatcher(client, keys, settings, load_runtime)
     consumer = Consumer(settings, load_runtime(settings), client, watcher=watcher)
@@ -288,7 +382,9 @@ def test_a_batch_in_flight_during_a_swap_finishes_and_answers_on_the_old_copy(re
         try:
             assert Gate.entered.wait(30), "the batch never started"
             publish(client, keys, TRIPLE, "triple-1", serving=(settings.model, "scale-1"))
-            assert watcher.poll(consumer.runtime.version).version == "triple-1"  # housekeeping's first check
+            assert (
+                watcher.poll(consumer.runtime.version).version == "triple-1"
+            )  # housekeeping's first check
             for loading in [t for t in threading.enumerate() if t.name == "swap-triple-1"]:
                 loading.join(60)  # the new copy is loaded while the batch is still held
             assert in_flight.is_alive()
@@ -296,7 +392,9 @@ def test_a_batch_in_flight_during_a_swap_finishes_and_answers_on_the_old_copy(re
             Gate.release.set()
             in_flight.join(30)
         for x, reply in zip(held, producer.results(held_ids, timeout_s=5)):
-            assert reply.model_version == "scale-1", reply.model_version  # named by the old version ...
+            assert reply.model_version == "scale-1", (
+                reply.model_version
+            )  # named by the old version ...
             assert np.array_equal(reply.outputs, x * 2)  # ... and computed by it
             assert reply.timing["batch_rows"] == 3  # all three in the held batch
         after = [np.full((1, 4), value, np.float32) for value in (3.0, 4.0)]
@@ -310,7 +408,13 @@ def test_a_batch_in_flight_during_a_swap_finishes_and_answers_on_the_old_copy(re
 
 def swap_in_process(client: redis.Redis, consumer: Consumer, watcher: ModelWatcher) -> None:
     """What a worker's housekeeping and next round do: publish Triple, load it, switch to it."""
-    publish(client, QueueKeys("q"), TRIPLE, "triple-1", serving=(consumer.model_source, consumer.runtime.version))
+    publish(
+        client,
+        QueueKeys("q"),
+        TRIPLE,
+        "triple-1",
+        serving=(consumer.model_source, consumer.runtime.version),
+    )
     assert watcher.poll(consumer.runtime.version).version == "triple-1"
     for loading in [t for t in threading.enumerate() if t.name == "swap-triple-1"]:
         loading.join(60)
@@ -320,25 +424,39 @@ def swap_in_process(client: redis.Redis, consumer: Consumer, watcher: ModelWatch
 def test_the_local_cache_is_not_served_after_a_swap(redis_url, redis_client):
     """--cache-size without the fleet tier, in-process: a repeated input after the swap is computed by
     the new version; then the new version's result is cached."""
-    settings = WorkerSettings(name="q", model=SCALE, redis_url=redis_url, consumer="c1", warmup_iters=0,
-                              idle_block_ms=50, cache_size=64)
+    settings = WorkerSettings(
+        name="q",
+        model=SCALE,
+        redis_url=redis_url,
+        consumer="c1",
+        warmup_iters=0,
+        idle_block_ms=50,
+        cache_size=64,
+    )
     client = redis.Redis.from_url(redis_url)
     watcher = ModelWatcher(client, QueueKeys("q"), settings, load_runtime)
     consumer = Consumer(settings, load_runtime(settings), client, watcher=watcher)
     consumer.prepare()
     x = np.full((1, 4), 1.5, np.float32)
     with Producer(redis_url, "q") as producer:
+
         def ask() -> Reply:
             rid = producer.submit(x)
             consumer.run_once()
             return producer.result(rid, 5)
 
         first, cached = ask(), ask()
-        assert (first.timing["batch_rows"], cached.timing["batch_rows"]) == (1, 0)  # the repeat: a cache hit
+        assert (first.timing["batch_rows"], cached.timing["batch_rows"]) == (
+            1,
+            0,
+        )  # the repeat: a cache hit
         assert np.array_equal(cached.outputs, x * 2) and cached.model_version == "scale-1"
         swap_in_process(client, consumer, watcher)
         after, cached_after = ask(), ask()
-    assert (after.model_version, after.timing["batch_rows"]) == ("triple-1", 1)  # computed, not a hit
+    assert (after.model_version, after.timing["batch_rows"]) == (
+        "triple-1",
+        1,
+    )  # computed, not a hit
     assert np.array_equal(after.outputs, x * 3)
     assert cached_after.timing["batch_rows"] == 0 and np.array_equal(cached_after.outputs, x * 3)
     client.close()
@@ -356,20 +474,31 @@ def test_the_fleet_cache_is_not_served_after_a_swap(redis_url, redis_client, spa
     """A worker with --cache-size and --fleet-cache-ttl-s across a hot swap: the model version is
     part of the cache key, so a repeated input after the swap is computed by the new version, never
     answered from what the old one left in Redis (the swap empties the worker's local tier, not Redis)."""
-    spawn_worker("q", SCALE, "--max-wait-ms", "1", "--cache-size", "64", "--fleet-cache-ttl-s", "60")
+    spawn_worker(
+        "q", SCALE, "--max-wait-ms", "1", "--cache-size", "64", "--fleet-cache-ttl-s", "60"
+    )
     x = np.full((1, 4), 1.5, np.float32)
     with Producer(redis_url, "q") as producer:
+
         def ask() -> Reply:
             return producer.result(producer.submit(x), 20)
 
         first, cached = ask(), ask()
-        assert (first.timing["batch_rows"], cached.timing["batch_rows"]) == (1, 0)  # the repeat: a cache hit
+        assert (first.timing["batch_rows"], cached.timing["batch_rows"]) == (
+            1,
+            0,
+        )  # the repeat: a cache hit
         assert np.array_equal(cached.outputs, x * 2) and cached.model_version == "scale-1"
         assert len(redis_client.keys("inferfleet:{q}:cache:*")) == 1
-        publish(redis_client, QueueKeys("q"), TRIPLE, "triple-1", serving=(SCALE, "scale-1"))  # what `swap` does
+        publish(
+            redis_client, QueueKeys("q"), TRIPLE, "triple-1", serving=(SCALE, "scale-1")
+        )  # what `swap` does
         wait_serving(redis_client, "triple-1")
         after, cached_after = ask(), ask()
-    assert (after.model_version, after.timing["batch_rows"]) == ("triple-1", 1)  # computed, not a hit
+    assert (after.model_version, after.timing["batch_rows"]) == (
+        "triple-1",
+        1,
+    )  # computed, not a hit
     assert np.array_equal(after.outputs, x * 3)
     assert cached_after.timing["batch_rows"] == 0 and np.array_equal(cached_after.outputs, x * 3)
     assert len(redis_client.keys("inferfleet:{q}:cache:*")) == 2  # one entry per version

@@ -42,8 +42,12 @@ class Masked(torch.nn.Module):
 def _exported(path, dynamic_length: bool = True):
     """A torch.export program saved the plain way: no extra files, no example."""
     batch = torch.export.Dim("batch", min=1, max=1024)
-    dims = {0: batch, 1: torch.export.Dim("length", min=1, max=512)} if dynamic_length else {0: batch}
-    program = torch.export.export(MeanEmbed(), (torch.zeros(2, 5, dtype=torch.int64),), dynamic_shapes=(dims,))
+    dims = (
+        {0: batch, 1: torch.export.Dim("length", min=1, max=512)} if dynamic_length else {0: batch}
+    )
+    program = torch.export.export(
+        MeanEmbed(), (torch.zeros(2, 5, dtype=torch.int64),), dynamic_shapes=(dims,)
+    )
     torch.export.save(program, str(path))
     return str(path)
 
@@ -54,7 +58,8 @@ def _expected(ids: np.ndarray) -> np.ndarray:
 
 
 def test_exported_model_with_a_dynamic_length_is_checked_warmed_and_batched_by_length(
-        tmp_path, redis_url, redis_client, caplog):
+    tmp_path, redis_url, redis_client, caplog
+):
     model = _exported(tmp_path / "plain-export.bin")  # the name says nothing: the content does
     with caplog.at_level(logging.INFO, logger="inferfleet"):
         consumer = make_consumer(redis_url, model, idle_block_ms=50, max_batch_rows=16)
@@ -73,14 +78,22 @@ def test_exported_model_with_a_dynamic_length_is_checked_warmed_and_batched_by_l
         np.testing.assert_allclose(reply.outputs, _expected(x), rtol=1e-5, atol=1e-6)
     assert [r.timing["batch_rows"] for r in replies[:6]] == [3, 3, 2, 3, 2, 1]  # grouped by length
     for reply in replies[6:]:
-        assert reply.error_code == "bad_request" and "the model takes int64[N,L]" in reply.error_message
+        assert (
+            reply.error_code == "bad_request"
+            and "the model takes int64[N,L]" in reply.error_message
+        )
 
 
 def test_a_static_trailing_dimension_is_still_enforced(tmp_path, redis_url, redis_client):
-    consumer = make_consumer(redis_url, _exported(tmp_path / "fixed.pt2", dynamic_length=False), idle_block_ms=50)
+    consumer = make_consumer(
+        redis_url, _exported(tmp_path / "fixed.pt2", dynamic_length=False), idle_block_ms=50
+    )
     assert describe_spec(consumer.runtime.input_spec) == "int64[N,5]"
     producer = Producer(redis_url, "q")
-    ok, wrong = producer.submit(np.ones((2, 5), np.int64)), producer.submit(np.ones((2, 6), np.int64))
+    ok, wrong = (
+        producer.submit(np.ones((2, 5), np.int64)),
+        producer.submit(np.ones((2, 6), np.int64)),
+    )
     drain(consumer)
     assert producer.result(ok, timeout_s=5).ok
     assert producer.result(wrong, timeout_s=5, raise_errors=False).error_code == "bad_request"
@@ -92,7 +105,9 @@ def test_torchscript_with_input_spec_varies_where_named(tmp_path, redis_url, red
     with caplog.at_level(logging.WARNING):
         bare = load_runtime(WorkerSettings(name="q", model=path, device="cpu", warmup_iters=1))
     assert bare.input_spec is None and bare.example is None
-    assert "--warmup-input" in caplog.text and "--input-spec" in caplog.text  # the warning names the fix
+    assert (
+        "--warmup-input" in caplog.text and "--input-spec" in caplog.text
+    )  # the warning names the fix
     consumer = make_consumer(redis_url, path, idle_block_ms=50, input_spec="int64[N,L]")
     producer = Producer(redis_url, "q")
     good = [np.arange(n).reshape(1, n) for n in (2, 9)]
@@ -118,10 +133,15 @@ def test_save_model_ships_example_and_spec_in_one_file(tmp_path, redis_url, redi
     assert written == "{ids: int64[N,L], mask: bool[N,L]}"
     consumer = make_consumer(redis_url, path, idle_block_ms=50)
     assert describe_spec(consumer.runtime.input_spec) == written
-    np.testing.assert_array_equal(consumer.runtime.example["ids"], example["ids"])  # the shipped example
+    np.testing.assert_array_equal(
+        consumer.runtime.example["ids"], example["ids"]
+    )  # the shipped example
     producer = Producer(redis_url, "q")
     x = {"ids": np.arange(10).reshape(2, 5), "mask": np.array([[1, 1, 1, 0, 0], [1] * 5], bool)}
-    mismatched = {"ids": np.ones((1, 4), np.int64), "mask": np.ones((1, 3), bool)}  # L must be one length
+    mismatched = {
+        "ids": np.ones((1, 4), np.int64),
+        "mask": np.ones((1, 3), bool),
+    }  # L must be one length
     rids = producer.submit_many([x, mismatched])
     drain(consumer)
     reply, refused = producer.results(rids, timeout_s=5, raise_errors=False)
@@ -154,10 +174,16 @@ def test_torch_save_files_are_named_and_never_unpickled(tmp_path, monkeypatch):
             load_runtime(WorkerSettings(name="q", model=str(path), device="cpu"))
 
 
-def test_a_model_error_keeps_the_cause_not_the_torchscript_preamble(tmp_path, redis_url, redis_client):
+def test_a_model_error_keeps_the_cause_not_the_torchscript_preamble(
+    tmp_path, redis_url, redis_client
+):
     path = str(tmp_path / "linear.pt")
-    torch.jit.save(torch.jit.script(torch.nn.Sequential(torch.nn.Linear(16, 4), torch.nn.ReLU())), path)
-    consumer = make_consumer(redis_url, path, idle_block_ms=50, warmup_iters=0)  # no spec: no checks
+    torch.jit.save(
+        torch.jit.script(torch.nn.Sequential(torch.nn.Linear(16, 4), torch.nn.ReLU())), path
+    )
+    consumer = make_consumer(
+        redis_url, path, idle_block_ms=50, warmup_iters=0
+    )  # no spec: no checks
     producer = Producer(redis_url, "q")
     rid = producer.submit(np.ones((1, 5), np.float32))
     drain(consumer)

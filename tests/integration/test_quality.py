@@ -37,11 +37,21 @@ def test_identical_inputs_are_answered_from_the_cache(redis_url, redis_client, s
     # three lookups: the repeat hit, the first and the new input missed. A heartbeat sent between the
     # lookups shows a partial rate (1/2 after two), so wait for the one sent after all three.
     deadline = time.monotonic() + 5  # the heartbeat publishes once a second
-    while (rate := read_heartbeats(redis_client, QueueKeys("cached"))[0].cache_hit_rate) != round(1 / 3, 4):
-        assert time.monotonic() < deadline, f"the heartbeat shows a cache hit rate of {rate}, not 1/3"
+    while (rate := read_heartbeats(redis_client, QueueKeys("cached"))[0].cache_hit_rate) != round(
+        1 / 3, 4
+    ):
+        assert time.monotonic() < deadline, (
+            f"the heartbeat shows a cache hit rate of {rate}, not 1/3"
+        )
         time.sleep(0.1)
-    shown = subprocess.run([sys.executable, "-m", "inferfleet", "status", "--name", "cached"], capture_output=True,
-                           env={**worker_env(redis_url), "COLUMNS": "250"}, cwd=ROOT, text=True, check=True).stdout
+    shown = subprocess.run(
+        [sys.executable, "-m", "inferfleet", "status", "--name", "cached"],
+        capture_output=True,
+        env={**worker_env(redis_url), "COLUMNS": "250"},
+        cwd=ROOT,
+        text=True,
+        check=True,
+    ).stdout
     assert "cache hits" in shown and "33%" in shown
     (no_cache,) = read_heartbeats(redis_client, QueueKeys("plain"))
     assert no_cache.cache_hit_rate is None
@@ -51,7 +61,9 @@ def test_duplicates_in_one_batch_are_computed_once(redis_url, redis_client, spaw
     with Producer(redis_url, "q") as producer:
         # queued before any worker starts: the first read takes all eleven together
         rids = producer.submit_many([row(1, 1, 1, 1)] * 10 + [row(2, 2, 2, 2)])
-        spawn_worker("q", "tests.handlers:CallCounter", "--cache-size", "100", "--max-wait-ms", "20")
+        spawn_worker(
+            "q", "tests.handlers:CallCounter", "--cache-size", "100", "--max-wait-ms", "20"
+        )
         replies = producer.results(rids, 10)
     calls = {float(r.outputs[0, 0]) for r in replies}
     assert len(calls) == 1  # one forward pass...
@@ -109,11 +121,21 @@ def test_alerts_command(redis_url, redis_client, spawn_worker):
         ask(producer, row(0, 0, 0, 0))
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "inferfleet", "alerts", *args], env=worker_env(redis_url),
-                              cwd=ROOT, capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            [sys.executable, "-m", "inferfleet", "alerts", *args],
+            env=worker_env(redis_url),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
 
     shown = cli("--name", "q")
-    assert shown.returncode == 0 and "low_confidence" in shown.stdout and "top score 0.25" in shown.stdout
+    assert (
+        shown.returncode == 0
+        and "low_confidence" in shown.stdout
+        and "top score 0.25" in shown.stdout
+    )
     assert "no alerts" in cli("--name", "q", "--kind", "non_finite").stdout
     assert cli("--name", "q", "--count", "0").returncode == 2
     assert cli("--name", "bad name!").returncode == 2

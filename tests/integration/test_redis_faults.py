@@ -41,8 +41,14 @@ def test_producer_raises_while_redis_is_down_and_works_after(aof_redis):
 
 def test_worker_waits_out_a_redis_restart_and_carries_on(aof_redis, models_dir, caplog):
     caplog.set_level(logging.WARNING, logger="inferfleet.worker.serving.consumer")
-    settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=aof_redis.url,
-                              consumer="c1", idle_block_ms=100, warmup_iters=1)
+    settings = WorkerSettings(
+        name="q",
+        model=str(models_dir / "affine.pt"),
+        redis_url=aof_redis.url,
+        consumer="c1",
+        idle_block_ms=100,
+        warmup_iters=1,
+    )
     consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(aof_redis.url))
     stop = threading.Event()
     thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
@@ -62,11 +68,19 @@ def test_worker_waits_out_a_redis_restart_and_carries_on(aof_redis, models_dir, 
         thread.join(10)
 
 
-def test_a_full_redis_is_waited_out_without_losing_replies(redis_url, redis_client, models_dir, caplog):
+def test_a_full_redis_is_waited_out_without_losing_replies(
+    redis_url, redis_client, models_dir, caplog
+):
     """At maxmemory (noeviction) the reply script is refused: nothing is acknowledged, the round is retried."""
     caplog.set_level(logging.WARNING, logger="inferfleet.worker.serving.consumer")
-    settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=redis_url,
-                              consumer="c1", idle_block_ms=100, warmup_iters=1)
+    settings = WorkerSettings(
+        name="q",
+        model=str(models_dir / "affine.pt"),
+        redis_url=redis_url,
+        consumer="c1",
+        idle_block_ms=100,
+        warmup_iters=1,
+    )
     consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
     consumer.prepare()
     producer = Producer(redis_url, "q")
@@ -82,7 +96,9 @@ def test_a_full_redis_is_waited_out_without_losing_replies(redis_url, redis_clie
         while not any("out of memory" in r.getMessage() for r in caplog.records):
             assert time.monotonic() < deadline, "the worker never hit the memory limit"
             time.sleep(0.05)
-        assert redis_client.xpending("inferfleet:{q}:requests", "workers")["pending"] == 20  # nothing acked
+        assert (
+            redis_client.xpending("inferfleet:{q}:requests", "workers")["pending"] == 20
+        )  # nothing acked
         redis_client.config_set("maxmemory", 0)
         assert all(r.ok for r in producer.results(rids, timeout_s=15))
     finally:
@@ -92,7 +108,9 @@ def test_a_full_redis_is_waited_out_without_losing_replies(redis_url, redis_clie
     assert redis_client.xpending("inferfleet:{q}:requests", "workers")["pending"] == 0
 
 
-def test_redis_full_for_several_backoff_rounds_dead_letters_nothing(redis_url, redis_client, models_dir, caplog):
+def test_redis_full_for_several_backoff_rounds_dead_letters_nothing(
+    redis_url, redis_client, models_dir, caplog
+):
     """Full for >= 6 s under load: each failed reply write makes the worker replay its own
     pending entries; those retries are not deliveries, so no innocent request is dead-lettered.
 
@@ -100,15 +118,24 @@ def test_redis_full_for_several_backoff_rounds_dead_letters_nothing(redis_url, r
     refused (pinned at what it holds, memory hovers around the limit and whether a reply is
     refused is a matter of timing)."""
     caplog.set_level(logging.WARNING, logger="inferfleet.worker.serving.consumer")
-    settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=redis_url,
-                              consumer="c1", idle_block_ms=100, warmup_iters=1, max_deliveries=3)
+    settings = WorkerSettings(
+        name="q",
+        model=str(models_dir / "affine.pt"),
+        redis_url=redis_url,
+        consumer="c1",
+        idle_block_ms=100,
+        warmup_iters=1,
+        max_deliveries=3,
+    )
     consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
     consumer.prepare()  # joined before Redis is full: the rounds that fail are reply writes
     producer = Producer(redis_url, "q")
     accepted: list[str] = producer.submit_many([np.ones((1, 16), np.float32)] * 50)
     stop, stop_load = threading.Event(), threading.Event()
 
-    def load() -> None:  # a steady stream of requests; the ones Redis refuses while full are not accepted
+    def load() -> (
+        None
+    ):  # a steady stream of requests; the ones Redis refuses while full are not accepted
         while not stop_load.is_set():
             try:
                 accepted.append(producer.submit(np.ones((1, 16), np.float32)))
@@ -116,8 +143,10 @@ def test_redis_full_for_several_backoff_rounds_dead_letters_nothing(redis_url, r
                 pass
             time.sleep(0.005)
 
-    threads = [threading.Thread(target=consumer.run, args=(stop,), daemon=True),
-               threading.Thread(target=load, daemon=True)]
+    threads = [
+        threading.Thread(target=consumer.run, args=(stop,), daemon=True),
+        threading.Thread(target=load, daemon=True),
+    ]
     redis_client.config_set("maxmemory-policy", "noeviction")
     redis_client.config_set("maxmemory", int(redis_client.info("memory")["used_memory"]) // 2)
     for thread in threads:
@@ -128,7 +157,9 @@ def test_redis_full_for_several_backoff_rounds_dead_letters_nothing(redis_url, r
         stop_load.set()
         threads[1].join(10)
         full_rounds = sum("out of memory" in r.getMessage() for r in caplog.records)
-        assert full_rounds >= 4  # enough failed rounds to pass --max-deliveries 3 if retries counted
+        assert (
+            full_rounds >= 4
+        )  # enough failed rounds to pass --max-deliveries 3 if retries counted
         replies = Producer(redis_url, "q").results(accepted, timeout_s=60)
     finally:
         redis_client.config_set("maxmemory", 0)

@@ -47,10 +47,26 @@ def test_pyproject_bounds_redis_py_at_both_ends_and_the_suite_runs_inside_them()
 def _oldest_installed(version: str) -> str:
     target = ROOT / ".venv" / f"redis-py-{version}"
     if not (target / "redis" / "__init__.py").exists():
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-                               str(target), f"redis=={version}"], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(target),
+                f"redis=={version}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if done.returncode != 0:
-            pytest.fail(f"cannot install redis=={version} to test the oldest supported redis-py:\n{done.stderr}")
+            pytest.fail(
+                f"cannot install redis=={version} to test the oldest supported redis-py:\n{done.stderr}"
+            )
     return str(target)
 
 
@@ -64,11 +80,26 @@ _HAND_PACKED = ("tests/integration/test_columnar.py", "tests/integration/test_be
 def test_waits_and_stalls_on_the_oldest_supported_redis_py():
     oldest, _ = redis_py_bounds()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_oldest_installed(oldest), str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [_oldest_installed(oldest), str(ROOT), env.get("PYTHONPATH")])
+    )
     env["INFERFLEET_EXPECT_REDIS_PY"] = oldest  # test_waits checks the import really found it
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                           "tests/integration/test_waits.py", *_HAND_PACKED], cwd=ROOT, env=env,
-                          capture_output=True, text=True,
-                          timeout=540)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "tests/integration/test_waits.py",
+            *_HAND_PACKED,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout

@@ -15,7 +15,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 def assert_all_answered_once(result: dict) -> None:
     assert result["lost"] == 0, result
-    assert result["unacknowledged"] == 0, result  # else a duplicate could still come: the count is not final
+    assert result["unacknowledged"] == 0, (
+        result
+    )  # else a duplicate could still come: the count is not final
     assert result["duplicated"] == 0, result
     assert result["wrong"] == 0, result
     assert result["answered"] == result["requests"], result

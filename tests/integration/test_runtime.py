@@ -38,8 +38,9 @@ def test_reduced_precision_stays_close_and_returns_float32(models_dir, kind, pre
 def test_compile_an_exported_model(models_dir):
     x = example_inputs("affine", rows=5, seed=1)
     compiled = runtime(models_dir, "affine2", compile=True)
-    np.testing.assert_allclose(compiled.predict(x, {}), runtime(models_dir, "affine2").predict(x, {}),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        compiled.predict(x, {}), runtime(models_dir, "affine2").predict(x, {}), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_compile_refuses_torchscript_clearly(models_dir):
@@ -53,9 +54,16 @@ def test_cpu_inputs_are_not_copied_to_the_device():
 
 
 def test_memory_hygiene_cadence(redis_url, redis_client, models_dir, monkeypatch):
-    settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=redis_url,
-                              consumer="c1", warmup_iters=1, idle_block_ms=50, max_batch_rows=1,
-                              empty_cache_every=10)
+    settings = WorkerSettings(
+        name="q",
+        model=str(models_dir / "affine.pt"),
+        redis_url=redis_url,
+        consumer="c1",
+        warmup_iters=1,
+        idle_block_ms=50,
+        max_batch_rows=1,
+        empty_cache_every=10,
+    )
     consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
     consumer.prepare()
     calls = []
@@ -70,7 +78,9 @@ def test_heartbeat_reports_resident_memory(redis_url, redis_client):
     from inferfleet.producer.protocol import QueueKeys
     from inferfleet.worker.counters import Counters
 
-    beat = Heartbeat(redis_client, QueueKeys("q"), "c1", Counters(), {"device": "cpu", "version": "1"}).start()
+    beat = Heartbeat(
+        redis_client, QueueKeys("q"), "c1", Counters(), {"device": "cpu", "version": "1"}
+    ).start()
     try:
         (info,) = read_heartbeats(redis_client, QueueKeys("q"))
         assert 10 < info.rss_mb < 100_000
@@ -103,9 +113,16 @@ def test_allocator_tuning_keeps_batch_buffers_in_the_heap(mode, mmapped):
 
     from tests.conftest import ROOT
 
-    out = subprocess.run([sys.executable, "-c", _MMAP_PROBE, mode], cwd=ROOT, capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == mmapped  # default glibc mmaps the buffer; tuned, it comes from the heap
+    out = subprocess.run(
+        [sys.executable, "-c", _MMAP_PROBE, mode],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert (
+        out.stdout.strip() == mmapped
+    )  # default glibc mmaps the buffer; tuned, it comes from the heap
 
 
 def test_a_worker_freezes_its_start_up_heap_before_it_serves(spawn_worker, redis_url):
@@ -114,4 +131,6 @@ def test_a_worker_freezes_its_start_up_heap_before_it_serves(spawn_worker, redis
     spawn_worker("frozen", "tests.handlers:FrozenHeap")
     frozen = Producer(redis_url, "frozen").infer(np.ones((1, 4), np.float32), timeout_s=30)
     assert frozen.shape == (1, 4)
-    assert frozen.min() == frozen.max() > 50_000  # torch, numpy and redis-py leave well over this many
+    assert (
+        frozen.min() == frozen.max() > 50_000
+    )  # torch, numpy and redis-py leave well over this many

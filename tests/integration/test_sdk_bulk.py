@@ -17,7 +17,13 @@ import pytest
 import redis
 
 from inferfleet.producer import AsyncProducer, Producer, errors, transport
-from inferfleet.producer.protocol import GROUP, decode_body, encode_reply_error, encode_reply_ok, parse_entry
+from inferfleet.producer.protocol import (
+    GROUP,
+    decode_body,
+    encode_reply_error,
+    encode_reply_ok,
+    parse_entry,
+)
 
 ROWS = [np.full((1, 4), i, np.float32) for i in range(3000)]
 
@@ -25,7 +31,9 @@ ROWS = [np.full((1, 4), i, np.float32) for i in range(3000)]
 class BatchWorker:
     """Answers every request of ``streams`` with inputs * 10, ``batch`` at a time; fails ids in ``fail``."""
 
-    def __init__(self, url: str, streams: list[str], batch: int = 100, fail: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, url: str, streams: list[str], batch: int = 100, fail: frozenset[str] = frozenset()
+    ) -> None:
         self.client = redis.Redis.from_url(url)
         self.streams, self.batch, self.fail = streams, batch, fail
         self.stop = threading.Event()
@@ -44,7 +52,9 @@ class BatchWorker:
 
     def run(self) -> None:
         while not self.stop.is_set():
-            got = self.client.xreadgroup(GROUP, "w", dict.fromkeys(self.streams, ">"), count=self.batch, block=20)
+            got = self.client.xreadgroup(
+                GROUP, "w", dict.fromkeys(self.streams, ">"), count=self.batch, block=20
+            )
             for stream, items in got or []:
                 pipe = self.client.pipeline(transaction=True)
                 for entry_id, fields in reversed(items):
@@ -53,7 +63,10 @@ class BatchWorker:
                     if env.rid in self.fail:
                         pipe.rpush(key, encode_reply_error(env.rid, "model_error", "planned"))
                     else:
-                        pipe.rpush(key, encode_reply_ok(env.rid, decode_body(env.body)[0] * 10, ("q", "1"), {}))
+                        pipe.rpush(
+                            key,
+                            encode_reply_ok(env.rid, decode_body(env.body)[0] * 10, ("q", "1"), {}),
+                        )
                     pipe.xack(stream, GROUP, entry_id)
                 pipe.execute()
 
@@ -83,8 +96,9 @@ def check(replies: list, rows: list[np.ndarray]) -> None:
 
 
 @pytest.mark.parametrize("shards", [1, 3])
-def test_map_and_imap_in_input_order(redis_url: str, redis_client: redis.Redis, hiredis_only: None,
-                                     shards: int) -> None:
+def test_map_and_imap_in_input_order(
+    redis_url: str, redis_client: redis.Redis, hiredis_only: None, shards: int
+) -> None:
     with Producer(redis_url, "q", shards=shards) as producer:
         with BatchWorker(redis_url, [k.requests for k in producer.shard_keys], batch=64):
             check(producer.map(ROWS, window=500, timeout_s=20), ROWS)
@@ -96,8 +110,9 @@ def test_map_and_imap_in_input_order(redis_url: str, redis_client: redis.Redis, 
 
 
 @pytest.mark.parametrize("shards", [1, 3])
-def test_submit_many_then_results_behind_and_ahead_of_the_worker(redis_url: str, redis_client: redis.Redis,
-                                                                 hiredis_only: None, shards: int) -> None:
+def test_submit_many_then_results_behind_and_ahead_of_the_worker(
+    redis_url: str, redis_client: redis.Redis, hiredis_only: None, shards: int
+) -> None:
     with Producer(redis_url, "q", shards=shards) as producer:
         streams = [k.requests for k in producer.shard_keys]
         rids = producer.submit_many(ROWS, chunk=700)
@@ -105,17 +120,23 @@ def test_submit_many_then_results_behind_and_ahead_of_the_worker(redis_url: str,
         with BatchWorker(redis_url, streams, batch=50):
             check(producer.results(rids, timeout_s=30), ROWS)  # collected while the worker answers
             more = producer.submit_many(ROWS[:500])
-            wait_until(lambda: len(redis_client.keys("inferfleet:*:reply:*")) == 500)  # all answered first
+            wait_until(
+                lambda: len(redis_client.keys("inferfleet:*:reply:*")) == 500
+            )  # all answered first
             check(producer.results(more[::-1], timeout_s=30), ROWS[:500][::-1])  # out of order
     assert not redis_client.keys("inferfleet:*:reply:*")
 
 
-def test_results_raise_errors_and_timeouts(redis_url: str, redis_client: redis.Redis, hiredis_only: None) -> None:
+def test_results_raise_errors_and_timeouts(
+    redis_url: str, redis_client: redis.Redis, hiredis_only: None
+) -> None:
     with Producer(redis_url, "q") as producer:
         rids = producer.submit_many(ROWS[:200])
         with BatchWorker(redis_url, [producer.keys.requests], fail=frozenset({rids[150]})):
             replies = producer.results(rids, timeout_s=20)
-        assert [r.ok for r in replies].count(False) == 1 and replies[150].error_code == "model_error"
+        assert [r.ok for r in replies].count(False) == 1 and replies[
+            150
+        ].error_code == "model_error"
         more = producer.submit_many(ROWS[:3])
         with pytest.raises(errors.ReplyTimeout, match="3 of 3 replies missing"):
             producer.results(more, timeout_s=0.2)

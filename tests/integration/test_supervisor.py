@@ -33,16 +33,31 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
 @pytest.fixture
 def run_supervisor(redis_url, redis_client, monkeypatch):
     """Start a Supervisor in a thread; stop and drain it at the end of the test."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])
+    )
     monkeypatch.setenv("INFERFLEET_LOG_LEVEL", "warning")
     started = []
 
     def run(model: str, policy: PolicySettings, **overrides) -> Supervisor:
-        worker = WorkerSettings(name="q", model=model, redis_url=redis_url, warmup_iters=1,
-                                max_batch_rows=overrides.pop("max_batch_rows", 8), idle_block_ms=100,
-                                heartbeat_s=0.2, **overrides.pop("worker", {}))
-        settings = SupervisorSettings(worker=worker, policy=policy, interval_s=0.2, restart_backoff_s=0.2,
-                                      drain_timeout_s=30, **overrides)
+        worker = WorkerSettings(
+            name="q",
+            model=model,
+            redis_url=redis_url,
+            warmup_iters=1,
+            max_batch_rows=overrides.pop("max_batch_rows", 8),
+            idle_block_ms=100,
+            heartbeat_s=0.2,
+            **overrides.pop("worker", {}),
+        )
+        settings = SupervisorSettings(
+            worker=worker,
+            policy=policy,
+            interval_s=0.2,
+            restart_backoff_s=0.2,
+            drain_timeout_s=30,
+            **overrides,
+        )
         supervisor = Supervisor(settings, child_main)
         stop = threading.Event()
         thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
@@ -61,12 +76,23 @@ def alive_workers(supervisor: Supervisor) -> int:
     return sum(1 for s in supervisor.slots if s.alive)
 
 
-def test_burst_scales_up_drains_and_scales_back_down(run_supervisor, redis_url, redis_client, monkeypatch):
+def test_burst_scales_up_drains_and_scales_back_down(
+    run_supervisor, redis_url, redis_client, monkeypatch
+):
     monkeypatch.setenv("SLOW_BATCH_S", "0.02")  # about 400 requests/s per worker at 8 rows
-    policy = PolicySettings(kind="lag", min_workers=1, max_workers=4, target_drain_s=1.0,
-                            up_cooldown_s=0.4, down_cooldown_s=3.0, max_step=2)
+    policy = PolicySettings(
+        kind="lag",
+        min_workers=1,
+        max_workers=4,
+        target_drain_s=1.0,
+        up_cooldown_s=0.4,
+        down_cooldown_s=3.0,
+        max_step=2,
+    )
     supervisor = run_supervisor("tests.handlers:Slow", policy)
-    wait_until(lambda: len(read_heartbeats(redis_client, QueueKeys("q"))) == 1, 60, "the first worker")
+    wait_until(
+        lambda: len(read_heartbeats(redis_client, QueueKeys("q"))) == 1, 60, "the first worker"
+    )
     producer = Producer(redis_url, "q")
     inputs = [np.full((1, 4), i, np.float32) for i in range(4000)]
     rids = producer.submit_many(inputs)
@@ -99,34 +125,61 @@ def test_killed_worker_is_replaced(run_supervisor, redis_url, redis_client, mode
     victim = supervisor.slots[0]
     old_pid = victim.process.pid
     os.kill(old_pid, signal.SIGKILL)
-    wait_until(lambda: victim.process is not None and victim.process.pid != old_pid and victim.alive,
-               30, "a replacement process")
-    wait_until(lambda: {h.pid for h in read_heartbeats(redis_client, keys)} >= {victim.process.pid},
-               60, "the replacement's heartbeat")
-    assert victim.consumer == f"q-s0-{supervisor.token}"  # same slot name: it replays its own pending entries
+    wait_until(
+        lambda: victim.process is not None and victim.process.pid != old_pid and victim.alive,
+        30,
+        "a replacement process",
+    )
+    wait_until(
+        lambda: {h.pid for h in read_heartbeats(redis_client, keys)} >= {victim.process.pid},
+        60,
+        "the replacement's heartbeat",
+    )
+    assert (
+        victim.consumer == f"q-s0-{supervisor.token}"
+    )  # same slot name: it replays its own pending entries
     replies = Producer(redis_url, "q").map([np.ones((1, 16), np.float32)] * 300, timeout_s=30)
     assert all(r.ok for r in replies)
 
 
 def test_crash_loop_stops_restarting_and_says_why(run_supervisor, redis_client, tmp_path, caplog):
     policy = PolicySettings(kind="fixed", min_workers=1, max_workers=1)
-    supervisor = run_supervisor(str(tmp_path / "missing.pt"), policy, crash_loop_deaths=3,
-                                crash_loop_window_s=120)
-    wait_until(lambda: bool(supervisor.slots) and supervisor.slots[0].disabled is not None, 90,
-               "the crash loop to be detected")
+    supervisor = run_supervisor(
+        str(tmp_path / "missing.pt"), policy, crash_loop_deaths=3, crash_loop_window_s=120
+    )
+    wait_until(
+        lambda: bool(supervisor.slots) and supervisor.slots[0].disabled is not None,
+        90,
+        "the crash loop to be detected",
+    )
     assert "died 3 times" in supervisor.slots[0].disabled
     assert any("CRASH LOOP" in r.getMessage() for r in caplog.records)
     time.sleep(1.0)
-    assert len(supervisor.slots) == 1 and not supervisor.slots[0].alive  # no new copies of the failure
+    assert (
+        len(supervisor.slots) == 1 and not supervisor.slots[0].alive
+    )  # no new copies of the failure
 
 
-def test_stopping_drains_every_worker_without_loss(redis_url, redis_client, models_dir, monkeypatch):
+def test_stopping_drains_every_worker_without_loss(
+    redis_url, redis_client, models_dir, monkeypatch
+):
     monkeypatch.setenv("SLOW_BATCH_S", "0.01")
     monkeypatch.setenv("PYTHONPATH", os.getcwd())
-    worker = WorkerSettings(name="q", model="tests.handlers:Slow", redis_url=redis_url, warmup_iters=1,
-                            max_batch_rows=8, idle_block_ms=100, heartbeat_s=0.2)
-    settings = SupervisorSettings(worker=worker, policy=PolicySettings(kind="fixed", min_workers=2, max_workers=2),
-                                  interval_s=0.2, drain_timeout_s=30)
+    worker = WorkerSettings(
+        name="q",
+        model="tests.handlers:Slow",
+        redis_url=redis_url,
+        warmup_iters=1,
+        max_batch_rows=8,
+        idle_block_ms=100,
+        heartbeat_s=0.2,
+    )
+    settings = SupervisorSettings(
+        worker=worker,
+        policy=PolicySettings(kind="fixed", min_workers=2, max_workers=2),
+        interval_s=0.2,
+        drain_timeout_s=30,
+    )
     supervisor = Supervisor(settings, child_main)
     stop = threading.Event()
     thread = threading.Thread(target=supervisor.run, args=(stop,), daemon=True)
@@ -154,16 +207,43 @@ def test_a_second_signal_kills_the_draining_workers(redis_url, redis_client, mon
     from tests.conftest import worker_env
 
     env = {**worker_env(redis_url), "STALL_S": "30"}  # a batch that would take 30 s to drain
-    proc = subprocess.Popen([sys.executable, "-m", "inferfleet", "supervise", "--name", "q", "--model",
-                             "tests.handlers:Stall", "--devices", "cpu", "--policy", "fixed", "--min-workers", "1",
-                             "--max-workers", "1", "--interval-s", "0.2", "--log-level", "warning"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferfleet",
+            "supervise",
+            "--name",
+            "q",
+            "--model",
+            "tests.handlers:Stall",
+            "--devices",
+            "cpu",
+            "--policy",
+            "fixed",
+            "--min-workers",
+            "1",
+            "--max-workers",
+            "1",
+            "--interval-s",
+            "0.2",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         keys = QueueKeys("q")
         wait_until(lambda: len(read_heartbeats(redis_client, keys)) == 1, 60, "the worker")
         child = read_heartbeats(redis_client, keys)[0].pid
         Producer(redis_url, "q").submit(np.full((1, 4), STALL, np.float32))
-        wait_until(lambda: redis_client.xpending(keys.requests, GROUP)["pending"] == 1, 10, "the batch to start")
+        wait_until(
+            lambda: redis_client.xpending(keys.requests, GROUP)["pending"] == 1,
+            10,
+            "the batch to start",
+        )
         proc.send_signal(signal.SIGTERM)  # drain: would wait for the 30 s batch
         time.sleep(0.5)
         assert proc.poll() is None
@@ -194,19 +274,26 @@ def _wait_reply(producer: Producer, rid: str, timeout_s: float):
                 raise
 
 
-def test_a_worker_whose_device_broke_is_restarted_and_the_culprit_dead_lettered(run_supervisor, redis_url,
-                                                                                 redis_client, caplog):
+def test_a_worker_whose_device_broke_is_restarted_and_the_culprit_dead_lettered(
+    run_supervisor, redis_url, redis_client, caplog
+):
     """A device-side assert (simulated): the worker exits with status 4 instead of answering model_error
     to everything; each restart replays its entries one at a time, so the batch-mates are answered and
     the request that breaks the device is dead-lettered at the delivery limit."""
     from tests.handlers import POISON
 
-    producer = Producer(redis_url, "q", default_deadline_s=None)  # three worker starts may take a while
+    producer = Producer(
+        redis_url, "q", default_deadline_s=None
+    )  # three worker starts may take a while
     inputs = [np.full((1, 4), POISON if i == 1 else i, np.float32) for i in range(4)]
-    rids = producer.submit_many(inputs)  # queued before the worker starts: one batch with the culprit
+    rids = producer.submit_many(
+        inputs
+    )  # queued before the worker starts: one batch with the culprit
     policy = PolicySettings(kind="fixed", min_workers=1, max_workers=1)
     with caplog.at_level(logging.WARNING, logger="inferfleet.worker.fleet.supervisor"):
-        supervisor = run_supervisor("tests.handlers:BreaksDevice", policy, worker={"max_deliveries": 2})
+        supervisor = run_supervisor(
+            "tests.handlers:BreaksDevice", policy, worker={"max_deliveries": 2}
+        )
         replies = [_wait_reply(producer, rid, 90) for rid in rids]
     for i, reply in enumerate(replies):
         if i == 1:
@@ -215,5 +302,7 @@ def test_a_worker_whose_device_broke_is_restarted_and_the_culprit_dead_lettered(
             assert reply.ok, reply.error_message
             np.testing.assert_array_equal(reply.outputs, inputs[i] * 2)
     assert redis_client.xlen(QueueKeys("q").dead) == 1
-    assert "exit status 4: its GPU broke" in caplog.text  # it exited as a broken device, and was restarted
+    assert (
+        "exit status 4: its GPU broke" in caplog.text
+    )  # it exited as a broken device, and was restarted
     assert not supervisor.slots[0].disabled

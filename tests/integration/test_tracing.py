@@ -20,14 +20,24 @@ from inferfleet.worker.serving.hooks import Hooks
 from inferfleet.worker.serving.tracing import tracing_from_env
 from tests.conftest import ROOT, stop_process, wait_for_consumer, worker_env
 
-CHILDREN = {"inferfleet.queue_wait", "inferfleet.batch_formation", "inferfleet.forward", "inferfleet.reply"}
+CHILDREN = {
+    "inferfleet.queue_wait",
+    "inferfleet.batch_formation",
+    "inferfleet.forward",
+    "inferfleet.reply",
+}
 
 
 @pytest.fixture
 def traced(redis_url, redis_client, models_dir):
     """An in-process consumer of the affine model whose spans go to an in-memory exporter."""
-    settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=redis_url, device="cpu",
-                              max_wait_ms=20)
+    settings = WorkerSettings(
+        name="q",
+        model=str(models_dir / "affine.pt"),
+        redis_url=redis_url,
+        device="cpu",
+        max_wait_ms=20,
+    )
     consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
     exporter = InMemorySpanExporter()
     tracing = tracing_from_env("q", env={}, exporter=exporter)
@@ -60,15 +70,23 @@ def test_each_request_span_continues_the_producers_trace_and_links_its_batch(tra
     consumer.hooks.tracing.flush()
     spans = exporter.get_finished_spans()
     want = parent.get_span_context()
-    requests = {s.attributes["inferfleet.request.id"]: s for s in spans if s.name == "inferfleet.request"}
+    requests = {
+        s.attributes["inferfleet.request.id"]: s for s in spans if s.name == "inferfleet.request"
+    }
     assert set(requests) == {*ids, untraced}
     for rid in ids:
         span = requests[rid]
         assert span.context.trace_id == want.trace_id and span.parent.span_id == want.span_id
-    assert requests[untraced].context.trace_id != want.trace_id and requests[untraced].parent is None
+    assert (
+        requests[untraced].context.trace_id != want.trace_id and requests[untraced].parent is None
+    )
     batches = {s.context.span_id: s for s in spans if s.name == "inferfleet.batch"}
     for rid in ids:
-        children = [s for s in spans if s.parent is not None and s.parent.span_id == requests[rid].context.span_id]
+        children = [
+            s
+            for s in spans
+            if s.parent is not None and s.parent.span_id == requests[rid].context.span_id
+        ]
         assert {s.name for s in children} == CHILDREN
         assert all(s.context.trace_id == want.trace_id for s in children)
         forward = next(s for s in children if s.name == "inferfleet.forward")
@@ -80,19 +98,26 @@ def test_each_request_span_continues_the_producers_trace_and_links_its_batch(tra
         assert wait.start_time <= wait.end_time <= forward.start_time <= forward.end_time
 
 
-def test_a_bulk_call_carries_the_trace_and_a_bad_traceparent_is_ignored(traced, redis_url, redis_client):
+def test_a_bulk_call_carries_the_trace_and_a_bad_traceparent_is_ignored(
+    traced, redis_url, redis_client
+):
     consumer, exporter = traced
     client_tracer = TracerProvider().get_tracer("client")
     xs = [np.full((1, 16), i, dtype=np.float32) for i in range(5)]
-    redis_client.xadd("inferfleet:{q}:requests", {"id": "raw-1", "body": _body(xs[0]), "traceparent": "junk"})
+    redis_client.xadd(
+        "inferfleet:{q}:requests", {"id": "raw-1", "body": _body(xs[0]), "traceparent": "junk"}
+    )
     with Producer(redis_url, "q") as producer:
         with client_tracer.start_as_current_span("batch-job") as parent:
             ids = producer.submit_many(xs)
         drain(consumer, 6)
         assert all(producer.result(rid, 10).ok for rid in [*ids, "raw-1"])
     consumer.hooks.tracing.flush()
-    requests = {s.attributes["inferfleet.request.id"]: s for s in exporter.get_finished_spans()
-                if s.name == "inferfleet.request"}
+    requests = {
+        s.attributes["inferfleet.request.id"]: s
+        for s in exporter.get_finished_spans()
+        if s.name == "inferfleet.request"
+    }
     assert {requests[rid].context.trace_id for rid in ids} == {parent.get_span_context().trace_id}
     assert requests["raw-1"].parent is None  # answered, in a trace of its own
 
@@ -104,11 +129,32 @@ def _body(x: np.ndarray) -> bytes:
 
 
 def test_a_worker_process_exports_spans_of_the_producers_trace(redis_url, redis_client, models_dir):
-    env = {**worker_env(redis_url), "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "w-test",
-           "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    proc = subprocess.Popen([sys.executable, "-m", "inferfleet", "worker", "--name", "q", "--model",
-                             str(models_dir / "affine.pt"), "--consumer", "traced", "--device", "cpu"],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    env = {
+        **worker_env(redis_url),
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_SERVICE_NAME": "w-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferfleet",
+            "worker",
+            "--name",
+            "q",
+            "--model",
+            str(models_dir / "affine.pt"),
+            "--consumer",
+            "traced",
+            "--device",
+            "cpu",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for_consumer(redis_client, "inferfleet:{q}:requests", "traced", proc)
         client_tracer = TracerProvider().get_tracer("client")

@@ -18,8 +18,12 @@ INBOX = "inferfleet:{q}:inbox:p-1"
 
 def a_round(count: int = 500) -> Round:
     round_ = Round()
-    round_.xadd(STREAM, [f"r{i}" for i in range(count)], [b"x" * (i % 300) for i in range(count)],
-                [("deadline", "1700000000000"), ("reply_to", INBOX)])
+    round_.xadd(
+        STREAM,
+        [f"r{i}" for i in range(count)],
+        [b"x" * (i % 300) for i in range(count)],
+        [("deadline", "1700000000000"), ("reply_to", INBOX)],
+    )
     round_.lpop(INBOX, 1000)
     return round_
 
@@ -34,22 +38,28 @@ def no_slow_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
-def test_the_hiredis_loop_reads_every_reply(redis_url: str, redis_client: redis.Redis, protocol: int,
-                                            no_slow_path: None) -> None:
+def test_the_hiredis_loop_reads_every_reply(
+    redis_url: str, redis_client: redis.Redis, protocol: int, no_slow_path: None
+) -> None:
     redis_client.rpush(INBOX, *[b"reply-%d" % i for i in range(1200)])
     client = redis.Redis.from_url(redis_url, protocol=protocol)
     replies = run(client, a_round())
     assert len(replies) == 501 and replies[-1] == [b"reply-%d" % i for i in range(1000)]
     entries = redis_client.xrange(STREAM)
     assert [f[b"id"] for _, f in entries] == [b"r%d" % i for i in range(500)]
-    assert entries[7][1] == {b"id": b"r7", b"body": b"x" * 7, b"deadline": b"1700000000000",
-                             b"reply_to": INBOX.encode()}
+    assert entries[7][1] == {
+        b"id": b"r7",
+        b"body": b"x" * 7,
+        b"deadline": b"1700000000000",
+        b"reply_to": INBOX.encode(),
+    }
     assert [entry_id for entry_id, _ in entries] == replies[:500]  # each XADD's reply: its entry id
     client.close()
 
 
-def test_an_error_reply_leaves_the_connection_in_step(redis_url: str, redis_client: redis.Redis,
-                                                      no_slow_path: None) -> None:
+def test_an_error_reply_leaves_the_connection_in_step(
+    redis_url: str, redis_client: redis.Redis, no_slow_path: None
+) -> None:
     redis_client.set(INBOX, b"not a list")
     client = redis.Redis.from_url(redis_url)
     with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
@@ -62,7 +72,8 @@ def test_an_error_reply_leaves_the_connection_in_step(redis_url: str, redis_clie
 
 
 def test_a_connection_dropped_mid_read_is_a_connection_error_then_it_reconnects(
-        redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client = redis.Redis.from_url(redis_url)
     client.ping()  # connected (and handshaken) before the drop is armed
     read = _HiredisParser.read_from_socket
@@ -84,8 +95,9 @@ def test_a_connection_dropped_mid_read_is_a_connection_error_then_it_reconnects(
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
-def test_the_asyncio_hiredis_loop(redis_url: str, redis_client: redis.Redis, protocol: int,
-                                  no_slow_path: None) -> None:
+def test_the_asyncio_hiredis_loop(
+    redis_url: str, redis_client: redis.Redis, protocol: int, no_slow_path: None
+) -> None:
     redis_client.rpush(INBOX, b"a", b"b")
 
     async def main() -> list:
@@ -100,8 +112,9 @@ def test_the_asyncio_hiredis_loop(redis_url: str, redis_client: redis.Redis, pro
     assert redis_client.xlen(STREAM) == 300
 
 
-def test_an_asyncio_round_cancelled_mid_read_drops_its_connection(redis_url: str, redis_client: redis.Redis,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_asyncio_round_cancelled_mid_read_drops_its_connection(
+    redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     read = _AsyncHiredisParser.read_from_socket
 
     async def slow(self: _AsyncHiredisParser) -> object:

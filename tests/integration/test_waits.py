@@ -51,22 +51,36 @@ DELAY_S = 7.0
 
 def test_the_redis_py_under_test_is_the_one_asked_for():
     expected = os.environ.get("INFERFLEET_EXPECT_REDIS_PY")
-    if expected:  # set by test_redis_py_range.py: the oldest supported version must really be the one loaded
+    if (
+        expected
+    ):  # set by test_redis_py_range.py: the oldest supported version must really be the one loaded
         assert redis.__version__ == expected
     assert tuple(int(p) for p in redis.__version__.split(".")[:2]) >= (5, 0)
 
 
-def _start_consumer(redis_url: str, models_dir, stop: threading.Event, url: str | None = None,
-                    block_s: float = 0.1) -> threading.Thread:
-    settings = WorkerSettings(name="q", model=str(models_dir / "affine.pt"), redis_url=url or redis_url,
-                              consumer="c1", idle_block_ms=int(block_s * 1000), warmup_iters=1, housekeeping_s=0.2)
-    consumer = Consumer(settings, load_runtime(settings), worker_client(settings.redis_url, block_s=block_s))
+def _start_consumer(
+    redis_url: str, models_dir, stop: threading.Event, url: str | None = None, block_s: float = 0.1
+) -> threading.Thread:
+    settings = WorkerSettings(
+        name="q",
+        model=str(models_dir / "affine.pt"),
+        redis_url=url or redis_url,
+        consumer="c1",
+        idle_block_ms=int(block_s * 1000),
+        warmup_iters=1,
+        housekeeping_s=0.2,
+    )
+    consumer = Consumer(
+        settings, load_runtime(settings), worker_client(settings.redis_url, block_s=block_s)
+    )
     thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
     thread.start()
     return thread
 
 
-def test_a_reply_7_s_away_reaches_the_sdk_the_async_sdk_and_the_cli(redis_url, redis_client, models_dir, tmp_path):
+def test_a_reply_7_s_away_reaches_the_sdk_the_async_sdk_and_the_cli(
+    redis_url, redis_client, models_dir, tmp_path
+):
     x = np.ones((1, 16), np.float32)
     np.save(tmp_path / "x.npy", x)
     producer = Producer(redis_url, "q")
@@ -77,11 +91,29 @@ def test_a_reply_7_s_away_reaches_the_sdk_the_async_sdk_and_the_cli(redis_url, r
         async with AsyncProducer(redis_url, "q") as client:
             got["async"] = await client.result(rids[1], timeout_s=30)
 
-    waiters = [threading.Thread(target=lambda: got.update(sdk=producer.result(rids[0], timeout_s=30))),
-               threading.Thread(target=lambda: asyncio.run(async_wait()))]
-    cli = subprocess.Popen([sys.executable, "-m", "inferfleet", "enqueue", "--name", "q", "--input",
-                            str(tmp_path / "x.npy"), "--wait", "--timeout-s", "30"],
-                           env=worker_env(redis_url), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    waiters = [
+        threading.Thread(target=lambda: got.update(sdk=producer.result(rids[0], timeout_s=30))),
+        threading.Thread(target=lambda: asyncio.run(async_wait())),
+    ]
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferfleet",
+            "enqueue",
+            "--name",
+            "q",
+            "--input",
+            str(tmp_path / "x.npy"),
+            "--wait",
+            "--timeout-s",
+            "30",
+        ],
+        env=worker_env(redis_url),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     for waiter in waiters:
         waiter.start()
     time.sleep(DELAY_S)  # nobody serves the queue yet: every client is still waiting
@@ -117,17 +149,22 @@ def test_a_long_wait_is_several_short_blocking_reads():
     assert list(block_slices(0, clock)) == [0.01]  # never 0: that is "forever" to Redis
 
 
-@pytest.mark.parametrize(("build", "health_check_s"), [
-    (lambda url: Producer(url, "q").redis, 0),  # the producer ACL user may not PING
-    (admin_client, 0),  # nor may the operator user
-    (worker_client, HEALTH_CHECK_INTERVAL_S),
-    (lambda url: worker_client(url, block_s=60.0), HEALTH_CHECK_INTERVAL_S),
-])
+@pytest.mark.parametrize(
+    ("build", "health_check_s"),
+    [
+        (lambda url: Producer(url, "q").redis, 0),  # the producer ACL user may not PING
+        (admin_client, 0),  # nor may the operator user
+        (worker_client, HEALTH_CHECK_INTERVAL_S),
+        (lambda url: worker_client(url, block_s=60.0), HEALTH_CHECK_INTERVAL_S),
+    ],
+)
 def test_every_client_reads_with_a_timeout_longer_than_its_blocks(build, health_check_s, redis_url):
     client = build(redis_url)
     options = client.connection_pool.connection_kwargs
     assert options["socket_timeout"] >= max(SOCKET_TIMEOUT_S, MAX_BLOCK_S + BLOCK_MARGIN_S)
-    assert options["socket_keepalive"] is True and options["health_check_interval"] == health_check_s
+    assert (
+        options["socket_keepalive"] is True and options["health_check_interval"] == health_check_s
+    )
     if hasattr(__import__("socket"), "TCP_KEEPIDLE"):
         assert options["socket_keepalive_options"]
     client.close()
@@ -145,25 +182,34 @@ def test_the_sdk_reports_a_silent_partition_instead_of_hanging(redis_server, red
         rid = producer.submit(np.ones((1, 16), np.float32))
         proxy.stall()
         with pytest.raises(errors.ConnectionError) as info:
-            producer.result(rid, timeout_s=600)  # without a read timeout this would hang for 10 minutes
+            producer.result(
+                rid, timeout_s=600
+            )  # without a read timeout this would hang for 10 minutes
         assert "imeout" in str(info.value)
         producer.close()
 
 
-def test_a_worker_notices_a_silent_partition_and_serves_again_after_it(redis_server, redis_client, models_dir,
-                                                                       caplog):
+def test_a_worker_notices_a_silent_partition_and_serves_again_after_it(
+    redis_server, redis_client, models_dir, caplog
+):
     caplog.set_level(logging.WARNING, logger="inferfleet.worker.serving.consumer")
     stop = threading.Event()
     with StallProxy(redis_server.port) as proxy:
         worker = _start_consumer(redis_server.url, models_dir, stop, url=proxy.url)
         try:
-            producer = Producer(redis_server.url, "q")  # straight to Redis: only the worker is cut off
+            producer = Producer(
+                redis_server.url, "q"
+            )  # straight to Redis: only the worker is cut off
             assert producer.infer(np.ones((1, 16), np.float32), timeout_s=30).shape == (1, 4)
             proxy.stall()
             rid = producer.submit(np.ones((1, 16), np.float32))
-            deadline = time.monotonic() + 4 * SOCKET_TIMEOUT_S  # redis-py 5-7's default: hours of waiting
+            deadline = (
+                time.monotonic() + 4 * SOCKET_TIMEOUT_S
+            )  # redis-py 5-7's default: hours of waiting
             while not any("Timeout" in r.getMessage() for r in caplog.records):
-                assert time.monotonic() < deadline, "the worker never noticed the stalled connection"
+                assert time.monotonic() < deadline, (
+                    "the worker never noticed the stalled connection"
+                )
                 time.sleep(0.1)
             proxy.resume()
             assert producer.result(rid, timeout_s=60).ok

@@ -21,7 +21,7 @@ CHECKED = ("inferfleet", "producer", "worker", "scripts", "tests")
 
 
 def _table(heading: str) -> list[list[str]]:
-    section = DOC[DOC.index(heading):]
+    section = DOC[DOC.index(heading) :]
     rows = []
     for line in section.splitlines()[1:]:
         if line.startswith("## "):
@@ -77,12 +77,16 @@ def test_the_shared_module_table_names_every_top_level_module() -> None:
     named = {row[0].strip("`") for row in _table("## The shared modules at the top of `worker/`")}
     on_disk = {p.name for p in (ROOT / "worker").glob("*.py")} - {"__init__.py"}
     assert named == on_disk
-    assert len(on_disk) + 1 <= 14, "worker/ holds at most 14 top-level modules: put new ones in a subpackage"
+    assert len(on_disk) + 1 <= 14, (
+        "worker/ holds at most 14 top-level modules: put new ones in a subpackage"
+    )
 
 
 def test_the_module_table_names_every_module_of_every_subpackage() -> None:
-    rows = {row[0].strip("`").rstrip("/"): set(re.findall(r"`(\w+\.py)`", row[1]))
-            for row in _table("## Modules inside the subpackages")}
+    rows = {
+        row[0].strip("`").rstrip("/"): set(re.findall(r"`(\w+\.py)`", row[1]))
+        for row in _table("## Modules inside the subpackages")
+    }
     for package in SUBPACKAGES:
         on_disk = {p.name for p in (ROOT / "worker" / package).glob("*.py")} - {"__init__.py"}
         assert rows.get(package) == on_disk, package
@@ -102,25 +106,35 @@ def test_every_import_between_packages_is_one_the_table_allows() -> None:
 
 
 def _private_imports(path: Path) -> list[str]:
-    return [f"{path.relative_to(ROOT)}:{line}: from {module} import {name}"
-            for line, module, names in _imports(path) if module.split(".")[0] in CHECKED
-            for name in names if name.startswith("_") and not name.startswith("__")]
+    return [
+        f"{path.relative_to(ROOT)}:{line}: from {module} import {name}"
+        for line, module, names in _imports(path)
+        if module.split(".")[0] in CHECKED
+        for name in names
+        if name.startswith("_") and not name.startswith("__")
+    ]
 
 
 def test_no_module_imports_another_modules_private_name() -> None:
-    found = [hit for folder in CHECKED for path in sorted((ROOT / folder).rglob("*.py"))
-             for hit in _private_imports(path)]
+    found = [
+        hit
+        for folder in CHECKED
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for hit in _private_imports(path)
+    ]
     assert found == []
 
 
 @pytest.mark.parametrize("side", ["inferfleet", "producer", "worker"])
-def test_no_class_over_300_lines_and_no_function_over_50(side: str) -> None:
+def test_no_function_over_50_lines(side: str) -> None:
+    # Classes have no cap: one that owns unrelated state is split by meaning, not by size.
     too_long = []
     for path in sorted((ROOT / side).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1 if node.end_lineno else 0
-                limit = 300 if isinstance(node, ast.ClassDef) else 50
-                if lines > limit:
-                    too_long.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} has {lines} lines")
+                if lines > 50:
+                    too_long.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} has {lines} lines"
+                    )
     assert too_long == []

@@ -15,11 +15,19 @@ import pytest
 import redis
 
 from inferfleet.producer import AsyncProducer, errors
-from inferfleet.producer.protocol import GROUP, decode_body, encode_reply_error, encode_reply_ok, parse_entry
+from inferfleet.producer.protocol import (
+    GROUP,
+    decode_body,
+    encode_reply_error,
+    encode_reply_ok,
+    parse_entry,
+)
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 
-Scenario = Callable[[AsyncProducer, fakeredis.aioredis.FakeRedis, fakeredis.FakeServer], Awaitable[Any]]
+Scenario = Callable[
+    [AsyncProducer, fakeredis.aioredis.FakeRedis, fakeredis.FakeServer], Awaitable[Any]
+]
 
 
 def run(scenario: Scenario) -> Any:
@@ -80,7 +88,9 @@ def test_submit_writes_one_entry_that_decodes_to_the_inputs() -> None:
     run(scenario)
 
 
-@pytest.mark.parametrize("kwargs", [{"request_id": "bad id"}, {"reply_to": "inferfleet:{other}:inbox:x"}])
+@pytest.mark.parametrize(
+    "kwargs", [{"request_id": "bad id"}, {"reply_to": "inferfleet:{other}:inbox:x"}]
+)
 def test_submit_validates_and_writes_nothing(kwargs: dict) -> None:
     async def scenario(p: AsyncProducer, client: Any, _: Any) -> None:
         with pytest.raises(errors.ProtocolError):
@@ -128,8 +138,14 @@ def test_result_times_out() -> None:
     run(scenario)
 
 
-@pytest.mark.parametrize("code,cls", [("expired", errors.Expired), ("dead_letter", errors.DeadLetter),
-                                      ("bad_request", errors.BadRequest)])
+@pytest.mark.parametrize(
+    "code,cls",
+    [
+        ("expired", errors.Expired),
+        ("dead_letter", errors.DeadLetter),
+        ("bad_request", errors.BadRequest),
+    ],
+)
 def test_result_raises_the_matching_reply_error(code: str, cls: type[errors.ReplyError]) -> None:
     async def scenario(p: AsyncProducer, client: Any, _: Any) -> None:
         rid = await p.submit(X)

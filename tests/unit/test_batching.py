@@ -29,8 +29,11 @@ def f32(rows: int, *trailing: int, start: float = 0.0) -> np.ndarray:
 
 def req(name: str, inputs: Any, params: dict | None = None) -> Request:
     params = params or {}
-    arrays = [inputs] if isinstance(inputs, np.ndarray) else (
-        list(inputs.values()) if isinstance(inputs, dict) else list(inputs))
+    arrays = (
+        [inputs]
+        if isinstance(inputs, np.ndarray)
+        else (list(inputs.values()) if isinstance(inputs, dict) else list(inputs))
+    )
     return Request(
         entry_id=f"{len(name)}-0".encode(),
         rid=name,
@@ -51,9 +54,12 @@ def rid_batches(batches: list[list[Request]]) -> list[list[str]]:
 
 def test_equal_forms_dtypes_and_trailing_shapes_share_a_signature() -> None:
     assert signature_of(f32(1, 4), {}) == signature_of(f32(7, 4), {})
-    assert signature_of([f32(2, 3), np.zeros(2, np.int64)], {}) == signature_of([f32(9, 3), np.zeros(9, np.int64)], {})
-    assert (signature_of({"a": f32(1, 2), "b": f32(1)}, {"t": 1})
-            == signature_of({"b": f32(5), "a": f32(5, 2)}, {"t": 1}))
+    assert signature_of([f32(2, 3), np.zeros(2, np.int64)], {}) == signature_of(
+        [f32(9, 3), np.zeros(9, np.int64)], {}
+    )
+    assert signature_of({"a": f32(1, 2), "b": f32(1)}, {"t": 1}) == signature_of(
+        {"b": f32(5), "a": f32(5, 2)}, {"t": 1}
+    )
 
 
 @pytest.mark.parametrize(
@@ -69,7 +75,17 @@ def test_equal_forms_dtypes_and_trailing_shapes_share_a_signature() -> None:
         ({"x": f32(2, 4)}, {"y": f32(2, 4)}),  # keyword names
         ([f32(2, 4)], [f32(2, 4), f32(2, 4)]),  # arity
     ],
-    ids=["trailing", "rank", "dtype", "tensor-list", "tensor-map", "list-map", "order", "names", "arity"],
+    ids=[
+        "trailing",
+        "rank",
+        "dtype",
+        "tensor-list",
+        "tensor-map",
+        "list-map",
+        "order",
+        "names",
+        "arity",
+    ],
 )
 def test_different_inputs_get_different_signatures(a: Any, b: Any) -> None:
     assert signature_of(a, {}) != signature_of(b, {})
@@ -85,7 +101,10 @@ def test_different_params_get_different_signatures() -> None:
 
 def test_describe_spec_is_readable() -> None:
     assert describe_spec(spec_of(f32(3, 16))) == "float32[N,16]"
-    assert describe_spec(spec_of([f32(3, 2, 2), np.zeros(3, np.int64)])) == "(float32[N,2,2], int64[N])"
+    assert (
+        describe_spec(spec_of([f32(3, 2, 2), np.zeros(3, np.int64)]))
+        == "(float32[N,2,2], int64[N])"
+    )
     assert describe_spec(spec_of({"x": np.zeros((3, 26), np.int64)})) == "{x: int64[N,26]}"
 
 
@@ -155,7 +174,10 @@ def test_concat_inputs_tensor() -> None:
 
 
 def test_concat_inputs_list() -> None:
-    batch = [req("a", [f32(2, 3), np.array([1, 2], np.int64)]), req("b", [f32(1, 3, start=9), np.array([3], np.int64)])]
+    batch = [
+        req("a", [f32(2, 3), np.array([1, 2], np.int64)]),
+        req("b", [f32(1, 3, start=9), np.array([3], np.int64)]),
+    ]
     out = concat_inputs(batch)
     assert isinstance(out, list) and len(out) == 2
     np.testing.assert_array_equal(out[0], np.concatenate([f32(2, 3), f32(1, 3, start=9)]))
@@ -163,8 +185,10 @@ def test_concat_inputs_list() -> None:
 
 
 def test_concat_inputs_map() -> None:
-    batch = [req("a", {"x": f32(1, 2), "y": np.array([True])}),
-             req("b", {"y": np.array([False, True]), "x": f32(2, 2, start=5)})]
+    batch = [
+        req("a", {"x": f32(1, 2), "y": np.array([True])}),
+        req("b", {"y": np.array([False, True]), "x": f32(2, 2, start=5)}),
+    ]
     out = concat_inputs(batch)
     assert set(out) == {"x", "y"}
     np.testing.assert_array_equal(out["x"], np.concatenate([f32(1, 2), f32(2, 2, start=5)]))
@@ -306,18 +330,25 @@ def test_collect_reads_without_blocking_and_passes_the_row_budget() -> None:
     clock = FakeClock()
     read = FakeRead(clock, [[1], [2], [], [1]], advance_s=0.01)
     sleep = FakeSleep(clock)
-    items = collect(read, max_rows=10, max_wait_s=1.0, rows_of=rows_of, clock=clock, sleep=sleep, linger_s=0.1)
+    items = collect(
+        read, max_rows=10, max_wait_s=1.0, rows_of=rows_of, clock=clock, sleep=sleep, linger_s=0.1
+    )
     assert items == [1, 2, 1]
     assert [c[0] for c in read.calls] == [10, 9, 7, 7, 6, 6]
     assert [c[1] for c in read.calls] == [None, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert sleep.calls == [0.1, 0.1]  # lingered after each empty read; closed on the second quiet one
+    assert sleep.calls == [
+        0.1,
+        0.1,
+    ]  # lingered after each empty read; closed on the second quiet one
 
 
 def test_collect_closes_the_batch_after_a_quiet_linger() -> None:
     clock = FakeClock()
     read = FakeRead(clock, [[1], [], [], [5]])
     sleep = FakeSleep(clock)
-    items = collect(read, max_rows=8, max_wait_s=10.0, rows_of=rows_of, clock=clock, sleep=sleep, linger_s=0.001)
+    items = collect(
+        read, max_rows=8, max_wait_s=10.0, rows_of=rows_of, clock=clock, sleep=sleep, linger_s=0.001
+    )
     assert items == [1]  # did not wait out the 10 s for the [5]
     assert sleep.calls == [0.001] and clock.now - 1000.0 < 0.01
 
@@ -332,8 +363,15 @@ def test_collect_does_not_linger_after_waiting_for_the_first_item() -> None:
         return read(max_items, timeout_s)
 
     sleep = FakeSleep(clock)
-    items = collect(idle_first, max_rows=8, max_wait_s=1.0, rows_of=rows_of, clock=clock, sleep=sleep,
-                    linger_s=0.001)
+    items = collect(
+        idle_first,
+        max_rows=8,
+        max_wait_s=1.0,
+        rows_of=rows_of,
+        clock=clock,
+        sleep=sleep,
+        linger_s=0.001,
+    )
     assert items == [1] and sleep.calls == []  # sparse traffic: closed at the first empty poll
 
 
@@ -341,14 +379,24 @@ def test_collect_never_lingers_past_the_deadline() -> None:
     clock = FakeClock()
     read = FakeRead(clock, [[1], [], []], advance_s=0.0)
     sleep = FakeSleep(clock)
-    collect(read, max_rows=8, max_wait_s=0.0002, rows_of=rows_of, clock=clock, sleep=sleep, linger_s=0.001)
+    collect(
+        read,
+        max_rows=8,
+        max_wait_s=0.0002,
+        rows_of=rows_of,
+        clock=clock,
+        sleep=sleep,
+        linger_s=0.001,
+    )
     assert sleep.calls == [pytest.approx(0.0002)]
 
 
 def test_collect_stops_when_max_wait_passes() -> None:
     clock = FakeClock()
     read = FakeRead(clock, [[1]] * 100, advance_s=0.3)
-    items = collect(read, max_rows=1000, max_wait_s=1.0, rows_of=rows_of, clock=clock, sleep=FakeSleep(clock))
+    items = collect(
+        read, max_rows=1000, max_wait_s=1.0, rows_of=rows_of, clock=clock, sleep=FakeSleep(clock)
+    )
     # First read (t=0.3, starts the wait), then reads at remaining 1.0, 0.7, 0.4, 0.1.
     assert items == [1] * 5
 
@@ -369,7 +417,9 @@ def test_collect_wait_starts_after_the_first_item() -> None:
             clock.now += 100.0  # a long idle block before the first item
         return read(max_items, timeout_s)
 
-    items = collect(slow_first, max_rows=8, max_wait_s=1.0, rows_of=rows_of, clock=clock, sleep=FakeSleep(clock))
+    items = collect(
+        slow_first, max_rows=8, max_wait_s=1.0, rows_of=rows_of, clock=clock, sleep=FakeSleep(clock)
+    )
     assert items == [1, 1]  # the second read came 0.5 s after the first: inside the 1 s wait
 
 
@@ -399,8 +449,16 @@ def test_predict_isolated_without_failure_calls_predict_once() -> None:
 
 @pytest.mark.parametrize(
     "n,poison",
-    [(1, {0}), (8, {3}), (64, {0}), (64, {63}), (64, {5, 40}), (100, {1, 2, 3}), (37, {0, 18, 36}),
-     (128, {7, 70, 71, 127})],
+    [
+        (1, {0}),
+        (8, {3}),
+        (64, {0}),
+        (64, {63}),
+        (64, {5, 40}),
+        (100, {1, 2, 3}),
+        (37, {0, 18, 36}),
+        (128, {7, 70, 71, 127}),
+    ],
 )
 def test_predict_isolated_fails_only_poison_items(n: int, poison: set[int]) -> None:
     model = PoisonModel(poison)

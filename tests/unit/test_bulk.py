@@ -11,8 +11,21 @@ import pytest
 import redis
 
 from inferfleet.producer import Producer, errors
-from inferfleet.producer.bulk import MAX_PROBE, MIN_PROBE, InFlight, MapRun, ReplyScan, group_by_shard
-from inferfleet.producer.protocol import decode_body, encode_reply_error, encode_reply_ok, parse_entry, shard_for
+from inferfleet.producer.bulk import (
+    MAX_PROBE,
+    MIN_PROBE,
+    InFlight,
+    MapRun,
+    ReplyScan,
+    group_by_shard,
+)
+from inferfleet.producer.protocol import (
+    decode_body,
+    encode_reply_error,
+    encode_reply_ok,
+    parse_entry,
+    shard_for,
+)
 from inferfleet.producer.transport import Round
 
 X = np.ones((1, 4), np.float32)
@@ -23,7 +36,9 @@ def ok(rid: str) -> bytes:
 
 
 def offline(shards: int = 1, **options: object) -> Producer:
-    return Producer(name="q", shards=shards, client=redis.Redis(host="127.0.0.1", port=1), **options)
+    return Producer(
+        name="q", shards=shards, client=redis.Redis(host="127.0.0.1", port=1), **options
+    )
 
 
 # --------------------------------------------------------------------------- MapRun and InFlight
@@ -46,11 +61,17 @@ def test_fill_keeps_the_window_and_sends_each_shard_its_own_inbox() -> None:
     assert calls.fill(Round()) == []  # the window is full
     calls.queue_pops(round_, producer._block_keys, 0.05)
     *_, blpop = list(round_.commands())[: len(commands) + 1]
-    assert blpop[0] == "BLPOP" and blpop[-1] == "0.050"  # one BLPOP on the waiting inboxes, then the LPOPs
-    lpops = list(round_.commands())[len(commands) + 1:]
+    assert (
+        blpop[0] == "BLPOP" and blpop[-1] == "0.050"
+    )  # one BLPOP on the waiting inboxes, then the LPOPs
+    lpops = list(round_.commands())[len(commands) + 1 :]
     assert sorted(c[1] for c in lpops) == sorted({producer.inboxes[shard_for(r, 3)] for r in rids})
     assert set(blpop[1:-1]) == {c[1] for c in lpops}  # not a cluster: one BLPOP names them all
-    replies = [b"1-0"] * len(commands) + [[producer.inboxes[0].encode(), ok("stale")]] + [None] * len(lpops)
+    replies = (
+        [b"1-0"] * len(commands)
+        + [[producer.inboxes[0].encode(), ok("stale")]]
+        + [None] * len(lpops)
+    )
     assert calls.popped(replies)[0] == (0, [ok("stale")])
 
 
@@ -100,7 +121,9 @@ def test_group_by_shard_keeps_input_order_within_a_shard() -> None:
     assert [s for s, _ in groups] == sorted(s for s, _ in groups)
     assert sorted(p for _, ps in groups for p in ps) == list(range(50))
     for shard, positions in groups:
-        assert positions == sorted(positions) and {shard_for(rids[p], 4) for p in positions} == {shard}
+        assert positions == sorted(positions) and {shard_for(rids[p], 4) for p in positions} == {
+            shard
+        }
     assert group_by_shard(rids, 1) == [(0, list(range(50)))]
 
 
@@ -123,8 +146,10 @@ def polled(scan: ReplyScan, timeout_s: float = 0.05) -> tuple[list, list[str]]:
 def answer(blpop: list, keys: list[str], answered: int) -> list:
     """The round's replies when keys k0 .. k{answered - 1} have theirs."""
     key = blpop[1]
-    return [[key.encode(), ok(key)] if int(key[1:]) < answered else None,
-            *[ok(k) if int(k[1:]) < answered else None for k in keys]]
+    return [
+        [key.encode(), ok(key)] if int(key[1:]) < answered else None,
+        *[ok(k) if int(k[1:]) < answered else None for k in keys],
+    ]
 
 
 def test_a_round_waits_for_the_last_key_it_names_and_polls_the_others() -> None:
@@ -141,7 +166,10 @@ def test_the_probe_doubles_while_every_key_is_answered() -> None:
         blpop, keys = polled(scan)
         sizes.append(1 + len(keys))
         scan.take(answer(blpop, keys, 10_000), raise_errors=False)
-    assert sizes[:4] == [MIN_PROBE, 2 * MIN_PROBE, 4 * MIN_PROBE, 8 * MIN_PROBE] and max(sizes) <= MAX_PROBE
+    assert (
+        sizes[:4] == [MIN_PROBE, 2 * MIN_PROBE, 4 * MIN_PROBE, 8 * MIN_PROBE]
+        and max(sizes) <= MAX_PROBE
+    )
     assert [r.id for r in scan.replies()] == [f"k{i}" for i in range(10_000)]
 
 
@@ -153,7 +181,9 @@ def test_after_a_round_that_missed_some_it_waits_for_as_many_as_came() -> None:
     scan.take(answer(blpop, keys, 100), raise_errors=False)  # timed out: k64..k99 came, k100.. not
     assert scan.missing == 900
     blpop, keys = polled(scan)
-    assert keys[0] == "k100" and len(keys) + 1 == MIN_PROBE  # as many as came (36), at least MIN_PROBE
+    assert (
+        keys[0] == "k100" and len(keys) + 1 == MIN_PROBE
+    )  # as many as came (36), at least MIN_PROBE
     scan.take(answer(blpop, keys, 1000), raise_errors=False)
     assert scan.missing == 900 - MIN_PROBE
 
@@ -162,7 +192,9 @@ def test_a_timed_out_wait_keeps_its_key_in_place() -> None:
     scan = scan_of(10)
     blpop, keys = polled(scan)
     assert blpop[1] == "k9"
-    scan.take([None, *[ok(k) if k != "k3" else None for k in keys]], raise_errors=False)  # k3 and k9 missing
+    scan.take(
+        [None, *[ok(k) if k != "k3" else None for k in keys]], raise_errors=False
+    )  # k3 and k9 missing
     assert scan.missing == 2
     assert polled(scan) == (["BLPOP", "k9", "0.050"], ["k3"])
 
@@ -180,7 +212,10 @@ def test_raise_errors_raises_the_first_failed_reply() -> None:
     scan = scan_of(2)
     _, keys = polled(scan)
     with pytest.raises(errors.ModelError):
-        scan.take([[b"k1", ok("k1")], encode_reply_error(keys[0], "model_error", "boom")], raise_errors=True)
+        scan.take(
+            [[b"k1", ok("k1")], encode_reply_error(keys[0], "model_error", "boom")],
+            raise_errors=True,
+        )
 
 
 # --------------------------------------------------------------------------- the bulk calls on fakeredis
@@ -191,7 +226,9 @@ def server() -> fakeredis.FakeServer:
     return fakeredis.FakeServer()
 
 
-def test_submit_many_writes_the_contract_fields_in_every_chunk(server: fakeredis.FakeServer) -> None:
+def test_submit_many_writes_the_contract_fields_in_every_chunk(
+    server: fakeredis.FakeServer,
+) -> None:
     client = fakeredis.FakeRedis(server=server)
     with Producer(client=client, name="q") as producer:
         before = int(time.time() * 1000)
@@ -225,7 +262,9 @@ def test_results_blocks_for_late_replies_instead_of_spinning(server: fakeredis.F
         rids = producer.submit_many([X] * 5)
         client.rpush(producer.keys.reply(rids[0]), ok(rids[0]))
         late = fakeredis.FakeRedis(server=server)
-        timer = threading.Timer(0.2, lambda: [late.rpush(producer.keys.reply(r), ok(r)) for r in rids[1:]])
+        timer = threading.Timer(
+            0.2, lambda: [late.rpush(producer.keys.reply(r), ok(r)) for r in rids[1:]]
+        )
         timer.start()
         try:
             assert [r.id for r in producer.results(rids, timeout_s=5)] == rids

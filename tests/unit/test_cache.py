@@ -12,7 +12,12 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.metrics import WorkerMetrics
 from inferfleet.worker.serving.batching import Request
-from inferfleet.worker.serving.cache import ResultCache, copy_outputs, input_digest, split_duplicates
+from inferfleet.worker.serving.cache import (
+    ResultCache,
+    copy_outputs,
+    input_digest,
+    split_duplicates,
+)
 from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 
 
@@ -105,17 +110,23 @@ def _request(i: int, value: float) -> Request:
 
 def test_a_cache_round_answers_hits_and_computes_each_duplicate_once():
     registry = CollectorRegistry()
-    results = ResultPolicy(WorkerSettings(name="q", model="m.pt", cache_size=8), QueueKeys("q"), None)
+    results = ResultPolicy(
+        WorkerSettings(name="q", model="m.pt", cache_size=8), QueueKeys("q"), None
+    )
     round_ = CacheRound(results, Counters(WorkerMetrics("q", registry)))
     todo, hits = round_.start([_request(0, 1.0), _request(1, 2.0), _request(2, 1.0)], "v1")
     assert [r.rid for r in todo] == ["r0", "r1"] and hits == []  # r2 repeats r0
-    computed = [results.review(r, np.full((1, 2), 10.0 * (i + 1)), "v1", False) for i, r in enumerate(todo)]
+    computed = [
+        results.review(r, np.full((1, 2), 10.0 * (i + 1)), "v1", False) for i, r in enumerate(todo)
+    ]
     round_.remember(todo, computed, 1.5, 2)
     ((dup, result, infer_ms, rows),) = round_.finish()
     assert dup.rid == "r2" and result is computed[0] and (infer_ms, rows) == (1.5, 2)
     results.flush()  # into the local tier
     todo, hits = round_.start([_request(3, 2.0), _request(4, 3.0)], "v1")
-    assert [r.rid for r in todo] == ["r4"] and [(r.rid, out[0, 0]) for r, out in hits] == [("r3", 20.0)]
+    assert [r.rid for r in todo] == ["r4"] and [(r.rid, out[0, 0]) for r, out in hits] == [
+        ("r3", 20.0)
+    ]
     assert round_.finish() == []  # no duplicates this round, none left from the last
     todo, hits = round_.start([_request(5, 2.0)], "v2")  # another model version: no hit
     assert [r.rid for r in todo] == ["r5"] and hits == []
@@ -123,7 +134,9 @@ def test_a_cache_round_answers_hits_and_computes_each_duplicate_once():
     assert sample("inferfleet_cache_hits_total", {"queue": "q", "tier": "batch"}) == 1
     assert sample("inferfleet_cache_hits_total", {"queue": "q", "tier": "local"}) == 1
     assert sample("inferfleet_cache_misses_total", {"queue": "q", "tier": "local"}) == 5
-    assert sample("inferfleet_cache_hits_total", {"queue": "q", "tier": "fleet"}) is None  # no fleet tier
+    assert (
+        sample("inferfleet_cache_hits_total", {"queue": "q", "tier": "fleet"}) is None
+    )  # no fleet tier
 
 
 def test_a_round_without_the_cache_computes_everything():

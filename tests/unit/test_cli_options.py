@@ -10,14 +10,21 @@ import click
 import pytest
 
 from inferfleet.worker.cli import main
-from inferfleet.worker.cli.options import QueueConfig, SettingOption, pass_queue_config, setting_option
+from inferfleet.worker.cli.options import (
+    QueueConfig,
+    SettingOption,
+    pass_queue_config,
+    setting_option,
+)
 from inferfleet.worker.config import ENV_VARS, WorkerSettings, env_var
 from inferfleet.worker.errors import ConfigError
 from inferfleet.worker.fleet.scaling import PolicySettings
 from inferfleet.worker.fleet.supervisor import SupervisorSettings
 
 
-def commands(command: click.Command = main, path: str = "inferfleet") -> Iterator[tuple[str, click.Command]]:
+def commands(
+    command: click.Command = main, path: str = "inferfleet"
+) -> Iterator[tuple[str, click.Command]]:
     """Every command of the CLI, groups' subcommands included, with its full name."""
     yield path, command
     if isinstance(command, click.Group):
@@ -70,8 +77,12 @@ def test_every_worker_option_has_the_fields_default_env_var_and_help(name: str) 
         assert option.help == setting.metadata["help"], option.name
         if setting.default is not MISSING:
             assert option.default == setting.default, option.name
-            assert shown_default(cmd, option) == expected_shown(option, setting.default), option.name
-        elif setting.default_factory is not MISSING:  # None: the dataclass computes it (REDIS_URL, host-pid)
+            assert shown_default(cmd, option) == expected_shown(option, setting.default), (
+                option.name
+            )
+        elif (
+            setting.default_factory is not MISSING
+        ):  # None: the dataclass computes it (REDIS_URL, host-pid)
             assert option.default is None and not option.required, option.name
         else:
             assert option.required, option.name
@@ -83,7 +94,9 @@ def test_every_option_built_from_a_field_anywhere_shows_its_default() -> None:
             assert option.envvar == env_var(option.setting), (path, option.name)
             if option.setting.default is not MISSING:
                 assert option.default == option.setting.default, (path, option.name)
-                assert shown_default(cmd, option) == expected_shown(option, option.setting.default), (path, option.name)
+                assert shown_default(cmd, option) == expected_shown(
+                    option, option.setting.default
+                ), (path, option.name)
 
 
 def test_supervise_builds_every_supervisor_and_policy_option_from_its_field() -> None:
@@ -111,28 +124,44 @@ def test_supervise_options_not_built_from_a_field_are_the_known_few() -> None:
 
 
 def _range_options() -> list[SettingOption]:
-    return [p for p in setting_options(command("worker")) if isinstance(p.type, (click.IntRange, click.FloatRange))]
+    return [
+        p
+        for p in setting_options(command("worker"))
+        if isinstance(p.type, (click.IntRange, click.FloatRange))
+    ]
 
 
 def test_an_options_range_is_what_the_worker_settings_accept() -> None:
-    assert {p.name for p in _range_options()} == {"warmup_iters", "idle_block_ms", "housekeeping_s", "heartbeat_s",
-                                                 "stage"}
+    assert {p.name for p in _range_options()} == {
+        "warmup_iters",
+        "idle_block_ms",
+        "housekeeping_s",
+        "heartbeat_s",
+        "stage",
+    }
     for option in _range_options():
         low, high = option.type.min, option.type.max
         step = 1 if isinstance(option.type, click.IntRange) else low / 2
         for ok in (low, high):
-            assert getattr(WorkerSettings(name="q", model="m.pt", **{option.name: ok}), option.name) == ok
+            assert (
+                getattr(WorkerSettings(name="q", model="m.pt", **{option.name: ok}), option.name)
+                == ok
+            )
         for bad in (low - step, high + step):
             with pytest.raises(ConfigError, match=option.name):
                 WorkerSettings(name="q", model="m.pt", **{option.name: bad})
 
 
-def test_a_default_changed_in_the_dataclass_changes_the_option(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_default_changed_in_the_dataclass_changes_the_option(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     @dataclass(frozen=True)
     class Demo:
         name: str = field(metadata={"help": "A name."})
         rows: int = field(default=7, metadata={"help": "Rows."})
-        url: str = field(default_factory=lambda: "computed", metadata={"help": "A URL.", "env": "DEMO_URL"})
+        url: str = field(
+            default_factory=lambda: "computed", metadata={"help": "A URL.", "env": "DEMO_URL"}
+        )
 
     @click.command()
     @setting_option(Demo, "name", "--name")
@@ -143,9 +172,17 @@ def test_a_default_changed_in_the_dataclass_changes_the_option(monkeypatch: pyte
 
     params = {p.name: p for p in demo.params}
     assert params["name"].required and params["name"].envvar == "INFERFLEET_NAME"
-    assert params["rows"].default == 7 and params["rows"].help == "Rows." and params["rows"].show_default
+    assert (
+        params["rows"].default == 7
+        and params["rows"].help == "Rows."
+        and params["rows"].show_default
+    )
     assert params["url"].default is None and params["url"].envvar == "DEMO_URL"
-    assert demo.make_context("demo", ["--name", "q"]).params == {"name": "q", "rows": 7, "url": None}
+    assert demo.make_context("demo", ["--name", "q"]).params == {
+        "name": "q",
+        "rows": 7,
+        "url": None,
+    }
     monkeypatch.setenv("INFERFLEET_ROWS", "9")
     assert demo.make_context("demo", ["--name", "q"]).params["rows"] == 9
     with pytest.raises(TypeError, match="no field 'nope'"):
@@ -161,18 +198,44 @@ def test_pass_queue_config_hands_one_frozen_config_and_keeps_the_help_order() ->
     def listing(queue: QueueConfig, count: int) -> None:
         seen.append((queue, count))
 
-    assert [p.name for p in listing.params] == ["name", "count", "redis_url", "prefix", "shards", "cluster"]
-    listing.main(["--name", "q", "--count", "3", "--shards", "2", "--cluster"], standalone_mode=False)
+    assert [p.name for p in listing.params] == [
+        "name",
+        "count",
+        "redis_url",
+        "prefix",
+        "shards",
+        "cluster",
+    ]
+    listing.main(
+        ["--name", "q", "--count", "3", "--shards", "2", "--cluster"], standalone_mode=False
+    )
     queue, count = seen[0]
     assert count == 3
-    assert queue == QueueConfig(name="q", redis_url=None, prefix=_field(WorkerSettings, "prefix").default, shards=2,
-                                cluster=True)
+    assert queue == QueueConfig(
+        name="q",
+        redis_url=None,
+        prefix=_field(WorkerSettings, "prefix").default,
+        shards=2,
+        cluster=True,
+    )
     with pytest.raises(AttributeError):
         queue.name = "other"  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("name", ["enqueue", "result", "swap", "alerts", "dead list", "dead show", "dead replay",
-                                  "dead purge", "status"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "enqueue",
+        "result",
+        "swap",
+        "alerts",
+        "dead list",
+        "dead show",
+        "dead replay",
+        "dead purge",
+        "status",
+    ],
+)
 def test_queue_commands_take_the_queue_options_from_one_place(name: str) -> None:
     params = command(name).params
     options = [p.name for p in params if isinstance(p, click.Option) and p.name != "help"]
@@ -192,7 +255,9 @@ def test_env_var_is_inferfleet_name_unless_the_field_names_one() -> None:
 STANDARD_ENV_VARS = {"REDIS_URL"}
 
 _ACTION = "an action, not a setting: a variable left set would repeat it on every call"
-_ENDLESS = "runs until interrupted: a variable left set would turn every scripted call into an endless one"
+_ENDLESS = (
+    "runs until interrupted: a variable left set would turn every scripted call into an endless one"
+)
 _ONE_REQUEST = "one request's own data: a variable left set would send it again with every request"
 
 #: Options that have no environment variable on purpose, and why.
@@ -200,16 +265,24 @@ NO_ENV_VAR: dict[tuple[str, str], str] = {
     ("inferfleet", "--version"): "click's own: prints the version",
     ("inferfleet enqueue", "--input"): _ONE_REQUEST,
     ("inferfleet enqueue", "--param"): _ONE_REQUEST,
-    ("inferfleet enqueue", "--request-id"): "one request's id: a variable left set would reuse it, and replies are "
-                                            "read once",
+    (
+        "inferfleet enqueue",
+        "--request-id",
+    ): "one request's id: a variable left set would reuse it, and replies are read once",
     ("inferfleet status", "--watch"): _ENDLESS,
     ("inferfleet alerts", "--follow"): _ENDLESS,
     ("inferfleet dead replay", "--all"): _ACTION,
-    ("inferfleet dead purge", "--yes"): "skips the confirmation of a deletion: it must be typed each time",
+    (
+        "inferfleet dead purge",
+        "--yes",
+    ): "skips the confirmation of a deletion: it must be typed each time",
     ("inferfleet swap", "--rollback"): _ACTION,
     ("inferfleet shadow", "--report"): _ACTION,
     ("inferfleet shadow", "--promote"): _ACTION,
-    ("inferfleet shadow", "--force"): "overrides the evidence for one promotion: it must be typed each time",
+    (
+        "inferfleet shadow",
+        "--force",
+    ): "overrides the evidence for one promotion: it must be typed each time",
     ("inferfleet shadow", "--stop"): _ACTION,
     ("inferfleet limit", "--show"): _ACTION,
     ("inferfleet limit", "--clear"): _ACTION,
@@ -228,38 +301,90 @@ def test_every_option_of_every_command_has_an_env_var_or_a_reason_not_to() -> No
     for path, option in _options():
         exempt = (path, option.opts[0]) in NO_ENV_VAR
         if option.envvar:
-            assert not exempt, f"{path} {option.opts[0]} has {option.envvar}: drop it from NO_ENV_VAR"
+            assert not exempt, (
+                f"{path} {option.opts[0]} has {option.envvar}: drop it from NO_ENV_VAR"
+            )
             names = [option.envvar] if isinstance(option.envvar, str) else list(option.envvar)
-            assert all(n.startswith("INFERFLEET_") or n in STANDARD_ENV_VARS for n in names), (path, names)
+            assert all(n.startswith("INFERFLEET_") or n in STANDARD_ENV_VARS for n in names), (
+                path,
+                names,
+            )
             assert option.show_envvar, f"{path} {option.opts[0]}: --help must show {option.envvar}"
         elif not exempt:
             missing.append(f"{path} {option.opts[0]}")
-    assert missing == [], "options without an environment variable (add envvar=, or a reason in NO_ENV_VAR)"
-    assert set(NO_ENV_VAR) <= {(path, option.opts[0]) for path, option in _options()}, "stale NO_ENV_VAR entries"
+    assert missing == [], (
+        "options without an environment variable (add envvar=, or a reason in NO_ENV_VAR)"
+    )
+    assert set(NO_ENV_VAR) <= {(path, option.opts[0]) for path, option in _options()}, (
+        "stale NO_ENV_VAR entries"
+    )
 
 
 def test_no_command_reads_one_env_var_into_two_options() -> None:
     for path, cmd in commands():
-        names = [p.envvar for p in cmd.params if isinstance(p, click.Option) and isinstance(p.envvar, str)]
+        names = [
+            p.envvar
+            for p in cmd.params
+            if isinstance(p, click.Option) and isinstance(p.envvar, str)
+        ]
         assert len(names) == len(set(names)), (path, sorted(n for n in names if names.count(n) > 1))
 
 
-@pytest.mark.parametrize(("name", "args", "env", "param", "value"), [
-    ("status", [], {"INFERFLEET_STATUS_JSON": "1"}, "as_json", True),
-    ("dead list", ["--name", "q"], {"INFERFLEET_DEAD_LIST_JSON": "true", "INFERFLEET_DEAD_LIST_COUNT": "7"},
-     "count", 7),
-    ("shadow", ["--name", "q"], {"INFERFLEET_SHADOW_JSON": "1"}, "as_json", True),
-    ("swap", ["--name", "q"], {"INFERFLEET_SWAP_WAIT_S": "5", "INFERFLEET_SWAP_CHECK": "false"}, "wait_s", 5.0),
-    ("swap", ["--name", "q"], {"INFERFLEET_SWAP_CHECK": "false"}, "check", False),
-    ("result", ["--name", "q", "r1"], {"INFERFLEET_RESULT_TIMEOUT_S": "2.5"}, "timeout_s", 2.5),
-    ("alerts", ["--name", "q"], {"INFERFLEET_ALERTS_KIND": "non_finite"}, "kind", "non_finite"),
-    ("save-model", ["m:M"], {"INFERFLEET_SAVE_MODEL_EXAMPLE": __file__, "INFERFLEET_SAVE_MODEL_OUT": "o.pt2",
-                             "INFERFLEET_SAVE_MODEL_INPUT_SPEC": "int64[N,L]"}, "input_spec", "int64[N,L]"),
-    ("split", [], {"INFERFLEET_SPLIT_MODEL": "m.pt2", "INFERFLEET_SPLIT_EXAMPLE": "x.npy",
-                   "INFERFLEET_SPLIT_AT": "blocks.3", "INFERFLEET_SPLIT_OUT": "out"}, "split_at", ["blocks.3"]),
-])
-def test_an_option_reads_its_env_var(name: str, args: list[str], env: dict[str, str], param: str, value: Any,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("name", "args", "env", "param", "value"),
+    [
+        ("status", [], {"INFERFLEET_STATUS_JSON": "1"}, "as_json", True),
+        (
+            "dead list",
+            ["--name", "q"],
+            {"INFERFLEET_DEAD_LIST_JSON": "true", "INFERFLEET_DEAD_LIST_COUNT": "7"},
+            "count",
+            7,
+        ),
+        ("shadow", ["--name", "q"], {"INFERFLEET_SHADOW_JSON": "1"}, "as_json", True),
+        (
+            "swap",
+            ["--name", "q"],
+            {"INFERFLEET_SWAP_WAIT_S": "5", "INFERFLEET_SWAP_CHECK": "false"},
+            "wait_s",
+            5.0,
+        ),
+        ("swap", ["--name", "q"], {"INFERFLEET_SWAP_CHECK": "false"}, "check", False),
+        ("result", ["--name", "q", "r1"], {"INFERFLEET_RESULT_TIMEOUT_S": "2.5"}, "timeout_s", 2.5),
+        ("alerts", ["--name", "q"], {"INFERFLEET_ALERTS_KIND": "non_finite"}, "kind", "non_finite"),
+        (
+            "save-model",
+            ["m:M"],
+            {
+                "INFERFLEET_SAVE_MODEL_EXAMPLE": __file__,
+                "INFERFLEET_SAVE_MODEL_OUT": "o.pt2",
+                "INFERFLEET_SAVE_MODEL_INPUT_SPEC": "int64[N,L]",
+            },
+            "input_spec",
+            "int64[N,L]",
+        ),
+        (
+            "split",
+            [],
+            {
+                "INFERFLEET_SPLIT_MODEL": "m.pt2",
+                "INFERFLEET_SPLIT_EXAMPLE": "x.npy",
+                "INFERFLEET_SPLIT_AT": "blocks.3",
+                "INFERFLEET_SPLIT_OUT": "out",
+            },
+            "split_at",
+            ["blocks.3"],
+        ),
+    ],
+)
+def test_an_option_reads_its_env_var(
+    name: str,
+    args: list[str],
+    env: dict[str, str],
+    param: str,
+    value: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     for key, text in env.items():
         monkeypatch.setenv(key, text)
     cmd = command(name)

@@ -63,8 +63,12 @@ def test_outputs_of_another_form_disagree_entirely() -> None:
 
 def test_rank_correlation_averages_ties_and_needs_three_values() -> None:
     assert rank_correlation(np.array([1.0, 2.0]), np.array([1.0, 2.0])) is None
-    assert rank_correlation(np.array([1.0, 1.0, 1.0]), np.array([1.0, 2.0, 3.0])) is None  # constant
-    assert rank_correlation(np.array([1.0, 2.0, 2.0, 3.0]), np.array([1.0, 2.0, 2.0, 3.0])) == pytest.approx(1.0)
+    assert (
+        rank_correlation(np.array([1.0, 1.0, 1.0]), np.array([1.0, 2.0, 3.0])) is None
+    )  # constant
+    assert rank_correlation(
+        np.array([1.0, 2.0, 2.0, 3.0]), np.array([1.0, 2.0, 2.0, 3.0])
+    ) == pytest.approx(1.0)
 
 
 def test_pair_stats_round_trip_through_hash_fields() -> None:

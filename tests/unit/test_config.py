@@ -48,7 +48,9 @@ def test_valid_devices(device: str) -> None:
     assert settings(device=device).device == device
 
 
-@pytest.mark.parametrize("device", ["gpu", "CPU", "cuda:", "cuda:x", "cuda:1234", "mps", "", "cpu "])
+@pytest.mark.parametrize(
+    "device", ["gpu", "CPU", "cuda:", "cuda:x", "cuda:1234", "mps", "", "cpu "]
+)
 def test_bad_device_names_the_allowed_values(device: str) -> None:
     with pytest.raises(ConfigError) as info:
         settings(device=device)
@@ -117,8 +119,14 @@ def test_out_of_range_values_name_the_field_and_the_range(field: str, value: Any
 
 @pytest.mark.parametrize(
     "field,value",
-    [("max_batch_rows", 1), ("max_batch_rows", 1 << 20), ("max_wait_ms", 0), ("max_wait_ms", 0.5),
-     ("warmup_iters", 0), ("max_body_bytes", 64)],
+    [
+        ("max_batch_rows", 1),
+        ("max_batch_rows", 1 << 20),
+        ("max_wait_ms", 0),
+        ("max_wait_ms", 0.5),
+        ("warmup_iters", 0),
+        ("max_body_bytes", 64),
+    ],
 )
 def test_range_bounds_are_inclusive(field: str, value: Any) -> None:
     assert getattr(settings(**{field: value}), field) == value
@@ -148,7 +156,12 @@ def test_env_vars_map_every_field() -> None:
 def test_the_fleet_cache_needs_the_local_one() -> None:
     with pytest.raises(ConfigError, match="fleet_cache_ttl_s needs cache_size"):
         WorkerSettings(name="q", model="m.pt", fleet_cache_ttl_s=60)
-    assert WorkerSettings(name="q", model="m.pt", fleet_cache_ttl_s=60, cache_size=10).fleet_cache_ttl_s == 60
+    assert (
+        WorkerSettings(
+            name="q", model="m.pt", fleet_cache_ttl_s=60, cache_size=10
+        ).fleet_cache_ttl_s
+        == 60
+    )
 
 
 @pytest.mark.parametrize("address", ["0.0.0.0", "::", "127.0.0.1", "::1", "10.1.2.3"])

@@ -35,8 +35,12 @@ def test_totals_only_grow_and_a_window_is_a_difference_of_snapshots():
     counters.batch_computed([Picked(0, 1.0)], 3, 0.01)
     counters.replies_skipped(2)
     counters.busy(0.25)
-    assert counters.snapshot() == Tally(requests=15, batches=3, rows=15, errors=3, skipped=2, busy_s=0.25)
-    assert counters.snapshot() - start == Tally(requests=5, batches=2, rows=8, errors=1, skipped=2, busy_s=0.25)
+    assert counters.snapshot() == Tally(
+        requests=15, batches=3, rows=15, errors=3, skipped=2, busy_s=0.25
+    )
+    assert counters.snapshot() - start == Tally(
+        requests=5, batches=2, rows=8, errors=1, skipped=2, busy_s=0.25
+    )
     assert counters.snapshot() - counters.snapshot() == Tally()
 
 
@@ -54,12 +58,16 @@ def test_counts_reach_prometheus_as_they_happen():
     assert value(registry, "inferfleet_batch_rows_sum") == 3
     assert value(registry, "inferfleet_inference_seconds_sum") == pytest.approx(0.004)
     assert value(registry, "inferfleet_queue_wait_seconds_sum") == pytest.approx(0.0025)
-    assert value(registry, "inferfleet_requests_total", code="ok") == 1  # the one that failed was not written
+    assert (
+        value(registry, "inferfleet_requests_total", code="ok") == 1
+    )  # the one that failed was not written
     assert value(registry, "inferfleet_requests_total", code="bad_request") == 1
     assert value(registry, "inferfleet_cache_hits_total", tier="local") == 4
     assert value(registry, "inferfleet_cache_misses_total", tier="local") == 10
     assert value(registry, "inferfleet_cache_hits_total", tier="fleet") == 2
-    assert value(registry, "inferfleet_cache_misses_total", tier="fleet") == 5  # no fleet tier the second time
+    assert (
+        value(registry, "inferfleet_cache_misses_total", tier="fleet") == 5
+    )  # no fleet tier the second time
     assert value(registry, "inferfleet_cache_hits_total", tier="batch") == 1
     assert value(registry, "inferfleet_cache_misses_total", tier="batch") == 7
     assert value(registry, "inferfleet_alerts_total", kind="non_finite") == 1
@@ -89,7 +97,15 @@ def test_the_heartbeat_publishes_totals_and_the_rates_of_its_last_interval():
     keys = QueueKeys("q")
     counters, clock = Counters(), Clock()
     counters.answered(50, 0)  # before the heartbeat started: in the totals, not in its first rate
-    beat = Heartbeat(client, keys, "c1", counters, {"device": "cpu"}, extra=lambda: {"version": "v7"}, clock=clock)
+    beat = Heartbeat(
+        client,
+        keys,
+        "c1",
+        counters,
+        {"device": "cpu"},
+        extra=lambda: {"version": "v7"},
+        clock=clock,
+    )
     counters.answered(30, 1)
     counters.batch_computed([Picked(0, 0.0)] * 30, 40, 0.1)
     counters.busy(0.5)

@@ -49,7 +49,9 @@ def test_every_exported_member_exists_and_is_public() -> None:
         for name in package.__all__:
             assert not name.startswith("_") and hasattr(package, name), (package.__name__, name)
             member = getattr(package, name)
-            if isinstance(member, type) or inspect.isfunction(member):  # a class or function: defined in a public
+            if isinstance(member, type) or inspect.isfunction(
+                member
+            ):  # a class or function: defined in a public
                 # module of the package, under its name
                 module = member.__module__
                 assert module.startswith(package.__name__ + "."), (package.__name__, name, module)
@@ -63,7 +65,9 @@ def test_producer_does_not_import_the_worker() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, inferfleet, inferfleet.producer; "
-            "assert not [m for m in sys.modules if m.split('.')[:2] == ['inferfleet', 'worker']]; "
-            "assert 'torch' not in sys.modules")
+    code = (
+        "import sys, inferfleet, inferfleet.producer; "
+        "assert not [m for m in sys.modules if m.split('.')[:2] == ['inferfleet', 'worker']]; "
+        "assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -32,8 +32,10 @@ def test_an_indented_json_report_is_read_whole_not_by_its_last_line():
 
 
 def test_the_workers_peak_memory_line_is_read_from_its_log():
-    log = ("... model loaded\n2026-01-01 INFO inferfleet.worker.serving.serve [7] consumer w0: peak GPU memory "
-           "1234 MiB allocated, 2048 MiB reserved on cuda:0\n")
+    log = (
+        "... model loaded\n2026-01-01 INFO inferfleet.worker.serving.serve [7] consumer w0: peak GPU memory "
+        "1234 MiB allocated, 2048 MiB reserved on cuda:0\n"
+    )
     assert parse_peak_line(log) == (1234, 2048)
     assert parse_peak_line("a CPU worker logs no peak\n") is None
 
@@ -41,42 +43,84 @@ def test_the_workers_peak_memory_line_is_read_from_its_log():
 def test_nvidia_smi_samples_give_each_steps_peak_on_its_busiest_gpu():
     assert parse_smi_line("0, 1536\n") == ("0", 1536)
     assert parse_smi_line("index, memory.used [MiB]") is None
-    samples = [(1.0, "0", 500), (1.0, "1", 900), (2.0, "0", 3000), (2.0, "1", 800), (9.0, "0", 7000)]
+    samples = [
+        (1.0, "0", 500),
+        (1.0, "1", 900),
+        (2.0, "0", 3000),
+        (2.0, "1", 800),
+        (9.0, "0", 7000),
+    ]
     assert peak_in(samples, 0.5, 2.5) == (3000, "0")  # during the step, not after it (9.0)
     assert peak_in(samples, 3.0, 4.0) is None
 
 
 def test_a_failed_step_marks_its_own_cells_and_the_others_keep_their_figures():
-    ok = Row("cnn", "fp16", Step("ok", result={"best_rows_per_s": 91234, "best_batch": 128,
-                                               "peak_allocated_mib": 210, "peak_reserved_mib": 256}),
-             Step("ok", result={"qps": 20123.4, "p50_ms": 11.0, "p99_ms": 25.25, "mean_batch_rows": 96.5,
-                                "peak_allocated_mib": 300, "peak_reserved_mib": 512}, gpu_peak_mib=1800,
-                  gpu_index="0"))
-    failed = Row("resnet50", "fp16", Step("timeout", "see logs/bare-resnet50-fp16.txt"),
-                 Step("skipped", "under 40 s of the time budget left"))
+    ok = Row(
+        "cnn",
+        "fp16",
+        Step(
+            "ok",
+            result={
+                "best_rows_per_s": 91234,
+                "best_batch": 128,
+                "peak_allocated_mib": 210,
+                "peak_reserved_mib": 256,
+            },
+        ),
+        Step(
+            "ok",
+            result={
+                "qps": 20123.4,
+                "p50_ms": 11.0,
+                "p99_ms": 25.25,
+                "mean_batch_rows": 96.5,
+                "peak_allocated_mib": 300,
+                "peak_reserved_mib": 512,
+            },
+            gpu_peak_mib=1800,
+            gpu_index="0",
+        ),
+    )
+    failed = Row(
+        "resnet50",
+        "fp16",
+        Step("timeout", "see logs/bare-resnet50-fp16.txt"),
+        Step("skipped", "under 40 s of the time budget left"),
+    )
     table = render_table([ok, failed], "about").splitlines()
     assert table[0] == "<!-- about -->" and len(table) == 5
-    assert table[3] == ("| cnn | fp16 | 91,234 (128) | 210 / 256 | 20,123 | 11.0 / 25.2 | 96.5 | 300 / 512 "
-                        "| - / 1,800 (GPU 0) |")
+    assert table[3] == (
+        "| cnn | fp16 | 91,234 (128) | 210 / 256 | 20,123 | 11.0 / 25.2 | 96.5 | 300 / 512 "
+        "| - / 1,800 (GPU 0) |"
+    )
     assert "timeout: see logs/bare-resnet50-fp16.txt" in table[4]
     assert "skipped: under 40 s of the time budget left" in table[4]
 
 
 def test_the_preflight_stops_a_gpu_run_without_a_gpu_or_a_package():
-    info = {"missing": {"cachetools": "ModuleNotFoundError: No module named 'cachetools'"},
-            "torch": "2.5.1", "cuda_available": False, "redis_server": None}
+    info = {
+        "missing": {"cachetools": "ModuleNotFoundError: No module named 'cachetools'"},
+        "torch": "2.5.1",
+        "cuda_available": False,
+        "redis_server": None,
+    }
     problems = preflight_problems(info, "cuda")
     assert any("cachetools" in p for p in problems)
     assert any("torch.cuda.is_available() is False" in p for p in problems)
     assert any("redis-server" in p for p in problems)
-    assert preflight_problems({"missing": {}, "cuda_available": False, "redis_server": "/x"}, "cpu") == []
+    assert (
+        preflight_problems({"missing": {}, "cuda_available": False, "redis_server": "/x"}, "cpu")
+        == []
+    )
 
 
 def test_the_default_run_fits_the_budget_and_each_step_its_limit():
     args = parse_args([])
     assert args.models == ["cnn", "resnet50"] and args.precisions == ["fp32", "fp16"]
     assert args.requests == {"cnn": 20000, "resnet50": 3000}
-    assert args.budget_s + 30 <= 420  # well under 8 minutes whatever happens (30 s: stopping the last worker)
+    assert (
+        args.budget_s + 30 <= 420
+    )  # well under 8 minutes whatever happens (30 s: stopping the last worker)
     assert args.step_timeout_s < 600  # and every command under 10
     assert not Budget(0).allows(1) and Budget(100).allows(50)
 
@@ -92,8 +136,10 @@ def test_the_peak_line_a_gpu_worker_logs_is_the_one_the_bench_reads(monkeypatch,
 
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1500 * 1024 * 1024)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 2048 * 1024 * 1024)
-    consumer = SimpleNamespace(runtime=SimpleNamespace(device=torch.device("cuda:0")),
-                               settings=SimpleNamespace(consumer="w0"))
+    consumer = SimpleNamespace(
+        runtime=SimpleNamespace(device=torch.device("cuda:0")),
+        settings=SimpleNamespace(consumer="w0"),
+    )
     with caplog.at_level(logging.INFO, logger=serve.__name__):
         serve._log_peak_memory(consumer)  # type: ignore[arg-type]
     assert parse_peak_line(caplog.text) == (1500, 2048)

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferfleet.producer.protocol import DTYPES, Limits, QueueKeys, Reply, decode_reply, encode_body, pack
+from inferfleet.producer.protocol import (
+    DTYPES,
+    Limits,
+    QueueKeys,
+    Reply,
+    decode_reply,
+    encode_body,
+    pack,
+)
 from inferfleet.worker.runtime.signature import spec_of
 from inferfleet.worker.serving.batching import Request, signature_of
 from inferfleet.worker.serving.intake import Answer, Intake
@@ -31,7 +39,9 @@ def fields(**values: Any) -> dict[bytes, bytes]:
     return {k.encode(): v.encode() if isinstance(v, str) else v for k, v in values.items()}
 
 
-def admit(entry: dict[bytes, bytes] | None, now_ms: float = NOW_MS, **overrides: Any) -> Request | Answer:
+def admit(
+    entry: dict[bytes, bytes] | None, now_ms: float = NOW_MS, **overrides: Any
+) -> Request | Answer:
     return intake(**overrides).admit(ENTRY_ID, entry, now_ms)
 
 
@@ -103,7 +113,9 @@ def test_missing_body_is_bad_request_to_the_default_key() -> None:
     refused(admit(fields(id="r-3")), "bad_request", "r-3")
 
 
-@pytest.mark.parametrize("body", [b"\xc1garbage", pack([1, 2]), pack({"inputs": 5}), pack({"x": 1})])
+@pytest.mark.parametrize(
+    "body", [b"\xc1garbage", pack([1, 2]), pack({"inputs": 5}), pack({"x": 1})]
+)
 def test_bad_body_is_bad_request_to_the_default_key(body: bytes) -> None:
     refused(admit(fields(id="r-4", body=body)), "bad_request", "r-4")
 
@@ -114,7 +126,9 @@ def test_bad_body_with_a_valid_reply_to_goes_to_the_inbox() -> None:
 
 
 def test_bad_deadline_is_bad_request_to_the_default_key() -> None:
-    reply = refused(admit(fields(id="r-5", body=encode_body(X), deadline="tomorrow")), "bad_request", "r-5")
+    reply = refused(
+        admit(fields(id="r-5", body=encode_body(X), deadline="tomorrow")), "bad_request", "r-5"
+    )
     assert "deadline" in (reply.error_message or "")
 
 
@@ -130,12 +144,18 @@ def test_bad_deadline_is_bad_request_to_the_default_key() -> None:
     ],
 )
 def test_reply_to_outside_the_inbox_prefix_is_refused_to_the_default_key(reply_to: str) -> None:
-    reply = refused(admit(fields(id="r-6", body=encode_body(X), reply_to=reply_to)), "bad_request", "r-6")
+    reply = refused(
+        admit(fields(id="r-6", body=encode_body(X), reply_to=reply_to)), "bad_request", "r-6"
+    )
     assert "reply_to" in (reply.error_message or "")
 
 
 def test_non_ascii_reply_to_is_refused_to_the_default_key() -> None:
-    entry = {b"id": b"r-6", b"body": encode_body(X), b"reply_to": (KEYS.inbox_prefix + "é").encode()}
+    entry = {
+        b"id": b"r-6",
+        b"body": encode_body(X),
+        b"reply_to": (KEYS.inbox_prefix + "é").encode(),
+    }
     refused(admit(entry), "bad_request", "r-6")
 
 
@@ -147,13 +167,22 @@ def test_valid_reply_to_becomes_the_reply_key() -> None:
 
 
 def test_passed_deadline_is_expired_without_decoding_the_body() -> None:
-    reply = refused(admit(fields(id="r-8", body=b"\xc1 not msgpack", deadline=str(NOW_MS - 250))), "expired", "r-8")
+    reply = refused(
+        admit(fields(id="r-8", body=b"\xc1 not msgpack", deadline=str(NOW_MS - 250))),
+        "expired",
+        "r-8",
+    )
     assert "250" in (reply.error_message or "")
 
 
 def test_expired_goes_to_a_valid_reply_to() -> None:
     inbox = KEYS.inbox("c")
-    refused(admit(fields(id="r-8", body=encode_body(X), deadline="1", reply_to=inbox)), "expired", "r-8", inbox)
+    refused(
+        admit(fields(id="r-8", body=encode_body(X), deadline="1", reply_to=inbox)),
+        "expired",
+        "r-8",
+        inbox,
+    )
 
 
 def test_body_over_the_limit_is_too_large() -> None:
@@ -161,7 +190,9 @@ def test_body_over_the_limit_is_too_large() -> None:
     result = admit(fields(id="r-9", body=body), limits=Limits(max_body_bytes=len(body) - 1))
     reply = refused(result, "too_large", "r-9")
     assert str(len(body)) in (reply.error_message or "")
-    assert isinstance(admit(fields(id="r-9", body=body), limits=Limits(max_body_bytes=len(body))), Request)
+    assert isinstance(
+        admit(fields(id="r-9", body=body), limits=Limits(max_body_bytes=len(body))), Request
+    )
 
 
 def test_garbage_body_over_the_limit_is_too_large_not_bad_request() -> None:
@@ -187,7 +218,9 @@ def test_params_when_the_model_takes_none_is_bad_request() -> None:
     ],
     ids=["dtype", "trailing", "rank", "list", "map"],
 )
-def test_input_spec_mismatch_is_bad_request_with_a_readable_message(sent: Any, expected_text: str) -> None:
+def test_input_spec_mismatch_is_bad_request_with_a_readable_message(
+    sent: Any, expected_text: str
+) -> None:
     result = admit(fields(id="r-11", body=encode_body(sent)), input_spec=spec_of(X))
     reply = refused(result, "bad_request", "r-11")
     message = reply.error_message or ""
@@ -196,7 +229,9 @@ def test_input_spec_mismatch_is_bad_request_with_a_readable_message(sent: Any, e
 
 
 def test_input_spec_match_is_admitted() -> None:
-    result = admit(fields(id="r-12", body=encode_body(np.zeros((9, 4), np.float32))), input_spec=spec_of(X))
+    result = admit(
+        fields(id="r-12", body=encode_body(np.zeros((9, 4), np.float32))), input_spec=spec_of(X)
+    )
     assert isinstance(result, Request)
     assert result.rows == 9
 
@@ -220,22 +255,36 @@ def test_map_inputs_with_bytes_keys_is_bad_request_not_a_crash() -> None:
 
 # String keys only: bin keys are covered by the explicit test above, and a
 # random mix of str and bin keys would make this property fail only sometimes.
-_keys = st.one_of(st.sampled_from(["dtype", "shape", "data", "inputs", "params", "x"]), st.text(max_size=3))
+_keys = st.one_of(
+    st.sampled_from(["dtype", "shape", "data", "inputs", "params", "x"]), st.text(max_size=3)
+)
 _leaves = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=8),
-    st.binary(max_size=16), st.sampled_from(list(DTYPES)),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.text(max_size=8),
+    st.binary(max_size=16),
+    st.sampled_from(list(DTYPES)),
 )
 _values = st.recursive(
-    _leaves, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(_keys, inner, max_size=4)),
+    _leaves,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(_keys, inner, max_size=4)),
     max_leaves=20,
 )
-_tensors = st.fixed_dictionaries({
-    "dtype": st.sampled_from(list(DTYPES)),
-    "shape": st.lists(st.integers(0, 3), min_size=1, max_size=3),
-    "data": st.binary(max_size=40),
-})
-_inputs = st.one_of(_tensors, st.lists(_tensors, max_size=3), st.dictionaries(_keys, _tensors, max_size=3), _values)
-_bodies = st.one_of(st.fixed_dictionaries({"inputs": _inputs}, optional={"params": _values}), _values)
+_tensors = st.fixed_dictionaries(
+    {
+        "dtype": st.sampled_from(list(DTYPES)),
+        "shape": st.lists(st.integers(0, 3), min_size=1, max_size=3),
+        "data": st.binary(max_size=40),
+    }
+)
+_inputs = st.one_of(
+    _tensors, st.lists(_tensors, max_size=3), st.dictionaries(_keys, _tensors, max_size=3), _values
+)
+_bodies = st.one_of(
+    st.fixed_dictionaries({"inputs": _inputs}, optional={"params": _values}), _values
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,15 +14,20 @@ from inferfleet.worker.serving.intake import Answer, Intake
 BOUND = 1024  # what one line about one entry may take, whatever the entry holds
 
 
-@pytest.mark.parametrize("rid", [b"x" * (2 << 20), b"\xff" * (1 << 20), b"\n" * (1 << 20)],
-                         ids=["2MB-ascii", "1MB-0xFF", "1MB-newlines"])
+@pytest.mark.parametrize(
+    "rid",
+    [b"x" * (2 << 20), b"\xff" * (1 << 20), b"\n" * (1 << 20)],
+    ids=["2MB-ascii", "1MB-0xFF", "1MB-newlines"],
+)
 def test_an_unreadable_id_is_logged_in_bounded_size(rid, caplog):
     caplog.set_level(logging.WARNING, logger="inferfleet.worker.serving.intake")
     import numpy as np
 
     entry = {b"id": rid, b"body": encode_body(np.ones((1, 4), np.float32))}
     answer = Intake(QueueKeys("q"), Limits(), ("q", "v1")).admit(b"1-1", entry, 0.0)
-    assert isinstance(answer, Answer) and answer.reply_key is None  # no readable id: acknowledged, not answered
+    assert (
+        isinstance(answer, Answer) and answer.reply_key is None
+    )  # no readable id: acknowledged, not answered
     lines = [r.getMessage() for r in caplog.records]
     assert lines and all(len(line) < BOUND for line in lines)
     assert "long)" in lines[0]  # it says how long the id was

@@ -8,7 +8,13 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from inferfleet.worker.metrics import FleetMetrics, WorkerMetrics, metrics_mode, observe_many, reply_codes
+from inferfleet.worker.metrics import (
+    FleetMetrics,
+    WorkerMetrics,
+    metrics_mode,
+    observe_many,
+    reply_codes,
+)
 from inferfleet.worker.serving.intake import Answer
 
 
@@ -36,9 +42,13 @@ def test_reply_codes_count_what_is_written():
     ok = Answer(b"1-0", "k", b"reply", True, rid="a")
     assert reply_codes([ok, ok, ok]) == {"ok": 3}
     assert reply_codes([]) == {}
-    answers = [ok, Answer(b"2-0", "k", b"e", rid="b", code="bad_request"),
-               Answer(b"3-0", None, None),  # acknowledged without a reply: not a reply
-               Answer(b"4-0", "k", b"e", rid="c", code="dead_letter"), ok]
+    answers = [
+        ok,
+        Answer(b"2-0", "k", b"e", rid="b", code="bad_request"),
+        Answer(b"3-0", None, None),  # acknowledged without a reply: not a reply
+        Answer(b"4-0", "k", b"e", rid="c", code="dead_letter"),
+        ok,
+    ]
     assert reply_codes(answers) == {"ok": 2, "bad_request": 1, "dead_letter": 1}
     # a reply the script could not push (its key held another type) is answered again elsewhere
     assert reply_codes(answers, [1, 4]) == {"ok": 1, "dead_letter": 1}
@@ -54,7 +64,9 @@ def test_batch_done_fills_the_three_histograms(registry):
     assert value(registry, "inferfleet_inference_seconds_sum") == pytest.approx(0.012)
     assert value(registry, "inferfleet_queue_wait_seconds_count") == 67
     assert value(registry, "inferfleet_queue_wait_seconds_bucket", le="0.0005") == 1
-    assert value(registry, "inferfleet_queue_wait_seconds_bucket", le="0.001") == 65  # cumulative; 0.001 <= 0.001
+    assert (
+        value(registry, "inferfleet_queue_wait_seconds_bucket", le="0.001") == 65
+    )  # cumulative; 0.001 <= 0.001
     assert value(registry, "inferfleet_queue_wait_seconds_bucket", le="0.25") == 67
     assert value(registry, "inferfleet_queue_wait_seconds_sum") == pytest.approx(0.2043 + 0.064)
 
@@ -65,15 +77,25 @@ def test_observe_many_matches_observe_one_by_one():
     by_one = Histogram("h", "h", registry=one, buckets=buckets)
     by_many = Histogram("h", "h", registry=many, buckets=buckets)
     rng = random.Random(7)
-    values = [rng.choice([0.0, -0.5, 0.001, 0.01, 1.0, 5.0, math.inf, rng.random(), rng.random() / 100])
-              for _ in range(500)]
+    values = [
+        rng.choice([0.0, -0.5, 0.001, 0.01, 1.0, 5.0, math.inf, rng.random(), rng.random() / 100])
+        for _ in range(500)
+    ]
     for v in values:
         by_one.observe(v)
     observe_many(by_many, values)
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for m in many.collect() for s in m.samples if not s.name.endswith("_created")}
-    expected = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for m in one.collect() for s in m.samples if not s.name.endswith("_created")}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for m in many.collect()
+        for s in m.samples
+        if not s.name.endswith("_created")
+    }
+    expected = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for m in one.collect()
+        for s in m.samples
+        if not s.name.endswith("_created")
+    }
     assert samples == expected
 
 
@@ -92,7 +114,9 @@ def test_cache_lookups_by_tier_only_when_counted(registry):
     assert value(registry, "inferfleet_cache_hits_total", tier="local") == 4
     assert value(registry, "inferfleet_cache_misses_total", tier="local") == 5
     assert value(registry, "inferfleet_cache_misses_total", tier="fleet") == 2
-    assert value(registry, "inferfleet_cache_hits_total", tier="fleet") is None  # no lookup hit: no series
+    assert (
+        value(registry, "inferfleet_cache_hits_total", tier="fleet") is None
+    )  # no lookup hit: no series
 
 
 def test_alerts_and_swaps_count_by_kind_and_result(registry):
@@ -141,7 +165,10 @@ def test_consumers_of_one_process_share_the_series(registry):
     WorkerMetrics("q", registry).answered({"ok": 2})
     WorkerMetrics("other", registry).answered({"ok": 5})
     assert value(registry, "inferfleet_requests_total", code="ok") == 3
-    assert registry.get_sample_value("inferfleet_requests_total", {"queue": "other", "code": "ok"}) == 5
+    assert (
+        registry.get_sample_value("inferfleet_requests_total", {"queue": "other", "code": "ok"})
+        == 5
+    )
 
 
 def test_disabled_metrics_record_nothing():
@@ -189,7 +216,9 @@ def test_docs_list_exactly_the_metrics_the_code_exports():
     from inferfleet.worker.metrics import metric_names
 
     root = Path(__file__).resolve().parents[2]
-    table = re.findall(r"^\| `(inferfleet_\w+)` \|", (root / "docs" / "metrics.md").read_text(), re.MULTILINE)
+    table = re.findall(
+        r"^\| `(inferfleet_\w+)` \|", (root / "docs" / "metrics.md").read_text(), re.MULTILINE
+    )
     assert sorted(table) == metric_names()
     assert len(table) == len(set(table))
 
@@ -202,19 +231,35 @@ def test_every_metric_the_docs_and_deploy_files_name_is_exported():
     from inferfleet.worker.metrics import metric_names
 
     root = Path(__file__).resolve().parents[2]
-    files = [root / "README.md", *(root / "docs").glob("*.md"), *root.glob("docker-compose*.yml"),
-             *(p for p in (root / "deploy").rglob("*") if p.is_file())]
+    files = [
+        root / "README.md",
+        *(root / "docs").glob("*.md"),
+        *root.glob("docker-compose*.yml"),
+        *(p for p in (root / "deploy").rglob("*") if p.is_file()),
+    ]
     exported = set(metric_names())
-    named = {(path.name, re.sub(r"_(bucket|sum|count|created)$", "", m))
-             for path in files for m in re.findall(r"\binferfleet_[a-z_]+", path.read_text(errors="replace"))}
+    named = {
+        (path.name, re.sub(r"_(bucket|sum|count|created)$", "", m))
+        for path in files
+        for m in re.findall(r"\binferfleet_[a-z_]+", path.read_text(errors="replace"))
+    }
     from inferfleet.producer.sharing import LIBRARY
 
-    functions = set(re.findall(r"register_function\('(inferfleet_[a-z_]+)'", LIBRARY))  # Redis Functions, not metrics
+    functions = set(
+        re.findall(r"register_function\('(inferfleet_[a-z_]+)'", LIBRARY)
+    )  # Redis Functions, not metrics
     assert functions == {"inferfleet_enqueue", "inferfleet_check", "inferfleet_cancel"}
-    unknown = {(name, m) for name, m in named
-               if m not in exported and m != "inferfleet_example" and m not in functions}  # an ONNX key
+    unknown = {
+        (name, m)
+        for name, m in named
+        if m not in exported and m != "inferfleet_example" and m not in functions
+    }  # an ONNX key
     assert not unknown
-    assert {m for _, m in named} >= {"inferfleet_queue_lag", "inferfleet_model_info", "inferfleet_requests_total"}
+    assert {m for _, m in named} >= {
+        "inferfleet_queue_lag",
+        "inferfleet_model_info",
+        "inferfleet_requests_total",
+    }
 
 
 def test_lanes_and_tenant_refusals_are_counted_with_bounded_labels(registry):
@@ -228,6 +273,11 @@ def test_lanes_and_tenant_refusals_are_counted_with_bounded_labels(registry):
     assert value(registry, "inferfleet_lane_lag", lane="low") == 3
     metrics.tenant_refused("nightly", "rate_limited", 3)
     metrics.tenant_refused("*", "overloaded", 1)
-    assert value(registry, "inferfleet_tenant_refused_total", tenant="nightly", code="rate_limited") == 3
+    assert (
+        value(registry, "inferfleet_tenant_refused_total", tenant="nightly", code="rate_limited")
+        == 3
+    )
     assert value(registry, "inferfleet_tenant_refused_total", tenant="*", code="overloaded") == 1
-    assert value(registry, "inferfleet_requests_total", code="cancelled") == 0  # the 1.1 codes exported at 0
+    assert (
+        value(registry, "inferfleet_requests_total", code="cancelled") == 0
+    )  # the 1.1 codes exported at 0

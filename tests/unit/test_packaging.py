@@ -10,8 +10,8 @@ PYPROJECT = (ROOT / "pyproject.toml").read_text()
 
 
 def _listed_packages() -> set[str]:
-    block = PYPROJECT[PYPROJECT.index("packages = ["):]
-    return set(re.findall(r'^\s+"([\w.]+)",$', block[:block.index("]")], re.M))
+    block = PYPROJECT[PYPROJECT.index("packages = [") :]
+    return set(re.findall(r'^\s+"([\w.]+)",$', block[: block.index("]")], re.M))
 
 
 def _requirement_names(section: str) -> set[str]:
@@ -20,8 +20,8 @@ def _requirement_names(section: str) -> set[str]:
 
 
 def _section(start: str) -> str:
-    text = PYPROJECT[PYPROJECT.index(start):]
-    return text[:text.index("\n]")]
+    text = PYPROJECT[PYPROJECT.index(start) :]
+    return text[: text.index("\n]")]
 
 
 def test_every_package_folder_is_installed_under_inferfleet() -> None:
@@ -44,4 +44,6 @@ def test_the_sdk_installs_without_the_worker_side() -> None:
 def test_the_console_script_starts_without_importing_the_worker() -> None:
     assert re.search(r'^inferfleet = "inferfleet\.__main__:main"$', PYPROJECT, re.M)
     text = (ROOT / "inferfleet" / "__main__.py").read_text()
-    assert not re.search(r"^(from|import) inferfleet\.worker", text, re.M), "the shim must import the CLI lazily"
+    assert not re.search(r"^(from|import) inferfleet\.worker", text, re.M), (
+        "the shim must import the CLI lazily"
+    )

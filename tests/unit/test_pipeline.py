@@ -47,9 +47,15 @@ def test_stage_keys_name_the_stage_stream_and_its_own_keys_under_the_queue_hash_
     assert supervisor_key(keys) == "inferfleet:{q}:stage:2:supervisor"
     # what the whole pipeline shares stays the queue's: replies, inboxes, dead letters, the swap
     queue = QueueKeys("q")
-    assert (keys.reply("r"), keys.dead, keys.inbox_prefix) == (queue.reply("r"), queue.dead, queue.inbox_prefix)
+    assert (keys.reply("r"), keys.dead, keys.inbox_prefix) == (
+        queue.reply("r"),
+        queue.dead,
+        queue.inbox_prefix,
+    )
     assert model_key(keys) == model_key(queue)
-    assert stage_keys(queue, 0) is queue and stage_keys(queue, 3).requests == "inferfleet:{q}:stage:3"
+    assert (
+        stage_keys(queue, 0) is queue and stage_keys(queue, 3).requests == "inferfleet:{q}:stage:3"
+    )
 
 
 @pytest.mark.parametrize("stage", [0, -1, 64])
@@ -59,10 +65,17 @@ def test_a_stage_key_out_of_range_is_refused(stage: int) -> None:
 
 
 def test_worker_settings_serve_their_stage_stream() -> None:
-    assert WorkerSettings(name="q", model="d", stage=1).queue_keys.requests == "inferfleet:{q}:stage:1"
-    assert WorkerSettings(name="q", model="d", stage=0).queue_keys.requests == "inferfleet:{q}:requests"
-    assert WorkerSettings(name="q", model="d", stage=1, shards=2, shard=1).queue_keys.requests == \
-        "inferfleet:{q.1}:stage:1"
+    assert (
+        WorkerSettings(name="q", model="d", stage=1).queue_keys.requests == "inferfleet:{q}:stage:1"
+    )
+    assert (
+        WorkerSettings(name="q", model="d", stage=0).queue_keys.requests
+        == "inferfleet:{q}:requests"
+    )
+    assert (
+        WorkerSettings(name="q", model="d", stage=1, shards=2, shard=1).queue_keys.requests
+        == "inferfleet:{q.1}:stage:1"
+    )
     with pytest.raises(ConfigError, match="stage must be a number from 0 to 63"):
         WorkerSettings(name="q", model="d", stage=99)
 
@@ -78,11 +91,23 @@ def fake_split(tmp_path: Path, stages: int = 2) -> Path:
     for i in range(stages):
         (out / stage_file(i)).write_bytes(f"program {i}".encode())
         sig = {"form": "tensor", "tensors": [{"name": "x", "dtype": "float32", "shape": ["N", 4]}]}
-        infos.append(StageInfo(i, stage_file(i), sha256_of(str(out / stage_file(i))), f"blocks.{i}" if i else "",
-                               sig, sig, 10, 40))
+        infos.append(
+            StageInfo(
+                i,
+                stage_file(i),
+                sha256_of(str(out / stage_file(i))),
+                f"blocks.{i}" if i else "",
+                sig,
+                sig,
+                10,
+                40,
+            )
+        )
     split_at = [f"blocks.{i}" for i in range(1, stages)]
-    write_manifest(str(out), Manifest("m:build", split_at, pipeline_digest([s.sha256 for s in infos], split_at),
-                                      infos))
+    write_manifest(
+        str(out),
+        Manifest("m:build", split_at, pipeline_digest([s.sha256 for s in infos], split_at), infos),
+    )
     return out
 
 
@@ -101,15 +126,20 @@ def test_a_manifest_round_trips_and_names_each_stage_program(tmp_path: Path) -> 
     assert path == str(split / "stage-1.pt2") and again.version == manifest.version
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda raw: raw.update(format="other/9"), "format is 'other/9'"),
-    (lambda raw: raw.update(stages=raw["stages"][:1]), "at least 2 stages"),
-    (lambda raw: raw.update(split_at=[]), "split_at must list 1 names"),
-    (lambda raw: raw["stages"][1].pop("sha256"), "stage 1 lacks the field 'sha256'"),
-    (lambda raw: raw["stages"][1].update(stage=5), "stage 1 is listed as stage 5"),
-    (lambda raw: raw.update(version="0" * 12), "is not the digest of its stages"),
-])
-def test_a_bad_manifest_is_refused_saying_what_is_wrong(tmp_path: Path, change: Any, message: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda raw: raw.update(format="other/9"), "format is 'other/9'"),
+        (lambda raw: raw.update(stages=raw["stages"][:1]), "at least 2 stages"),
+        (lambda raw: raw.update(split_at=[]), "split_at must list 1 names"),
+        (lambda raw: raw["stages"][1].pop("sha256"), "stage 1 lacks the field 'sha256'"),
+        (lambda raw: raw["stages"][1].update(stage=5), "stage 1 is listed as stage 5"),
+        (lambda raw: raw.update(version="0" * 12), "is not the digest of its stages"),
+    ],
+)
+def test_a_bad_manifest_is_refused_saying_what_is_wrong(
+    tmp_path: Path, change: Any, message: str
+) -> None:
     split = fake_split(tmp_path)
     edit_manifest(split, change)
     with pytest.raises(ModelLoadError, match=message):
@@ -167,35 +197,62 @@ def test_a_stage_computes_only_activations_of_the_split_it_holds(fast: bool) -> 
         answer = admit(b"1-2", other, 0.0)
         assert isinstance(answer, Answer) and answer.code == "model_error"
         reply = decode_reply(answer.payload or b"")
-        assert "pipeline version changed while the request was in flight" in (reply.error_message or "")
-        assert answer.reply_key == QueueKeys("q").reply(reply.id)  # answered to the request's own reply key
+        assert "pipeline version changed while the request was in flight" in (
+            reply.error_message or ""
+        )
+        assert answer.reply_key == QueueKeys("q").reply(
+            reply.id
+        )  # answered to the request's own reply key
 
 
 def test_a_forwarding_stage_keeps_deadline_reply_to_and_trace_for_the_next() -> None:
     intake = stage_intake(version=b"", carry=True)
     inbox = QueueKeys("q").inbox("c1")
-    fields = entry(id="r1", body=encode_body(X), deadline="99999999999999", reply_to=inbox,
-                   traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01", tenant="t")
+    fields = entry(
+        id="r1",
+        body=encode_body(X),
+        deadline="99999999999999",
+        reply_to=inbox,
+        traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+        tenant="t",
+    )
     req = intake.admit_fast(b"1-1", fields, 0.0)
     assert isinstance(req, Request)
-    assert req.extra == {b"deadline": b"99999999999999", b"reply_to": inbox.encode(),
-                         b"traceparent": fields[b"traceparent"]}
+    assert req.extra == {
+        b"deadline": b"99999999999999",
+        b"reply_to": inbox.encode(),
+        b"traceparent": fields[b"traceparent"],
+    }
     assert req.reply_key == inbox
     expired = intake.admit(b"1-2", entry(id="r2", body=encode_body(X), deadline="5"), 10.0)
-    assert isinstance(expired, Answer) and expired.code == "expired"  # deadlines hold at every stage
+    assert (
+        isinstance(expired, Answer) and expired.code == "expired"
+    )  # deadlines hold at every stage
 
 
-def test_the_forward_encoder_writes_activations_in_the_contract_encoding_and_errors_as_replies() -> None:
-    req = Request(b"1-1", "r1", QueueKeys("q").reply("r1"), X, {}, 2, None, extra={b"deadline": b"123"})
-    out = ForwardEncoder(META, encode_answer).encode([req, req], [X * 2, ValueError("boom")], 1.0, 4)
+def test_the_forward_encoder_writes_activations_in_the_contract_encoding_and_errors_as_replies() -> (
+    None
+):
+    req = Request(
+        b"1-1", "r1", QueueKeys("q").reply("r1"), X, {}, 2, None, extra={b"deadline": b"123"}
+    )
+    out = ForwardEncoder(META, encode_answer).encode(
+        [req, req], [X * 2, ValueError("boom")], 1.0, 4
+    )
     forward, error = out
     assert isinstance(forward, Forward) and not isinstance(error, Forward)
     pairs = dict(zip(forward.fields[::2], forward.fields[1::2]))
-    assert pairs[b"id"] == "r1" and pairs[b"version"] == META[1].encode() and pairs[b"deadline"] == b"123"
+    assert (
+        pairs[b"id"] == "r1"
+        and pairs[b"version"] == META[1].encode()
+        and pairs[b"deadline"] == b"123"
+    )
     inputs, params = decode_body(pairs[b"body"])
     np.testing.assert_array_equal(inputs, X * 2)
     assert params == {}
-    assert error.code == "model_error" and "boom" in (decode_reply(error.payload or b"").error_message or "")
+    assert error.code == "model_error" and "boom" in (
+        decode_reply(error.payload or b"").error_message or ""
+    )
 
 
 # --------------------------------------------------------------------------- the splitter's refusals
@@ -205,10 +262,15 @@ def test_split_refuses_a_name_that_is_not_a_submodule_naming_the_candidates(tmp_
     from inferfleet.worker.runtime.split import split_model
 
     example = np.zeros((2, 32), np.float32)
-    with pytest.raises(SplitError, match=r"blocks\.9 is not a submodule.*candidates: embed, blocks, head, blocks\.0"):
+    with pytest.raises(
+        SplitError,
+        match=r"blocks\.9 is not a submodule.*candidates: embed, blocks, head, blocks\.0",
+    ):
         split_model("scripts.build_models:stack", example, ["blocks.9"], str(tmp_path / "out"))
     with pytest.raises(SplitError, match="names a submodule twice"):
-        split_model("scripts.build_models:stack", example, ["blocks.1", "blocks.1"], str(tmp_path / "out"))
+        split_model(
+            "scripts.build_models:stack", example, ["blocks.1", "blocks.1"], str(tmp_path / "out")
+        )
     with pytest.raises(SplitError, match=r"give package\.module:callable"):
         split_model("nocolon", example, ["blocks.1"], str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
@@ -219,7 +281,9 @@ def test_split_refuses_an_out_directory_that_holds_something_else(tmp_path: Path
 
     (tmp_path / "keep.txt").write_text("mine")
     with pytest.raises(SplitError, match="exists and is not a split"):
-        split_model("scripts.build_models:stack", np.zeros((2, 32), np.float32), ["blocks.1"], str(tmp_path))
+        split_model(
+            "scripts.build_models:stack", np.zeros((2, 32), np.float32), ["blocks.1"], str(tmp_path)
+        )
     assert (tmp_path / "keep.txt").read_text() == "mine"
 
 
@@ -227,7 +291,13 @@ def test_split_refuses_a_point_where_the_graph_cannot_be_cut(tmp_path: Path) -> 
     from inferfleet.worker.runtime.split import split_model
 
     # `embed` is the model's first layer: a stage that starts there leaves nothing before it
-    with pytest.raises(SplitError, match=r"cannot be cut at embed: torch found 1 stages, not 2.*candidates"):
-        split_model("scripts.build_models:stack", np.zeros((2, 32), np.float32), ["embed"], str(tmp_path / "o"))
+    with pytest.raises(
+        SplitError, match=r"cannot be cut at embed: torch found 1 stages, not 2.*candidates"
+    ):
+        split_model(
+            "scripts.build_models:stack",
+            np.zeros((2, 32), np.float32),
+            ["embed"],
+            str(tmp_path / "o"),
+        )
     assert not (tmp_path / "o").exists()
-

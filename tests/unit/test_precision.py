@@ -18,14 +18,21 @@ from inferfleet.worker.handler import Handler
 from inferfleet.worker.runtime.loading import apply_precision, file_version, load_runtime
 from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.onnx_backend import OnnxHandler, int8_weight_kind, quantize_onnx
-from inferfleet.worker.runtime.quantize import DynamicInt8Linear, int8_linear, quantize_module, quantize_weight
+from inferfleet.worker.runtime.quantize import (
+    DynamicInt8Linear,
+    int8_linear,
+    quantize_module,
+    quantize_weight,
+)
 from scripts.build_models import example_inputs
 
 KINDS = ["affine", "ctr", "cnn"]
 
 
 def runtime(path, **settings):
-    return load_runtime(WorkerSettings(name="q", model=str(path), **{"warmup_iters": 1, **settings}))
+    return load_runtime(
+        WorkerSettings(name="q", model=str(path), **{"warmup_iters": 1, **settings})
+    )
 
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
@@ -81,14 +88,20 @@ def test_the_documented_int8_bound_covers_every_int8_row_of_the_accuracy_table()
         if len(cells) == 7 and cells[1] in ("torch int8", "ORT int8"):
             rows.append((cells[0], cells[1], float(cells[3])))
     assert len(rows) >= 6, rows  # affine, ctr, cnn x torch, ORT
-    digits = len(re.search(r"at most\s+([0-9.]+)%", BENCHMARKS.read_text()).group(1).partition(".")[2])
+    digits = len(
+        re.search(r"at most\s+([0-9.]+)%", BENCHMARKS.read_text()).group(1).partition(".")[2]
+    )
     for model, variant, max_rel in rows:
         assert round(max_rel * 100, digits) <= bound * 100 + 1e-9, (model, variant, max_rel, bound)
 
 
 def test_int8_linear_matches_float_linear_within_quantization_error():
     gen = torch.Generator().manual_seed(1)
-    x, w, b = torch.randn(64, 40, generator=gen), torch.randn(24, 40, generator=gen), torch.randn(24, generator=gen)
+    x, w, b = (
+        torch.randn(64, 40, generator=gen),
+        torch.randn(24, 40, generator=gen),
+        torch.randn(24, generator=gen),
+    )
     w_int8, scale = quantize_weight(w)
     assert w_int8.dtype == torch.int8 and scale.shape == (24,)
     got, want = int8_linear(x, w_int8, scale, b), x @ w.T + b
@@ -138,7 +151,9 @@ def test_int8_eager_handler_stays_close_to_fp32():
 def test_int8_onnx_quantized_at_load_stays_close_to_fp32(onnx_models_dir, kind):
     x = example_inputs(kind, rows=64, seed=2)
     full = runtime(onnx_models_dir / f"{kind}.onnx").predict(x, {})
-    assert_int8_close(full, runtime(onnx_models_dir / f"{kind}.onnx", precision="int8").predict(x, {}))
+    assert_int8_close(
+        full, runtime(onnx_models_dir / f"{kind}.onnx", precision="int8").predict(x, {})
+    )
 
 
 # u8 weights give the same integers on every CPU, so measuring them here measures them on x86
@@ -151,8 +166,10 @@ WEIGHT_KINDS = ["u8"] + (["s8"] if int8_weight_kind() == "s8" else [])
 def test_int8_onnx_weight_kinds_each_stay_close_to_fp32(onnx_models_dir, tmp_path, kind, weights):
     quantize_onnx(str(onnx_models_dir / f"{kind}.onnx"), str(tmp_path / "q.onnx"), weights)
     x = example_inputs(kind, rows=64, seed=2)
-    assert_int8_close(runtime(onnx_models_dir / f"{kind}.onnx").predict(x, {}),
-                      runtime(tmp_path / "q.onnx").predict(x, {}))
+    assert_int8_close(
+        runtime(onnx_models_dir / f"{kind}.onnx").predict(x, {}),
+        runtime(tmp_path / "q.onnx").predict(x, {}),
+    )
 
 
 @pytest.mark.parametrize(
@@ -176,10 +193,15 @@ def test_int8_weight_kind_obeys_the_override_and_refuses_a_bad_one(monkeypatch):
         int8_weight_kind()
 
 
-def test_int8_onnx_copy_from_export_script_keeps_its_example_and_matches_load_time_int8(onnx_models_dir):
+def test_int8_onnx_copy_from_export_script_keeps_its_example_and_matches_load_time_int8(
+    onnx_models_dir,
+):
     x = example_inputs("ctr", rows=16, seed=6)
     copy = runtime(onnx_models_dir / "ctr.int8.onnx")
-    assert copy.example is not None and copy.input_spec == runtime(onnx_models_dir / "ctr.onnx").input_spec
+    assert (
+        copy.example is not None
+        and copy.input_spec == runtime(onnx_models_dir / "ctr.onnx").input_spec
+    )
     at_load = runtime(onnx_models_dir / "ctr.onnx", precision="int8")
     np.testing.assert_allclose(copy.predict(x, {}), at_load.predict(x, {}), rtol=1e-5, atol=1e-6)
 
@@ -205,7 +227,9 @@ def test_int8_refuses_a_gpu_device_naming_fp16_and_bf16():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_onnx_model_equals_torchscript_with_the_same_spec_and_file_version(onnx_models_dir, models_dir, kind):
+def test_onnx_model_equals_torchscript_with_the_same_spec_and_file_version(
+    onnx_models_dir, models_dir, kind
+):
     path = onnx_models_dir / f"{kind}.onnx"
     onnx_rt, script_rt = runtime(path, max_batch_rows=8), runtime(models_dir / f"{kind}.pt")
     assert isinstance(onnx_rt.handler, OnnxHandler) and not onnx_rt.accepts_params
@@ -213,7 +237,9 @@ def test_onnx_model_equals_torchscript_with_the_same_spec_and_file_version(onnx_
     assert onnx_rt.version == file_version(str(path))
     for rows in (1, 7, 100):  # the batch axis is dynamic
         x = example_inputs(kind, rows=rows, seed=rows)
-        np.testing.assert_allclose(onnx_rt.predict(x, {}), script_rt.predict(x, {}), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            onnx_rt.predict(x, {}), script_rt.predict(x, {}), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_onnx_inputs_by_name_or_position_and_clear_errors(onnx_models_dir):
@@ -259,7 +285,9 @@ def test_onnx_refuses_autocast_precisions(onnx_models_dir):
 
 
 def test_onnx_without_onnxruntime_says_what_to_install(onnx_models_dir, monkeypatch):
-    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
+    monkeypatch.setitem(
+        sys.modules, "onnxruntime", None
+    )  # import onnxruntime now raises ImportError
     said = r"needs onnxruntime: pip install onnxruntime \(or, in a checkout, pip install -e '\.\[onnx\]'\)"
     with pytest.raises(ModelLoadError, match=said):
         runtime(onnx_models_dir / "affine.onnx")

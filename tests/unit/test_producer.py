@@ -45,19 +45,27 @@ def producer(client: fakeredis.FakeRedis) -> Iterator[Producer]:
     p.close()
 
 
-def entries(client: fakeredis.FakeRedis, producer: Producer) -> list[tuple[bytes, dict[bytes, bytes]]]:
+def entries(
+    client: fakeredis.FakeRedis, producer: Producer
+) -> list[tuple[bytes, dict[bytes, bytes]]]:
     return client.xrange(producer.keys.requests)
 
 
 def ok_reply(rid: str, outputs: object = None) -> bytes:
-    return encode_reply_ok(rid, X if outputs is None else outputs, ("q", "v1"),
-                           {"queued_ms": 1.0, "infer_ms": 2.0, "batch_rows": 2})
+    return encode_reply_ok(
+        rid,
+        X if outputs is None else outputs,
+        ("q", "v1"),
+        {"queued_ms": 1.0, "infer_ms": 2.0, "batch_rows": 2},
+    )
 
 
 # --------------------------------------------------------------------------- submit
 
 
-def test_submit_writes_one_entry_that_decodes_to_the_inputs(client: fakeredis.FakeRedis, producer: Producer) -> None:
+def test_submit_writes_one_entry_that_decodes_to_the_inputs(
+    client: fakeredis.FakeRedis, producer: Producer
+) -> None:
     before = time.time() * 1000
     rid = producer.submit(X, {"t": 0.5})
     written = entries(client, producer)
@@ -71,7 +79,9 @@ def test_submit_writes_one_entry_that_decodes_to_the_inputs(client: fakeredis.Fa
     assert params == {"t": 0.5}
 
 
-def test_submit_stream_key_is_the_contract_key(client: fakeredis.FakeRedis, producer: Producer) -> None:
+def test_submit_stream_key_is_the_contract_key(
+    client: fakeredis.FakeRedis, producer: Producer
+) -> None:
     producer.submit(X)
     assert client.keys("*") == [b"inferfleet:{q}:requests"]
 
@@ -82,7 +92,7 @@ def test_submit_with_deadline_and_reply_to(client: fakeredis.FakeRedis, producer
     rid = producer.submit({"a": X}, deadline_s=2.0, request_id="custom:id-1", reply_to=inbox)
     after = int(time.time() * 1000)
     assert rid == "custom:id-1"
-    (_, fields), = entries(client, producer)
+    ((_, fields),) = entries(client, producer)
     env = parse_entry(fields)
     assert env.rid == "custom:id-1"
     assert env.reply_to == inbox
@@ -122,14 +132,17 @@ def test_submit_refuses_reply_to_outside_the_inbox_and_writes_nothing(
 
 
 @pytest.mark.parametrize("deadline_s", [0, -1.0])
-def test_submit_refuses_non_positive_deadline(client: fakeredis.FakeRedis, producer: Producer,
-                                              deadline_s: float) -> None:
+def test_submit_refuses_non_positive_deadline(
+    client: fakeredis.FakeRedis, producer: Producer, deadline_s: float
+) -> None:
     with pytest.raises(errors.ProtocolError, match="deadline"):
         producer.submit(X, deadline_s=deadline_s)
     assert client.exists(producer.keys.requests) == 0
 
 
-def test_submit_refuses_unencodable_inputs_and_writes_nothing(client: fakeredis.FakeRedis, producer: Producer) -> None:
+def test_submit_refuses_unencodable_inputs_and_writes_nothing(
+    client: fakeredis.FakeRedis, producer: Producer
+) -> None:
     with pytest.raises(errors.ProtocolError):
         producer.submit(np.zeros((2, 2), np.complex64))
     assert client.exists(producer.keys.requests) == 0
@@ -140,7 +153,9 @@ def test_invalid_queue_name_is_refused() -> None:
         Producer(client=fakeredis.FakeRedis(), name="bad name")
 
 
-def test_submit_many_writes_entries_in_order(client: fakeredis.FakeRedis, producer: Producer) -> None:
+def test_submit_many_writes_entries_in_order(
+    client: fakeredis.FakeRedis, producer: Producer
+) -> None:
     rids = producer.submit_many([X * i for i in range(5)], chunk=2)
     written = entries(client, producer)
     assert [f[b"id"].decode() for _, f in written] == rids
@@ -205,7 +220,9 @@ def test_result_raises_the_matching_reply_error(
     assert info.value.reply.id == rid
 
 
-def test_result_returns_error_replies_when_asked(client: fakeredis.FakeRedis, producer: Producer) -> None:
+def test_result_returns_error_replies_when_asked(
+    client: fakeredis.FakeRedis, producer: Producer
+) -> None:
     rid = producer.submit(X)
     client.rpush(producer.keys.reply(rid), encode_reply_error(rid, "model_error", "boom"))
     reply = producer.result(rid, timeout_s=1, raise_errors=False)
@@ -234,7 +251,9 @@ def test_results_collects_several_in_order(client: fakeredis.FakeRedis, producer
         np.testing.assert_array_equal(reply.outputs, X * i)
 
 
-def test_results_keeps_error_replies_by_default(client: fakeredis.FakeRedis, producer: Producer) -> None:
+def test_results_keeps_error_replies_by_default(
+    client: fakeredis.FakeRedis, producer: Producer
+) -> None:
     rids = [producer.submit(X) for _ in range(2)]
     client.rpush(producer.keys.reply(rids[0]), encode_reply_error(rids[0], "expired", "late"))
     client.rpush(producer.keys.reply(rids[1]), ok_reply(rids[1]))
@@ -243,7 +262,9 @@ def test_results_keeps_error_replies_by_default(client: fakeredis.FakeRedis, pro
     assert replies[0].error_code == "expired"
 
 
-def test_results_times_out_when_one_is_missing(client: fakeredis.FakeRedis, producer: Producer) -> None:
+def test_results_times_out_when_one_is_missing(
+    client: fakeredis.FakeRedis, producer: Producer
+) -> None:
     rids = [producer.submit(X) for _ in range(3)]
     client.rpush(producer.keys.reply(rids[0]), ok_reply(rids[0]))
     with pytest.raises(errors.ReplyTimeout, match="2 of 3"):
@@ -298,7 +319,9 @@ class FakeWorker:
         self.client.rpush(key, payload)
 
 
-def test_map_returns_replies_in_input_order(server: fakeredis.FakeServer, producer: Producer) -> None:
+def test_map_returns_replies_in_input_order(
+    server: fakeredis.FakeServer, producer: Producer
+) -> None:
     inputs = [np.full((1, 2), i, np.float32) for i in range(25)]
     with FakeWorker(server, producer.keys.requests):
         replies = producer.map(inputs, window=7, timeout_s=5)
@@ -309,22 +332,27 @@ def test_map_returns_replies_in_input_order(server: fakeredis.FakeServer, produc
     assert len({r.id for r in replies}) == 25
 
 
-def test_map_uses_the_producers_inbox(client: fakeredis.FakeRedis, server: fakeredis.FakeServer,
-                                      producer: Producer) -> None:
+def test_map_uses_the_producers_inbox(
+    client: fakeredis.FakeRedis, server: fakeredis.FakeServer, producer: Producer
+) -> None:
     with FakeWorker(server, producer.keys.requests):
         producer.map([X], timeout_s=5)
-    (_, fields), = entries(client, producer)
+    ((_, fields),) = entries(client, producer)
     assert fields[b"reply_to"] == producer.inbox.encode()
     assert producer.keys.is_inbox(producer.inbox)
 
 
-def test_map_returns_error_replies_in_place(server: fakeredis.FakeServer, producer: Producer) -> None:
+def test_map_returns_error_replies_in_place(
+    server: fakeredis.FakeServer, producer: Producer
+) -> None:
     with FakeWorker(server, producer.keys.requests, fail_every=3):
         replies = producer.map([X] * 6, timeout_s=5)
     assert [r.ok for r in replies].count(False) == 2
 
 
-def test_map_raises_on_error_replies_when_asked(server: fakeredis.FakeServer, producer: Producer) -> None:
+def test_map_raises_on_error_replies_when_asked(
+    server: fakeredis.FakeServer, producer: Producer
+) -> None:
     with FakeWorker(server, producer.keys.requests, fail_every=1):
         with pytest.raises(errors.ModelError):
             producer.map([X] * 3, timeout_s=5, raise_errors=True)
@@ -424,7 +452,9 @@ def test_redis_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
         p.close()
 
 
-def test_other_redis_errors_become_inferfleet_errors(client: fakeredis.FakeRedis, producer: Producer) -> None:
+def test_other_redis_errors_become_inferfleet_errors(
+    client: fakeredis.FakeRedis, producer: Producer
+) -> None:
     client.set(producer.keys.requests, b"not a stream")
     with pytest.raises(errors.InferfleetError) as info:
         producer.submit(X)
@@ -438,14 +468,16 @@ def test_other_redis_errors_become_inferfleet_errors(client: fakeredis.FakeRedis
 def test_no_default_deadline_when_disabled(client: fakeredis.FakeRedis) -> None:
     with Producer(client=client, name="q", default_deadline_s=None) as p:
         p.submit(X)
-    (_, fields), = client.xrange("inferfleet:{q}:requests")
+    ((_, fields),) = client.xrange("inferfleet:{q}:requests")
     assert set(fields) == {b"id", b"body"}
 
 
-def test_infer_uses_its_timeout_as_deadline(client: fakeredis.FakeRedis, producer: Producer) -> None:
+def test_infer_uses_its_timeout_as_deadline(
+    client: fakeredis.FakeRedis, producer: Producer
+) -> None:
     with pytest.raises(errors.ReplyTimeout):
         producer.infer(X, timeout_s=0.05)
-    (_, fields), = entries(client, producer)
+    ((_, fields),) = entries(client, producer)
     assert int(fields[b"deadline"]) <= time.time() * 1000 + 100
 
 

@@ -58,18 +58,27 @@ def assert_same_tensor(got: np.ndarray, want: np.ndarray) -> None:
 _DEFAULT = object()
 
 
-def tensor_map(dtype: Any = "float32", shape: Any = (2, 3), data: Any = _DEFAULT, **extra: Any) -> dict:
+def tensor_map(
+    dtype: Any = "float32", shape: Any = (2, 3), data: Any = _DEFAULT, **extra: Any
+) -> dict:
     """A raw TENSOR map; by default a valid one of float32[2,3]."""
     if data is _DEFAULT:
         data = bytes(4 * 6)
-    return {"dtype": dtype, "shape": list(shape) if isinstance(shape, tuple) else shape, "data": data, **extra}
+    return {
+        "dtype": dtype,
+        "shape": list(shape) if isinstance(shape, tuple) else shape,
+        "data": data,
+        **extra,
+    }
 
 
 def body_of(inputs: Any, **extra: Any) -> bytes:
     return pack({"inputs": inputs, **extra})
 
 
-def expect_error(body: bytes, code: str = "bad_request", limits: Limits | None = None) -> ProtocolError:
+def expect_error(
+    body: bytes, code: str = "bad_request", limits: Limits | None = None
+) -> ProtocolError:
     with pytest.raises(ProtocolError) as info:
         if limits is None:
             decode_body(body)
@@ -194,7 +203,15 @@ def test_torch_bfloat16_is_refused_with_protocol_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "dtype", ["uint16", "uint32", "uint64", "complex64", "float128" if hasattr(np, "float128") else "complex128"])
+    "dtype",
+    [
+        "uint16",
+        "uint32",
+        "uint64",
+        "complex64",
+        "float128" if hasattr(np, "float128") else "complex128",
+    ],
+)
 def test_dtypes_outside_the_contract_are_refused(dtype: str) -> None:
     with pytest.raises(ProtocolError, match="unsupported dtype") as info:
         encode_body(np.zeros((2, 2), dtype=dtype))
@@ -419,7 +436,9 @@ def test_tensor_without_dtype_is_bad_request() -> None:
     expect_error(body_of(t))
 
 
-@pytest.mark.parametrize("dtype", ["float", "bfloat16", "uint16", "complex64", "", "FLOAT32", 5, None, b"float32"])
+@pytest.mark.parametrize(
+    "dtype", ["float", "bfloat16", "uint16", "complex64", "", "FLOAT32", 5, None, b"float32"]
+)
 def test_unknown_dtype_is_bad_request(dtype: Any) -> None:
     expect_error(body_of(tensor_map(dtype=dtype)))
     expect_error(body_of({"x": tensor_map(dtype=dtype)}))
@@ -444,8 +463,20 @@ def test_unknown_dtype_is_bad_request(dtype: Any) -> None:
         [1] * 9,
     ],
     ids=[
-        "string", "int", "map", "nil", "empty", "negative-rows", "negative-dim", "float", "str-dim",
-        "bool-true", "bool-false", "nil-dim", "nested", "too-many-dims",
+        "string",
+        "int",
+        "map",
+        "nil",
+        "empty",
+        "negative-rows",
+        "negative-dim",
+        "float",
+        "str-dim",
+        "bool-true",
+        "bool-false",
+        "nil-dim",
+        "nested",
+        "too-many-dims",
     ],
 )
 def test_bad_shape_is_bad_request(shape: Any) -> None:
@@ -459,7 +490,9 @@ def test_max_ndim_is_the_limit() -> None:
     expect_error(body_of(tensor_map(shape=[1, 1, 1, 1], data=bytes(4))), limits=limits)
 
 
-@pytest.mark.parametrize("data", ["\x00" * 24, [0] * 24, None, 0], ids=["str", "array", "nil", "int"])
+@pytest.mark.parametrize(
+    "data", ["\x00" * 24, [0] * 24, None, 0], ids=["str", "array", "nil", "int"]
+)
 def test_data_not_bin_is_bad_request(data: Any) -> None:
     err = expect_error(body_of(tensor_map(data=data)))
     assert "bin" in str(err)
@@ -479,7 +512,9 @@ def test_huge_declared_shape_with_small_data_fails_without_allocating() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 1 << 20  # what is allocated, not how long it took: a timing flakes on a loaded machine
+    assert (
+        peak < 1 << 20
+    )  # what is allocated, not how long it took: a timing flakes on a loaded machine
 
 
 @pytest.mark.parametrize("bad", [2, 255, 17])
@@ -489,7 +524,9 @@ def test_bool_bytes_other_than_zero_or_one_are_bad_request(bad: int) -> None:
 
 
 def test_bool_bytes_zero_and_one_are_accepted() -> None:
-    inputs, _ = decode_body(body_of(tensor_map(dtype="bool", shape=[2, 2], data=bytes([0, 1, 1, 0]))))
+    inputs, _ = decode_body(
+        body_of(tensor_map(dtype="bool", shape=[2, 2], data=bytes([0, 1, 1, 0])))
+    )
     np.testing.assert_array_equal(inputs, [[False, True], [True, False]])
 
 
@@ -562,7 +599,11 @@ def test_unpack_alone_reports_too_large() -> None:
     ids=["bin32", "str32", "array32", "map32", "ext32"],
 )
 def test_huge_declared_lengths_fail_fast_without_allocating(header: bytes) -> None:
-    hostile = b"\x81\xa6inputs\x83\xa5dtype\xa5uint8\xa5shape\x91\xce\x80\x00\x00\x00\xa4data" + header + b"abc"
+    hostile = (
+        b"\x81\xa6inputs\x83\xa5dtype\xa5uint8\xa5shape\x91\xce\x80\x00\x00\x00\xa4data"
+        + header
+        + b"abc"
+    )
     tracemalloc.start()
     try:
         for body in (hostile, header + b"abc"):

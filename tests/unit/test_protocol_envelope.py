@@ -47,8 +47,21 @@ def test_valid_queue_names_are_returned_unchanged(name: str) -> None:
 @pytest.mark.parametrize(
     "name",
     ["", "x" * 65, "a b", "a:b", "a{b", "a}b", "a/b", "é", "a\n", "a\x00", None, 5, b"ctr"],
-    ids=["empty", "65-chars", "space", "colon", "open-brace", "close-brace", "slash", "non-ascii",
-         "trailing-newline", "nul", "none", "int", "bytes"],
+    ids=[
+        "empty",
+        "65-chars",
+        "space",
+        "colon",
+        "open-brace",
+        "close-brace",
+        "slash",
+        "non-ascii",
+        "trailing-newline",
+        "nul",
+        "none",
+        "int",
+        "bytes",
+    ],
 )
 def test_invalid_queue_names_are_refused(name: Any) -> None:
     with pytest.raises(ProtocolError, match="queue name") as info:
@@ -65,8 +78,20 @@ def test_valid_request_ids_are_returned_as_str(rid: str) -> None:
 @pytest.mark.parametrize(
     "rid",
     ["", "r" * 129, "a b", "a/b", "a{b}", "é", "a\n", "a\x00", "a*", b"\xff", 5, None],
-    ids=["empty", "129-chars", "space", "slash", "braces", "non-ascii", "trailing-newline", "nul",
-         "star", "bad-bytes", "int", "none"],
+    ids=[
+        "empty",
+        "129-chars",
+        "space",
+        "slash",
+        "braces",
+        "non-ascii",
+        "trailing-newline",
+        "nul",
+        "star",
+        "bad-bytes",
+        "int",
+        "none",
+    ],
 )
 def test_invalid_request_ids_are_refused(rid: Any) -> None:
     with pytest.raises(ProtocolError, match="request id"):
@@ -102,7 +127,9 @@ def test_every_key_of_a_queue_shares_one_hash_tag() -> None:
         assert key.count("{") == 1 and key.count("}") == 1
 
 
-@pytest.mark.parametrize("name,prefix", [("a b", "inferfleet"), ("q", "bad prefix"), ("q", ""), ("", "p")])
+@pytest.mark.parametrize(
+    "name,prefix", [("a b", "inferfleet"), ("q", "bad prefix"), ("q", ""), ("", "p")]
+)
 def test_queue_keys_validate_name_and_prefix(name: str, prefix: str) -> None:
     with pytest.raises(ProtocolError):
         QueueKeys(name, prefix)
@@ -160,12 +187,21 @@ def test_entry_time_ms_reads_the_stream_id_timestamp() -> None:
 
 def test_request_fields_minimal_and_full() -> None:
     assert request_fields("r1", b"B") == {"id": "r1", "body": b"B"}
-    full = request_fields("r1", b"B", deadline_ms=1700000000123.9, reply_to="inferfleet:{q}:inbox:x")
-    assert full == {"id": "r1", "body": b"B", "deadline": "1700000000123", "reply_to": "inferfleet:{q}:inbox:x"}
+    full = request_fields(
+        "r1", b"B", deadline_ms=1700000000123.9, reply_to="inferfleet:{q}:inbox:x"
+    )
+    assert full == {
+        "id": "r1",
+        "body": b"B",
+        "deadline": "1700000000123",
+        "reply_to": "inferfleet:{q}:inbox:x",
+    }
 
 
 def test_parse_entry_reads_every_field() -> None:
-    env = parse_entry(entry(id="r-1", body=BODY, deadline="1700000000123", reply_to="inferfleet:{q}:inbox:z"))
+    env = parse_entry(
+        entry(id="r-1", body=BODY, deadline="1700000000123", reply_to="inferfleet:{q}:inbox:z")
+    )
     assert env.rid == "r-1"
     assert env.body == BODY
     assert env.deadline_ms == 1700000000123
@@ -183,7 +219,12 @@ def test_parse_entry_optional_fields_default_to_none() -> None:
 def test_parse_entry_round_trips_request_fields() -> None:
     fields = request_fields("abc", BODY, 123, "inferfleet:{q}:inbox:i")
     env = parse_entry(entry(**fields))
-    assert (env.rid, env.body, env.deadline_ms, env.reply_to) == ("abc", BODY, 123, "inferfleet:{q}:inbox:i")
+    assert (env.rid, env.body, env.deadline_ms, env.reply_to) == (
+        "abc",
+        BODY,
+        123,
+        "inferfleet:{q}:inbox:i",
+    )
 
 
 def test_parse_entry_without_id_has_no_rid() -> None:
@@ -207,7 +248,9 @@ def test_parse_entry_with_readable_id_but_no_body_keeps_the_rid() -> None:
     assert info.value.code == "bad_request"
 
 
-@pytest.mark.parametrize("deadline", [b"", b"soon", b"-5", b"1.5", b"12a", b" 12", b"1" * 17, b"\xd9\xa1"])
+@pytest.mark.parametrize(
+    "deadline", [b"", b"soon", b"-5", b"1.5", b"12a", b" 12", b"1" * 17, b"\xd9\xa1"]
+)
 def test_parse_entry_non_decimal_deadline_keeps_the_rid(deadline: bytes) -> None:
     with pytest.raises(ProtocolError, match="deadline") as info:
         parse_entry({b"id": b"r-9", b"body": BODY, b"deadline": deadline})
@@ -290,8 +333,16 @@ def test_encode_reply_error_refuses_unknown_codes(code: str) -> None:
 
 
 def test_error_codes_are_the_contract_codes() -> None:
-    assert set(ERROR_CODES) == {"bad_request", "too_large", "expired", "model_error", "dead_letter",
-                                "cancelled", "rate_limited", "overloaded"}  # version 1.1 adds the last three
+    assert set(ERROR_CODES) == {
+        "bad_request",
+        "too_large",
+        "expired",
+        "model_error",
+        "dead_letter",
+        "cancelled",
+        "rate_limited",
+        "overloaded",
+    }  # version 1.1 adds the last three
 
 
 @pytest.mark.parametrize(
@@ -307,7 +358,9 @@ def test_error_codes_are_the_contract_codes() -> None:
         ("dead_letter", errors.DeadLetter),
     ],
 )
-def test_raise_for_error_raises_the_matching_subclass(code: str, cls: type[errors.ReplyError]) -> None:
+def test_raise_for_error_raises_the_matching_subclass(
+    code: str, cls: type[errors.ReplyError]
+) -> None:
     reply = decode_reply(encode_reply_error("r-3", code, "why"))
     with pytest.raises(cls) as info:
         reply.raise_for_error()
@@ -355,7 +408,11 @@ def test_decode_reply_refuses_garbage() -> None:
         {"id": "r", "ok": True},  # ok without outputs
         {"id": "r", "ok": False, "error": "boom"},  # error not a map
         {"id": "r", "ok": False, "model": "ctr"},  # model not a map
-        {"id": "r", "ok": True, "outputs": 5},  # outputs neither tensors nor raw (1.2) text or bytes
+        {
+            "id": "r",
+            "ok": True,
+            "outputs": 5,
+        },  # outputs neither tensors nor raw (1.2) text or bytes
     ],
     ids=["ok-no-outputs", "error-str", "model-str", "outputs-str"],
 )

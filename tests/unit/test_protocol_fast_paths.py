@@ -36,24 +36,35 @@ TIMING = {"queued_ms": 1.5, "infer_ms": 2.0, "batch_rows": 3}
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("shape", [(1, 16), (3,), (2, 1, 5), (1, 300), (1, 20000)])  # fixbin, bin8, bin16, bin32
+@pytest.mark.parametrize(
+    "shape", [(1, 16), (3,), (2, 1, 5), (1, 300), (1, 20000)]
+)  # fixbin, bin8, bin16, bin32
 @pytest.mark.parametrize("params", [None, {}, {"t": 0.5, "name": "x", "n": [1, 2]}])
-def test_template_bodies_are_the_bytes_encode_body_writes(dtype: str, shape: tuple, params: dict | None) -> None:
+def test_template_bodies_are_the_bytes_encode_body_writes(
+    dtype: str, shape: tuple, params: dict | None
+) -> None:
     rng = np.random.default_rng(0)
     encoder = BodyEncoder(params)
     for _ in range(3):  # the first learns the template, the others use it
-        x = (rng.standard_normal(shape) * 50).astype(DTYPES[dtype]) if dtype != "bool" else rng.random(shape) > 0.5
+        x = (
+            (rng.standard_normal(shape) * 50).astype(DTYPES[dtype])
+            if dtype != "bool"
+            else rng.random(shape) > 0.5
+        )
         assert encoder.encode(x) == encode_body(x, params)
 
 
-@pytest.mark.parametrize("inputs", [
-    np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2],  # not contiguous
-    np.arange(4, dtype=">f4").reshape(1, 4),  # big-endian: converted, as encode_body does
-    np.zeros((0, 4), np.float32),  # empty
-    [np.ones((1, 2), np.int64), np.zeros((1, 3), np.uint8)],
-    {"a": np.ones((2, 2), np.float16)},
-    [[1.0, 2.0]],  # a nested list becomes a tensor
-])
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2],  # not contiguous
+        np.arange(4, dtype=">f4").reshape(1, 4),  # big-endian: converted, as encode_body does
+        np.zeros((0, 4), np.float32),  # empty
+        [np.ones((1, 2), np.int64), np.zeros((1, 3), np.uint8)],
+        {"a": np.ones((2, 2), np.float16)},
+        [[1.0, 2.0]],  # a nested list becomes a tensor
+    ],
+)
 def test_other_inputs_take_encode_body(inputs: object) -> None:
     encoder = BodyEncoder({"k": 1})
     assert encoder.encode(inputs) == encode_body(inputs, {"k": 1})
@@ -61,17 +72,26 @@ def test_other_inputs_take_encode_body(inputs: object) -> None:
 
 
 @pytest.mark.parametrize("params", [None, {"t": 0.5}])
-@pytest.mark.parametrize("layout", [
-    {"dense": ("float32", (1, 13)), "sparse": ("int64", (1, 26))},  # the CTR model's inputs
-    {"b": ("uint8", (2, 300)), "a": ("float16", (2,))},  # bin16 data, names out of order
-    {"only": ("bool", (1, 5))},
-])
-def test_map_template_bodies_are_the_bytes_encode_body_writes(layout: dict, params: dict | None) -> None:
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"dense": ("float32", (1, 13)), "sparse": ("int64", (1, 26))},  # the CTR model's inputs
+        {"b": ("uint8", (2, 300)), "a": ("float16", (2,))},  # bin16 data, names out of order
+        {"only": ("bool", (1, 5))},
+    ],
+)
+def test_map_template_bodies_are_the_bytes_encode_body_writes(
+    layout: dict, params: dict | None
+) -> None:
     rng = np.random.default_rng(1)
     encoder = BodyEncoder(params)
     for i in range(4):  # the first learns the parts, the others use them; one is all zeros
-        x = {name: (rng.standard_normal(shape) * 50 * (i != 2)).astype(DTYPES[dtype]) if dtype != "bool"
-             else rng.random(shape) > 0.5 for name, (dtype, shape) in layout.items()}
+        x = {
+            name: (rng.standard_normal(shape) * 50 * (i != 2)).astype(DTYPES[dtype])
+            if dtype != "bool"
+            else rng.random(shape) > 0.5
+            for name, (dtype, shape) in layout.items()
+        }
         assert encoder.encode(x) == encode_body(x, params)
 
 
@@ -91,7 +111,9 @@ def decode_body_of(body: bytes) -> tuple:
     return decode_body(body)
 
 
-@pytest.mark.parametrize("bad", [np.float32(1.0), np.zeros((1, 2), np.complex64), np.zeros((1, 1), object)])
+@pytest.mark.parametrize(
+    "bad", [np.float32(1.0), np.zeros((1, 2), np.complex64), np.zeros((1, 1), object)]
+)
 def test_what_the_contract_refuses_is_refused_every_time(bad: object) -> None:
     encoder = BodyEncoder()
     for _ in range(2):
@@ -115,16 +137,19 @@ def test_peek_reads_id_and_ok_of_the_fleets_replies(rid: str) -> None:
     assert peek_reply(failed) == (rid, False)
 
 
-@pytest.mark.parametrize("raw", [
-    msgpack.packb({"ok": True, "id": "r", "outputs": {}}),  # another key order
-    msgpack.packb({"id": 5, "ok": True}),  # an id that is no string
-    msgpack.packb({"id": "r", "ok": 1}),  # an ok that is no bool
-    msgpack.packb({"id": "r"}),
-    msgpack.packb([1, 2, 3]),
-    b"\x82\xa2id\xa3ab",  # cut short
-    b"\x82\xa2id\xa2\xff\xfe\xa2ok\xc3",  # not UTF-8
-    b"\xc0",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        msgpack.packb({"ok": True, "id": "r", "outputs": {}}),  # another key order
+        msgpack.packb({"id": 5, "ok": True}),  # an id that is no string
+        msgpack.packb({"id": "r", "ok": 1}),  # an ok that is no bool
+        msgpack.packb({"id": "r"}),
+        msgpack.packb([1, 2, 3]),
+        b"\x82\xa2id\xa3ab",  # cut short
+        b"\x82\xa2id\xa2\xff\xfe\xa2ok\xc3",  # not UTF-8
+        b"\xc0",
+    ],
+)
 def test_peek_gives_up_on_any_other_layout(raw: bytes) -> None:
     assert peek_reply(raw) is None
 
@@ -138,7 +163,11 @@ def test_a_lazy_reply_has_every_field_decode_reply_gives() -> None:
     lazy, eager = lazy_reply(raw), decode_reply(raw)
     assert isinstance(lazy, LazyReply) and isinstance(lazy, Reply)
     assert (lazy.id, lazy.ok, lazy.error_code, lazy.error_message) == ("rid-1", True, None, None)
-    assert (lazy.model_name, lazy.model_version, lazy.timing) == (eager.model_name, eager.model_version, TIMING)
+    assert (lazy.model_name, lazy.model_version, lazy.timing) == (
+        eager.model_name,
+        eager.model_version,
+        TIMING,
+    )
     assert lazy.outputs.keys() == eager.outputs.keys()
     for name in outputs:
         np.testing.assert_array_equal(lazy.outputs[name], outputs[name])
@@ -162,7 +191,9 @@ def test_failed_and_unusual_replies_are_decoded_at_once() -> None:
     assert failed.model_name == "m"
     with pytest.raises(ModelError):
         failed.raise_for_error()
-    reordered = msgpack.packb({"ok": True, "id": "r3", "outputs": {"dtype": "int8", "shape": [1], "data": b"\x01"}})
+    reordered = msgpack.packb(
+        {"ok": True, "id": "r3", "outputs": {"dtype": "int8", "shape": [1], "data": b"\x01"}}
+    )
     assert type(lazy_reply(reordered)) is Reply and lazy_reply(reordered).outputs.tolist() == [1]
     with pytest.raises(ProtocolError):
         lazy_reply(msgpack.packb({"ok": True, "id": "r4"}))  # no outputs: as decode_reply says
@@ -174,7 +205,9 @@ def test_a_lazy_reply_equals_the_eager_one_and_stays_frozen() -> None:
     raw = encode_reply_ok("r5", np.full((1, 1), 2.0, np.float32), ("m", "1"), TIMING)
     lazy, eager = lazy_reply(raw), decode_reply(raw)
     assert lazy == eager and eager == lazy and lazy == lazy_reply(raw)
-    assert lazy != decode_reply(encode_reply_ok("r6", np.full((1, 1), 2.0, np.float32), ("m", "1"), TIMING))
+    assert lazy != decode_reply(
+        encode_reply_ok("r6", np.full((1, 1), 2.0, np.float32), ("m", "1"), TIMING)
+    )
     assert [f.name for f in dataclasses.fields(lazy)] == [f.name for f in dataclasses.fields(Reply)]
     with pytest.raises(dataclasses.FrozenInstanceError):
         lazy.ok = False  # type: ignore[misc]
@@ -187,8 +220,11 @@ def test_a_lazy_reply_equals_the_eager_one_and_stays_frozen() -> None:
 
 def test_a_reply_whose_full_decode_disagrees_with_its_first_bytes_is_refused() -> None:
     # a map with "id" twice: msgpack keeps the last, the peek reads the first
-    raw = b"\x84\xa2id\xa1a\xa2ok\xc3\xa2id\xa1b" + msgpack.packb("outputs") + msgpack.packb(
-        {"dtype": "int8", "shape": [1], "data": b"\x00"})
+    raw = (
+        b"\x84\xa2id\xa1a\xa2ok\xc3\xa2id\xa1b"
+        + msgpack.packb("outputs")
+        + msgpack.packb({"dtype": "int8", "shape": [1], "data": b"\x00"})
+    )
     reply = lazy_reply(raw)
     assert reply.id == "a"
     with pytest.raises(ProtocolError, match="another id"):

@@ -23,7 +23,9 @@ def client() -> fakeredis.FakeRedis:
 
 
 def recovery(client: fakeredis.FakeRedis, **settings: object) -> Recovery:
-    return Recovery(client, KEYS, WorkerSettings(name="q", model="m.pt", consumer="c1", **settings), Counters())
+    return Recovery(
+        client, KEYS, WorkerSettings(name="q", model="m.pt", consumer="c1", **settings), Counters()
+    )
 
 
 def held(client: fakeredis.FakeRedis, count: int) -> list[bytes]:
@@ -100,7 +102,9 @@ def test_an_entry_taken_over_but_not_started_still_counts_after_a_replay(client)
     rec.replay_own_pending()
     entry = client.xadd(KEYS.requests, {"id": "r9"})
     client.xreadgroup(GROUP, "ghost", {KEYS.requests: ">"}, count=1)
-    client.xclaim(KEYS.requests, GROUP, "c1", 0, [entry], justid=True)  # taken over from a dead consumer
+    client.xclaim(
+        KEYS.requests, GROUP, "c1", 0, [entry], justid=True
+    )  # taken over from a dead consumer
     rec.suspects = [(entry, {b"id": b"r9"}, 1)]
     rec.replay_own = True
     rec.replay_own_pending()  # a connection lost before it was started

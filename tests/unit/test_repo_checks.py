@@ -49,9 +49,22 @@ def test_packages_are_mypy_clean(tmp_path):
         (package / name).symlink_to(ROOT / "inferfleet" / name)
     for side in ("producer", "worker"):
         (package / side).symlink_to(ROOT / side, target_is_directory=True)
-    out = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-                          "--cache-dir", str(tmp_path / "cache"), "-p", "inferfleet"], cwd=tmp_path,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "-p",
+            "inferfleet",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Success: no issues found in" in out.stdout, out.stdout
 
@@ -59,7 +72,11 @@ def test_packages_are_mypy_clean(tmp_path):
 def test_the_producer_never_imports_the_worker_or_msgpack_outside_protocol():
     for path in (ROOT / "producer").rglob("*.py"):
         text = path.read_text()
-        assert "inferfleet.worker" not in text and "import worker" not in text and "from worker" not in text, path
+        assert (
+            "inferfleet.worker" not in text
+            and "import worker" not in text
+            and "from worker" not in text
+        ), path
         if path.name != "protocol.py":
             assert "import msgpack" not in text, path
     for path in (ROOT / "worker").rglob("*.py"):
@@ -67,8 +84,12 @@ def test_the_producer_never_imports_the_worker_or_msgpack_outside_protocol():
 
 
 def test_ruff_is_clean_with_the_committed_config():
-    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 

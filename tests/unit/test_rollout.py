@@ -8,8 +8,15 @@ from inferfleet.worker.serving.shadow import EvenShare
 
 
 def test_the_shadow_hash_parses_clamps_and_refuses_corruption() -> None:
-    raw = {b"model": b"m.pt", b"version": b"v2", b"seq": b"7", b"state": b"canary", b"sample": b"3",
-           b"canary": b"250", b"min_compared": b"5"}
+    raw = {
+        b"model": b"m.pt",
+        b"version": b"v2",
+        b"seq": b"7",
+        b"state": b"canary",
+        b"sample": b"3",
+        b"canary": b"250",
+        b"min_compared": b"5",
+    }
     cand = Candidate.from_hash(raw)
     assert cand is not None and cand.active and (cand.sample, cand.canary) == (1.0, 100.0)
     assert cand.thresholds == Thresholds(min_compared=5)

@@ -69,7 +69,9 @@ def test_an_error_starts_the_count_toward_doubling_over():
     limit = RowLimit(64)
     limit.out_of_memory(64)
     computed(limit, 99)
-    assert not limit.out_of_memory(64)  # not lowered (32 already), but the run of good batches is broken
+    assert not limit.out_of_memory(
+        64
+    )  # not lowered (32 already), but the run of good batches is broken
     assert computed(limit, 99) == [False] * 99
     assert limit.rows == 32
     assert limit.batch_computed()

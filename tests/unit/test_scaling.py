@@ -47,16 +47,32 @@ class Tick:
     reason: str
 
 
-def simulate(arrivals: Sequence[int], settings: PolicySettings = LAG, *, workers: int | None = None,
-             capacity_rps: float = CAPACITY_RPS) -> list[Tick]:
+def simulate(
+    arrivals: Sequence[int],
+    settings: PolicySettings = LAG,
+    *,
+    workers: int | None = None,
+    capacity_rps: float = CAPACITY_RPS,
+) -> list[Tick]:
     """Run a trace (entries arriving per step) through desired_workers with a fake clock."""
-    state, live, queue, ticks = PolicyState(), settings.min_workers if workers is None else workers, 0, []
+    state, live, queue, ticks = (
+        PolicyState(),
+        settings.min_workers if workers is None else workers,
+        0,
+        [],
+    )
     for step, arrived in enumerate(arrivals):
         queue += arrived
         done = min(queue, int(live * capacity_rps * STEP_S))
         queue -= done
-        obs = Observation(now_s=step * STEP_S, workers=live, lag=queue, pending=0,
-                          rate_rps=done / STEP_S, capacity_rps=capacity_rps if live else None)
+        obs = Observation(
+            now_s=step * STEP_S,
+            workers=live,
+            lag=queue,
+            pending=0,
+            rate_rps=done / STEP_S,
+            capacity_rps=capacity_rps if live else None,
+        )
         decision = desired_workers(obs, settings, state)
         ticks.append(Tick(obs.now_s, live, decision.workers, queue, arrived, decision.reason))
         live, state = decision.workers, decision.state
@@ -87,13 +103,22 @@ def assert_rules_held(ticks: Sequence[Tick], settings: PolicySettings = LAG) -> 
         last_change = now_s
 
 
-def obs(now_s: float = 0.0, workers: int = 1, lag: int | None = 0, pending: int = 0,
-        rate_rps: float = 0.0, capacity_rps: float | None = CAPACITY_RPS) -> Observation:
+def obs(
+    now_s: float = 0.0,
+    workers: int = 1,
+    lag: int | None = 0,
+    pending: int = 0,
+    rate_rps: float = 0.0,
+    capacity_rps: float | None = CAPACITY_RPS,
+) -> Observation:
     return Observation(now_s, workers, lag, pending, rate_rps, capacity_rps)
 
 
-def run(observations: Sequence[Observation], settings: PolicySettings = LAG,
-        state: PolicyState | None = None) -> list[Decision]:
+def run(
+    observations: Sequence[Observation],
+    settings: PolicySettings = LAG,
+    state: PolicyState | None = None,
+) -> list[Decision]:
     """Thread the state through a fixed sequence of observations."""
     decisions, state = [], state or PolicyState()
     for observation in observations:
@@ -125,7 +150,9 @@ def test_burst_scales_to_max_within_seconds_and_back_to_min_after_the_down_coold
     assert drained_s <= 15  # one worker alone would need 50 s
     assert first_down_s >= drained_s + LAG.down_cooldown_s
     assert ticks[-1].decided == LAG.min_workers
-    assert next(t.now_s for t in ticks if t.now_s > drained_s and t.decided == 1) <= drained_s + 4 * 20
+    assert (
+        next(t.now_s for t in ticks if t.now_s > drained_s and t.decided == 1) <= drained_s + 4 * 20
+    )
     assert_rules_held(ticks)
 
 
@@ -139,7 +166,9 @@ def test_burst_drains_faster_than_the_article_rule_and_a_single_worker() -> None
 
 def test_a_large_burst_adds_max_step_workers_per_up_cooldown() -> None:
     settings = replace(LAG, max_workers=8)
-    ups = [(now, delta) for now, delta in changes(simulate([20_000] + [0] * 30, settings)) if delta > 0]
+    ups = [
+        (now, delta) for now, delta in changes(simulate([20_000] + [0] * 30, settings)) if delta > 0
+    ]
     assert ups == [(0.0, 2), (2.0, 2), (4.0, 2), (6.0, 1)]
 
 
@@ -154,7 +183,9 @@ def test_ramp_adds_workers_as_arrivals_rise_and_never_lets_a_queue_build() -> No
 
 def test_the_article_rule_lets_a_queue_build_on_the_same_ramp() -> None:
     ticks = simulate([2 * step for step in range(176)], ARTICLE)
-    assert max(t.lag for t in ticks) > 50  # the article reacts only to a queue: the contrast above matters
+    assert (
+        max(t.lag for t in ticks) > 50
+    )  # the article reacts only to a queue: the contrast above matters
 
 
 def test_steady_load_settles_on_the_needed_count_and_stays() -> None:
@@ -199,23 +230,31 @@ def test_scale_to_zero_and_back_up_on_the_first_queued_entry() -> None:
 
 def test_backlog_need_uses_the_drain_target() -> None:
     # 1200 queued, 100 rps per worker, drain in 5 s -> 3 workers.
-    decision = desired_workers(obs(workers=1, lag=1000, pending=200), replace(LAG, max_step=4), PolicyState())
+    decision = desired_workers(
+        obs(workers=1, lag=1000, pending=200), replace(LAG, max_step=4), PolicyState()
+    )
     assert decision.workers == 3
     assert "backlog 1200 needs 3 workers to drain in 5 s" in decision.reason
 
 
 def test_backlog_growth_counts_as_arrivals_when_the_fleet_is_saturated() -> None:
     # 2 workers flat out (200 rps) while the backlog grows 100/s: 300 rps arrive -> 4 workers.
-    decisions = run([obs(0.0, 2, 0, 0, 200.0), obs(1.0, 2, 100, 0, 200.0)], replace(LAG, up_cooldown_s=0))
+    decisions = run(
+        [obs(0.0, 2, 0, 0, 200.0), obs(1.0, 2, 100, 0, 200.0)], replace(LAG, up_cooldown_s=0)
+    )
     assert [d.workers for d in decisions] == [3, 4]
     assert "arrivals ~300 rps" in decisions[1].reason
 
 
 def test_capacity_falls_back_to_the_last_measured_then_to_the_default() -> None:
-    backlog = obs(workers=1, lag=1000, capacity_rps=None)  # default 100 rps -> 2 workers to drain in 5 s
+    backlog = obs(
+        workers=1, lag=1000, capacity_rps=None
+    )  # default 100 rps -> 2 workers to drain in 5 s
     assert desired_workers(backlog, LAG, PolicyState()).workers == 2
     measured = desired_workers(obs(workers=1, capacity_rps=25.0), LAG, PolicyState()).state
-    assert desired_workers(backlog, replace(LAG, max_step=4), measured).workers == 4  # 25 rps -> 8, capped
+    assert (
+        desired_workers(backlog, replace(LAG, max_step=4), measured).workers == 4
+    )  # 25 rps -> 8, capped
 
 
 @pytest.mark.parametrize("bad", [0.0, -5.0, math.nan, math.inf])
@@ -255,13 +294,16 @@ def test_one_quiet_sample_after_heavy_load_cannot_trigger_a_scale_down() -> None
 
 @pytest.mark.parametrize("rate_rps,expected", [(80.0, 2), (81.0, 3)])
 def test_hysteresis_shrinks_only_if_the_smaller_fleet_is_at_most_down_utilization_busy(
-        rate_rps: float, expected: int) -> None:
+    rate_rps: float, expected: int
+) -> None:
     history = [obs(float(now), 3, 0, 0, rate_rps) for now in range(21)]
     assert run(history)[-1].workers == expected  # 2 workers at 80 rps are exactly 40% busy
 
 
 @pytest.mark.parametrize("lag,expected", [(400, 2), (401, 3)])
-def test_a_scale_down_needs_a_backlog_the_smaller_fleet_drains_easily(lag: int, expected: int) -> None:
+def test_a_scale_down_needs_a_backlog_the_smaller_fleet_drains_easily(
+    lag: int, expected: int
+) -> None:
     history = [obs(float(now), 3, lag) for now in range(21)]
     assert run(history)[-1].workers == expected  # 2 * 100 rps * 5 s * 40% = 400
 
@@ -294,7 +336,11 @@ def test_a_fleet_outside_the_bounds_is_brought_inside_at_once() -> None:
 
 def test_a_decision_records_its_change_in_the_state() -> None:
     decision = desired_workers(obs(7.0, workers=1, lag=5000), LAG, PolicyState())
-    assert (decision.state.last_up_s, decision.state.last_change_s, decision.state.last_decision_s) == (7.0, 7.0, 7.0)
+    assert (
+        decision.state.last_up_s,
+        decision.state.last_change_s,
+        decision.state.last_decision_s,
+    ) == (7.0, 7.0, 7.0)
     assert decision.state.last_down_s == -math.inf
     assert decision.state.arrivals == ((7.0, 0.0),) and decision.state.last_backlog == 5000
 
@@ -314,7 +360,9 @@ def test_article_moves_one_on_the_average_queue_per_worker(lag: int, expected: i
 
 
 def test_article_ignores_pending_and_reads_unknown_lag_as_zero() -> None:
-    assert desired_workers(obs(workers=2, lag=0, pending=10_000), ARTICLE, PolicyState()).workers == 1
+    assert (
+        desired_workers(obs(workers=2, lag=0, pending=10_000), ARTICLE, PolicyState()).workers == 1
+    )
     assert desired_workers(obs(workers=2, lag=None), ARTICLE, PolicyState()).workers == 1
 
 
@@ -330,7 +378,9 @@ def test_article_stays_inside_the_bounds() -> None:
 
 
 def test_article_burst_steps_one_worker_per_interval() -> None:
-    ups = [(now, delta) for now, delta in changes(simulate([5000] + [0] * 60, ARTICLE)) if delta > 0]
+    ups = [
+        (now, delta) for now, delta in changes(simulate([5000] + [0] * 60, ARTICLE)) if delta > 0
+    ]
     assert ups == [(0.0, 1), (5.0, 1), (10.0, 1)]
 
 
@@ -367,8 +417,9 @@ def test_fixed_always_answers_min_workers(min_workers: int, max_workers: int) ->
         ({"article_interval_s": "5"}, "article_interval_s", "[0,"),
     ],
 )
-def test_settings_errors_name_the_field_and_what_is_allowed(changes_: dict[str, Any], field: str,
-                                                             allowed: str) -> None:
+def test_settings_errors_name_the_field_and_what_is_allowed(
+    changes_: dict[str, Any], field: str, allowed: str
+) -> None:
     with pytest.raises(ConfigError) as info:
         PolicySettings(**changes_)
     assert str(info.value).startswith(field) and allowed in str(info.value)
@@ -376,14 +427,29 @@ def test_settings_errors_name_the_field_and_what_is_allowed(changes_: dict[str, 
 
 def test_default_settings_are_valid_and_match_the_documented_values() -> None:
     settings = PolicySettings()
-    assert (settings.kind, settings.min_workers, settings.max_workers, settings.max_step) == ("lag", 1, 4, 2)
-    assert (settings.up_cooldown_s, settings.down_cooldown_s, settings.default_capacity_rps) == (2.0, 20.0, 500.0)
+    assert (settings.kind, settings.min_workers, settings.max_workers, settings.max_step) == (
+        "lag",
+        1,
+        4,
+        2,
+    )
+    assert (settings.up_cooldown_s, settings.down_cooldown_s, settings.default_capacity_rps) == (
+        2.0,
+        20.0,
+        500.0,
+    )
 
 
 @pytest.mark.parametrize(
     "changes_,field",
-    [({"workers": -1}, "workers"), ({"lag": -1}, "lag"), ({"pending": 1.5}, "pending"),
-     ({"rate_rps": math.nan}, "rate_rps"), ({"rate_rps": -1.0}, "rate_rps"), ({"now_s": math.inf}, "now_s")],
+    [
+        ({"workers": -1}, "workers"),
+        ({"lag": -1}, "lag"),
+        ({"pending": 1.5}, "pending"),
+        ({"rate_rps": math.nan}, "rate_rps"),
+        ({"rate_rps": -1.0}, "rate_rps"),
+        ({"now_s": math.inf}, "now_s"),
+    ],
 )
 def test_observation_errors_name_the_field(changes_: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=f"^{field} must be"):
@@ -432,14 +498,21 @@ def observations(draw: st.DrawFn, now_s: float | None = None) -> Observation:
 def states(draw: st.DrawFn) -> PolicyState:
     samples = draw(st.lists(st.tuples(st.floats(0, 1000), st.floats(0, 1e6)), max_size=30))
     return PolicyState(
-        last_up_s=draw(times), last_down_s=draw(times), last_change_s=draw(times), last_decision_s=draw(times),
-        first_observed_s=draw(st.none() | st.floats(0, 1000)), last_observed_s=draw(times),
-        last_backlog=draw(st.none() | counts), capacity_rps=draw(capacities), arrivals=tuple(sorted(samples)),
+        last_up_s=draw(times),
+        last_down_s=draw(times),
+        last_change_s=draw(times),
+        last_decision_s=draw(times),
+        first_observed_s=draw(st.none() | st.floats(0, 1000)),
+        last_observed_s=draw(times),
+        last_backlog=draw(st.none() | counts),
+        capacity_rps=draw(capacities),
+        arrivals=tuple(sorted(samples)),
     )
 
 
-def assert_decision_allowed(observation: Observation, settings: PolicySettings, state: PolicyState,
-                            decision: Decision) -> None:
+def assert_decision_allowed(
+    observation: Observation, settings: PolicySettings, state: PolicyState, decision: Decision
+) -> None:
     """Bounds always; inside them, max_step and the cooldowns of the lag policy."""
     before, after = observation.workers, decision.workers
     assert settings.min_workers <= after <= settings.max_workers and decision.reason
@@ -457,14 +530,19 @@ def assert_decision_allowed(observation: Observation, settings: PolicySettings, 
 
 @hypothesis_settings(max_examples=300, deadline=None)
 @given(observation=observations(), settings=policy_settings(), state=states())
-def test_any_observation_gives_an_allowed_decision(observation: Observation, settings: PolicySettings,
-                                                   state: PolicyState) -> None:
-    assert_decision_allowed(observation, settings, state, desired_workers(observation, settings, state))
+def test_any_observation_gives_an_allowed_decision(
+    observation: Observation, settings: PolicySettings, state: PolicyState
+) -> None:
+    assert_decision_allowed(
+        observation, settings, state, desired_workers(observation, settings, state)
+    )
 
 
 @hypothesis_settings(max_examples=100, deadline=None)
 @given(settings=policy_settings(), data=st.data())
-def test_a_trace_threading_its_own_state_keeps_every_rule(settings: PolicySettings, data: st.DataObject) -> None:
+def test_a_trace_threading_its_own_state_keeps_every_rule(
+    settings: PolicySettings, data: st.DataObject
+) -> None:
     state, now_s = PolicyState(), 0.0
     for _ in range(data.draw(st.integers(1, 40))):
         now_s += data.draw(st.sampled_from([0.1, 0.5, 1.0, 1.0, 3.0]))

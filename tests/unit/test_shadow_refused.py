@@ -24,8 +24,14 @@ from inferfleet.worker.serving.shadow import ShadowRunner
 
 KEYS = QueueKeys("q")
 LIVE = SimpleNamespace(version="scale-1", device="cpu")
-SHADOW_HASH = {b"model": b"tests.handlers:Scale", b"version": b"scale-2", b"seq": b"7", b"state": b"shadow",
-               b"sample": b"1.0", b"canary": b"0.0"}
+SHADOW_HASH = {
+    b"model": b"tests.handlers:Scale",
+    b"version": b"scale-2",
+    b"seq": b"7",
+    b"state": b"shadow",
+    b"sample": b"1.0",
+    b"canary": b"0.0",
+}
 
 
 class RefusingRedis:
@@ -36,19 +42,25 @@ class RefusingRedis:
 
     def hgetall(self, key: str) -> dict[bytes, bytes]:
         if self.refuse_reads:
-            raise redis.exceptions.NoPermissionError("this user has no permissions to run the 'hgetall' command")
+            raise redis.exceptions.NoPermissionError(
+                "this user has no permissions to run the 'hgetall' command"
+            )
         return dict(SHADOW_HASH)
 
     def register_script(self, script: str) -> Any:
         def refused(**_: Any) -> None:
-            raise redis.exceptions.ResponseError("The user executing the script can't run this command")
+            raise redis.exceptions.ResponseError(
+                "The user executing the script can't run this command"
+            )
+
         return refused
 
 
 def runner(client: RefusingRedis, alerts: list[Alert]) -> ShadowRunner:
     settings = WorkerSettings(name="q", model="tests.handlers:Scale", consumer="c1")
-    return ShadowRunner(client, KEYS, settings, lambda s: None, Counters(), alerts.extend,
-                        lambda *a: None)
+    return ShadowRunner(
+        client, KEYS, settings, lambda s: None, Counters(), alerts.extend, lambda *a: None
+    )
 
 
 def loaded(shadow: ShadowRunner) -> ShadowRunner:
@@ -84,6 +96,7 @@ def test_a_refused_read_without_a_candidate_is_logged_once_and_alerts_nothing(ca
 
 def test_an_outage_still_reaches_the_loop() -> None:
     """A connection error is not a refusal: the consumer loop waits it out with backoff."""
+
     class Down(RefusingRedis):
         def hgetall(self, key: str) -> dict[bytes, bytes]:
             raise redis.exceptions.ConnectionError("Redis is down")

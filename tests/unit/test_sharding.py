@@ -67,11 +67,15 @@ def _producer(shards: int) -> Producer:
 
 def test_producer_routes_a_request_and_its_reply_by_id() -> None:
     producer = _producer(4)
-    assert producer.keys_for("123456789").requests == "inferfleet:{ctr.2}:requests"  # 3421780262 % 4
+    assert (
+        producer.keys_for("123456789").requests == "inferfleet:{ctr.2}:requests"
+    )  # 3421780262 % 4
     assert producer.keys_for("123456789").reply("123456789") == "inferfleet:{ctr.2}:reply:123456789"
     _, keys, fields = producer._entry([[1.0]], None, None, "123456789", to_inbox=True)
     assert keys.name == "ctr.2"
-    assert fields["reply_to"] == producer.inboxes[2] and producer.inboxes[2].startswith("inferfleet:{ctr.2}:inbox:")
+    assert fields["reply_to"] == producer.inboxes[2] and producer.inboxes[2].startswith(
+        "inferfleet:{ctr.2}:inbox:"
+    )
     with pytest.raises(ProtocolError, match="the shard of request"):
         producer._entry([[1.0]], None, None, "123456789", reply_to=producer.inboxes[0])
 
@@ -113,7 +117,7 @@ def test_the_shard_table_of_docs_protocol_md_is_what_shard_for_computes() -> Non
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
-    section = doc[doc.index("## Sharding"):doc.index("## Limits of this worker")]
+    section = doc[doc.index("## Sharding") : doc.index("## Limits of this worker")]
     rows = [line for line in section.splitlines() if line.startswith("| `") and "|" in line[3:]]
     checked = 0
     for line in rows:

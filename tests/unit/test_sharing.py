@@ -16,17 +16,28 @@ from inferfleet.producer.sharing import (
     validate_rate,
     validate_tenant,
 )
-from inferfleet.worker.fleet.scaling import Observation, PolicySettings, PolicyState, desired_workers
+from inferfleet.worker.fleet.scaling import (
+    Observation,
+    PolicySettings,
+    PolicyState,
+    desired_workers,
+)
 from inferfleet.worker.serving.lanes import WEIGHTS, favoured_order, lane_view, pick
 
 
 def test_the_lanes_are_the_contracts_keys() -> None:
     keys = QueueKeys("ctr")
-    assert lane_keys(keys) == ("inferfleet:{ctr}:requests:high", "inferfleet:{ctr}:requests",
-                               "inferfleet:{ctr}:requests:low")
+    assert lane_keys(keys) == (
+        "inferfleet:{ctr}:requests:high",
+        "inferfleet:{ctr}:requests",
+        "inferfleet:{ctr}:requests:low",
+    )
     assert lane_of(keys, "normal") == keys.requests
     assert [validate_priority(p) for p in PRIORITIES] == [0, 1, 2]
-    assert lane_view(keys, 1) is keys and lane_view(keys, 2).requests == "inferfleet:{ctr}:requests:low"
+    assert (
+        lane_view(keys, 1) is keys
+        and lane_view(keys, 2).requests == "inferfleet:{ctr}:requests:low"
+    )
     assert lane_view(keys, 0).reply("r") == keys.reply("r")  # only the stream differs
 
 
@@ -39,7 +50,11 @@ def test_unknown_priorities_are_refused(priority: object) -> None:
 def test_a_cycle_of_reads_favours_each_lane_by_its_weight() -> None:
     cycle = [favoured_order(i)[0] for i in range(sum(WEIGHTS))]
     assert [cycle.count(lane) for lane in range(3)] == list(WEIGHTS) == [8, 3, 1]
-    assert favoured_order(0) == (0, 1, 2) and favoured_order(8) == (1, 0, 2) and favoured_order(11) == (2, 0, 1)
+    assert (
+        favoured_order(0) == (0, 1, 2)
+        and favoured_order(8) == (1, 0, 2)
+        and favoured_order(11) == (2, 0, 1)
+    )
     assert favoured_order(12) == favoured_order(0)
 
 
@@ -73,8 +88,19 @@ def test_tenants_and_rates_that_are_fine() -> None:
     assert validate_rate(5, None) == (5.0, 5.0) and validate_rate(0.5, 10) == (0.5, 10.0)
 
 
-@pytest.mark.parametrize("rate,burst", [(0, None), (-1, None), (float("nan"), None), (float("inf"), None),
-                                        (1e7, None), (1, 0.5), (1, -3), ("5", None)])
+@pytest.mark.parametrize(
+    "rate,burst",
+    [
+        (0, None),
+        (-1, None),
+        (float("nan"), None),
+        (float("inf"), None),
+        (1e7, None),
+        (1, 0.5),
+        (1, -3),
+        ("5", None),
+    ],
+)
 def test_bad_rates_are_refused(rate: object, burst: object) -> None:
     with pytest.raises(errors.ProtocolError):
         validate_rate(rate, burst)  # type: ignore[arg-type]
@@ -89,7 +115,11 @@ def test_a_hostile_tenant_field_is_a_bad_request() -> None:
 
 def test_the_admission_functions_refusals_become_the_sdks_errors() -> None:
     full = refusal("OVERLOADED 120 100 queue backlog over max_backlog")
-    assert isinstance(full, errors.QueueFull) and full.backlog == 120 and "max_backlog 100" in str(full)
+    assert (
+        isinstance(full, errors.QueueFull)
+        and full.backlog == 120
+        and "max_backlog 100" in str(full)
+    )
     limited = refusal("RATELIMITED 250 nightly over its rate")
     assert isinstance(limited, errors.RateLimited)
     assert limited.tenant == "nightly" and limited.retry_after_s == 0.25
@@ -99,13 +129,22 @@ def test_the_admission_functions_refusals_become_the_sdks_errors() -> None:
 def test_enqueue_keys_stay_in_the_queues_slot() -> None:
     keys = QueueKeys("ctr")
     assert all("{ctr}" in key for key in enqueue_keys(keys, keys.requests, "nightly"))
-    assert enqueue_keys(keys, keys.requests, "")[2] == "inferfleet:{ctr}:limits"  # no tenant: no bucket
+    assert (
+        enqueue_keys(keys, keys.requests, "")[2] == "inferfleet:{ctr}:limits"
+    )  # no tenant: no bucket
 
 
 def _decide(high_wait_s: float | None, target_s: float) -> int:
     settings = PolicySettings(min_workers=1, max_workers=8, target_high_wait_s=target_s)
-    obs = Observation(now_s=100.0, workers=2, lag=0, pending=0, rate_rps=0.0, capacity_rps=1000.0,
-                      high_wait_s=high_wait_s)
+    obs = Observation(
+        now_s=100.0,
+        workers=2,
+        lag=0,
+        pending=0,
+        rate_rps=0.0,
+        capacity_rps=1000.0,
+        high_wait_s=high_wait_s,
+    )
     return desired_workers(obs, settings, PolicyState()).workers
 
 
@@ -118,7 +157,15 @@ def test_bad_high_wait_settings_are_refused() -> None:
     with pytest.raises(Exception, match="target_high_wait_s"):
         PolicySettings(target_high_wait_s=-1)
     with pytest.raises(ValueError, match="high_wait_s"):
-        Observation(now_s=0.0, workers=1, lag=0, pending=0, rate_rps=0.0, capacity_rps=None, high_wait_s=-1.0)
+        Observation(
+            now_s=0.0,
+            workers=1,
+            lag=0,
+            pending=0,
+            rate_rps=0.0,
+            capacity_rps=None,
+            high_wait_s=-1.0,
+        )
 
 
 def test_the_tenant_label_is_bounded_to_the_tenants_with_a_quota() -> None:

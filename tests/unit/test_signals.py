@@ -23,10 +23,17 @@ CHILD_TIMEOUT_S = 30
 def run_child(code: str) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter from the repo root; fail the test if it hangs."""
     try:
-        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True,
-                              text=True, timeout=CHILD_TIMEOUT_S)
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"the child hung (a signal handler deadlocked?):\n{exc.stderr}") from exc
+        raise AssertionError(
+            f"the child hung (a signal handler deadlocked?):\n{exc.stderr}"
+        ) from exc
 
 
 def test_parent_death_signals_that_land_inside_stop_set_still_stop_the_worker():

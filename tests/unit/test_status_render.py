@@ -10,13 +10,37 @@ from rich.console import Console
 from inferfleet.worker.cli.status import QueueStatus, render
 from inferfleet.worker.heartbeat import HeartbeatInfo
 
-CANDIDATE = {"model": "tests.handlers:Triple", "version": "triple-1", "state": "canary", "sample": 0.25,
-             "canary_percent": 10.0, "reason": "", "loaded": 1, "failed": 1, "workers": 2}
+CANDIDATE = {
+    "model": "tests.handlers:Triple",
+    "version": "triple-1",
+    "state": "canary",
+    "sample": 0.25,
+    "canary_percent": 10.0,
+    "reason": "",
+    "loaded": 1,
+    "failed": 1,
+    "workers": 2,
+}
 
 
 def _worker(consumer: str, shadow: str, shadow_error: str = "") -> HeartbeatInfo:
-    return HeartbeatInfo(consumer, 1, "host", "cpu", "scale-1", "serving", 0, 0, 0, 0.0, 0.0, 0, 0,
-                         shadow=shadow, shadow_error=shadow_error)
+    return HeartbeatInfo(
+        consumer,
+        1,
+        "host",
+        "cpu",
+        "scale-1",
+        "serving",
+        0,
+        0,
+        0,
+        0.0,
+        0.0,
+        0,
+        0,
+        shadow=shadow,
+        shadow_error=shadow_error,
+    )
 
 
 def _text(status: QueueStatus) -> list[str]:
@@ -30,14 +54,19 @@ def _cells(line: str) -> list[str]:
 
 
 def test_a_heartbeat_carries_the_workers_copy_of_the_candidate() -> None:
-    info = HeartbeatInfo.from_hash({b"consumer": b"w1", b"shadow": b"triple-1 failed", b"shadow_error": b"NOPERM"})
+    info = HeartbeatInfo.from_hash(
+        {b"consumer": b"w1", b"shadow": b"triple-1 failed", b"shadow_error": b"NOPERM"}
+    )
     assert (info.shadow, info.shadow_error) == ("triple-1 failed", "NOPERM")
     assert HeartbeatInfo.from_hash({b"consumer": b"w0"}).shadow == ""  # a worker without the field
 
 
 def test_the_candidate_gets_a_table_and_each_worker_a_candidate_column() -> None:
-    status = QueueStatus("q", candidate=CANDIDATE,
-                         workers=[_worker("w0", "triple-1 loaded"), _worker("w1", "triple-1 failed", "no room")])
+    status = QueueStatus(
+        "q",
+        candidate=CANDIDATE,
+        workers=[_worker("w0", "triple-1 loaded"), _worker("w1", "triple-1 failed", "no room")],
+    )
     lines = _text(status)
     title = lines.index("candidate")
     header, row = _cells(lines[title + 2]), _cells(lines[title + 4])
@@ -46,7 +75,7 @@ def test_the_candidate_gets_a_table_and_each_worker_a_candidate_column() -> None
     title = lines.index("workers")
     header = _cells(lines[title + 2])
     assert header[4:7] == ["version", "candidate", "state"]
-    rows = {cells[0]: cells for cells in map(_cells, lines[title + 4:title + 6])}
+    rows = {cells[0]: cells for cells in map(_cells, lines[title + 4 : title + 6])}
     assert rows["w0"][5] == "triple-1 loaded" and rows["w0"][6] == "serving"
     assert rows["w1"][5] == "triple-1 failed (no room)"
 
@@ -59,17 +88,24 @@ def test_without_a_candidate_there_is_no_candidate_table() -> None:
 
 
 def test_json_gives_the_candidate_and_each_workers_shadow_fields() -> None:
-    status = QueueStatus("q", candidate=CANDIDATE, workers=[_worker("w1", "triple-1 failed", "no room")])
+    status = QueueStatus(
+        "q", candidate=CANDIDATE, workers=[_worker("w1", "triple-1 failed", "no room")]
+    )
     parsed = json.loads(json.dumps(asdict(status), default=str))
     assert parsed["candidate"] == CANDIDATE
-    assert (parsed["workers"][0]["shadow"], parsed["workers"][0]["shadow_error"]) == ("triple-1 failed", "no room")
+    assert (parsed["workers"][0]["shadow"], parsed["workers"][0]["shadow_error"]) == (
+        "triple-1 failed",
+        "no room",
+    )
 
 
 def test_errors_and_reasons_show_literally_even_with_brackets() -> None:
     """Exception texts carry brackets (``[Errno 2]``, tensor shapes); rich must not read them as markup."""
     worker = _worker("w1", "triple-1 failed", "[Errno 2] no such file [/red] x[1, 4]")
     worker.swap_error = "version v9: [bold]Missing[/bold]"
-    status = QueueStatus("q", candidate={**CANDIDATE, "reason": "rolled back: [red]NaN[/red]"}, workers=[worker])
+    status = QueueStatus(
+        "q", candidate={**CANDIDATE, "reason": "rolled back: [red]NaN[/red]"}, workers=[worker]
+    )
     text = "\n".join(_text(status))
     assert "failed ([Errno 2] no such file [/red] x[1, 4])" in text
     assert "swap failed: version v9: [bold]Missing[/bold]" in text

@@ -15,17 +15,30 @@ VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def test_a_valid_traceparent_is_parsed_and_anything_else_ignored() -> None:
-    assert parse_traceparent(VALID.encode()) == (0x4bf92f3577b34da6a3ce929d0e0e4736, 0x00f067aa0ba902b7, 1)
+    assert parse_traceparent(VALID.encode()) == (
+        0x4BF92F3577B34DA6A3CE929D0E0E4736,
+        0x00F067AA0BA902B7,
+        1,
+    )
     assert parse_traceparent(VALID) is not None
-    for bad in (b"junk", b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01", VALID.upper().encode(),
-                VALID.encode() + b"-x", None, 17):
+    for bad in (
+        b"junk",
+        b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01",
+        VALID.upper().encode(),
+        VALID.encode() + b"-x",
+        None,
+        17,
+    ):
         assert parse_traceparent(bad) is None
 
 
 def test_tracing_is_off_unless_an_exporter_is_configured() -> None:
     assert tracing_from_env("q", env={}) is None
     assert tracing_from_env("q", env={"OTEL_TRACES_EXPORTER": "none"}) is None
-    assert tracing_from_env("q", env={"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console"}) is None
+    assert (
+        tracing_from_env("q", env={"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console"})
+        is None
+    )
     on = tracing_from_env("q", env={"OTEL_TRACES_EXPORTER": "console"})
     assert on is not None
     on.shutdown()
@@ -34,7 +47,9 @@ def test_tracing_is_off_unless_an_exporter_is_configured() -> None:
 def test_an_unknown_exporter_or_a_missing_sdk_leaves_tracing_off(monkeypatch, caplog) -> None:
     assert tracing_from_env("q", env={"OTEL_TRACES_EXPORTER": "zipkin"}) is None
     assert "zipkin" in caplog.text
-    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if the otel extra were missing
+    monkeypatch.setitem(
+        sys.modules, "opentelemetry.sdk.trace", None
+    )  # as if the otel extra were missing
     assert tracing_from_env("q", env={"OTEL_TRACES_EXPORTER": "console"}) is None
     assert "inferfleet[otel]" in caplog.text
 

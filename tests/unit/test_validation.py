@@ -6,7 +6,13 @@ import numpy as np
 
 from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.serving.alerts import ROUND_CAP, Alert, capped, publish, read_alerts
-from inferfleet.worker.serving.validation import ConsistencyLog, check_outputs, max_difference, non_finite, top_score
+from inferfleet.worker.serving.validation import (
+    ConsistencyLog,
+    check_outputs,
+    max_difference,
+    non_finite,
+    top_score,
+)
 
 
 def test_non_finite_finds_nan_and_inf_in_any_output():
@@ -65,11 +71,20 @@ def test_alerts_are_capped_per_round():
 
 def test_alerts_round_trip_through_the_stream(redis_client):
     keys = QueueKeys("q")
-    publish(redis_client, keys, [Alert("low_confidence", "top 0.2", "w1", "v1", "r1"),
-                                 Alert("non_finite", "NaN", "w2", "v1", "r2")])
+    publish(
+        redis_client,
+        keys,
+        [
+            Alert("low_confidence", "top 0.2", "w1", "v1", "r1"),
+            Alert("non_finite", "NaN", "w2", "v1", "r2"),
+        ],
+    )
     publish(redis_client, keys, [Alert("low_confidence", "top 0.1", "w1", "v1", "r3")])
     alerts = read_alerts(redis_client, keys, 10)
     assert [a.rid for a in alerts] == ["r1", "r2", "r3"]
-    assert [a.rid for a in read_alerts(redis_client, keys, 10, kind="low_confidence")] == ["r1", "r3"]
+    assert [a.rid for a in read_alerts(redis_client, keys, 10, kind="low_confidence")] == [
+        "r1",
+        "r3",
+    ]
     assert [a.rid for a in read_alerts(redis_client, keys, 1)] == ["r3"]
     assert alerts[1].consumer == "w2" and alerts[1].time_ms > 0

@@ -27,7 +27,15 @@ from inferfleet.worker.connections import admin_client
 from inferfleet.worker.embedded import EmbeddedRedis
 from inferfleet.worker.errors import WorkerError
 
-__all__ = ["BASELINES", "BenchError", "BenchFleet", "DEFAULT_NAME", "FleetSetup", "FleetStartError", "NAIVE_SUFFIX"]
+__all__ = [
+    "BASELINES",
+    "BenchError",
+    "BenchFleet",
+    "DEFAULT_NAME",
+    "FleetSetup",
+    "FleetStartError",
+    "NAIVE_SUFFIX",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +74,15 @@ class FleetSetup:
         if self.worker_args and not self.spawn:
             raise BenchError("--worker-arg is passed to spawned workers: it needs --spawn")
         if self.baseline not in BASELINES:
-            raise BenchError(f"--baseline must be one of {', '.join(BASELINES)}, got {self.baseline!r}")
+            raise BenchError(
+                f"--baseline must be one of {', '.join(BASELINES)}, got {self.baseline!r}"
+            )
         if self.baseline == "naive" and not self.model:
             raise BenchError("--baseline naive needs --model: the model the naive server loads")
         if self.name is None and not self.spawn:
-            raise BenchError("--name is required to measure running workers (or use --spawn N --model PATH)")
+            raise BenchError(
+                "--name is required to measure running workers (or use --spawn N --model PATH)"
+            )
         try:
             QueueKeys(self.naive_queue if self.baseline == "naive" else self.queue, self.prefix)
         except errors.ProtocolError as exc:
@@ -93,11 +105,18 @@ class FleetSetup:
 
     def describe(self) -> str:
         """One line on what was measured, for report headings."""
-        fleet = f"{self.spawn} spawned worker{'s' if self.spawn != 1 else ''}" if self.spawn else "running workers"
+        fleet = (
+            f"{self.spawn} spawned worker{'s' if self.spawn != 1 else ''}"
+            if self.spawn
+            else "running workers"
+        )
         if self.worker_args:
             fleet += f" ({' '.join(self.worker_args)})"
-        baseline = "; baseline: naive (one request at a time, model loaded on the first)" \
-            if self.baseline == "naive" else ""
+        baseline = (
+            "; baseline: naive (one request at a time, model loaded on the first)"
+            if self.baseline == "naive"
+            else ""
+        )
         return f"queue `{self.queue}`, fleet: {fleet}, model: `{self.model or '-'}`{baseline}"
 
 
@@ -119,13 +138,17 @@ class _Child:
     def check_alive(self) -> None:
         """Raise FleetStartError (with its stderr) if the process has exited."""
         if self.proc.poll() is not None:
-            raise FleetStartError(f"{self.what} exited with status {self.proc.returncode} before joining "
-                                  f"group {GROUP}:\n{self.log_tail()}")
+            raise FleetStartError(
+                f"{self.what} exited with status {self.proc.returncode} before joining "
+                f"group {GROUP}:\n{self.log_tail()}"
+            )
 
 
 def _child_env(url: str) -> dict[str, str]:
     env = dict(os.environ, REDIS_URL=url)
-    root = str(Path(__file__).resolve().parents[2])  # the checkout: module:Handler specs import from it
+    root = str(
+        Path(__file__).resolve().parents[2]
+    )  # the checkout: module:Handler specs import from it
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
 
@@ -189,7 +212,9 @@ class BenchFleet:
             self._launch(f"worker {i}", self.setup.queue, consumer, self._worker_command(consumer))
         if self.setup.baseline == "naive":
             consumer = f"naive-{os.getpid()}"
-            self._launch("the naive server", self.setup.naive_queue, consumer, self._naive_command(consumer))
+            self._launch(
+                "the naive server", self.setup.naive_queue, consumer, self._naive_command(consumer)
+            )
         self._wait_joined()
 
     def _resolve_url(self) -> str:
@@ -200,7 +225,9 @@ class BenchFleet:
         try:
             self._redis = EmbeddedRedis().start()
         except RuntimeError as exc:
-            raise FleetStartError(f"cannot start a private Redis: {exc} (or pass --redis-url)") from exc
+            raise FleetStartError(
+                f"cannot start a private Redis: {exc} (or pass --redis-url)"
+            ) from exc
         return self._redis.url
 
     def _check_workers_running(self) -> None:
@@ -208,26 +235,56 @@ class BenchFleet:
         client = _connect(self.url)
         try:
             if not _consumers(client, stream):
-                raise FleetStartError(f"no worker serves queue {self.setup.queue!r} (no consumer in group "
-                                      f"{GROUP} of {stream}): start workers, or use --spawn N --model PATH")
+                raise FleetStartError(
+                    f"no worker serves queue {self.setup.queue!r} (no consumer in group "
+                    f"{GROUP} of {stream}): start workers, or use --spawn N --model PATH"
+                )
         except redis.exceptions.RedisError as exc:
             raise FleetStartError(f"cannot reach Redis: {exc}") from exc
         finally:
             client.close()
 
     def _worker_command(self, consumer: str) -> list[str]:
-        return [sys.executable, "-m", "inferfleet", "worker", "--name", self.setup.queue,
-                "--model", self.setup.model or "", "--prefix", self.setup.prefix, "--consumer", consumer,
-                "--log-level", "warning", *self.setup.worker_args]
+        return [
+            sys.executable,
+            "-m",
+            "inferfleet",
+            "worker",
+            "--name",
+            self.setup.queue,
+            "--model",
+            self.setup.model or "",
+            "--prefix",
+            self.setup.prefix,
+            "--consumer",
+            consumer,
+            "--log-level",
+            "warning",
+            *self.setup.worker_args,
+        ]
 
     def _naive_command(self, consumer: str) -> list[str]:
-        return [sys.executable, "-m", "inferfleet.worker.bench.naive", "--name", self.setup.naive_queue,
-                "--model", self.setup.model or "", "--redis-url", self.url, "--prefix", self.setup.prefix,
-                "--consumer", consumer]
+        return [
+            sys.executable,
+            "-m",
+            "inferfleet.worker.bench.naive",
+            "--name",
+            self.setup.naive_queue,
+            "--model",
+            self.setup.model or "",
+            "--redis-url",
+            self.url,
+            "--prefix",
+            self.setup.prefix,
+            "--consumer",
+            consumer,
+        ]
 
     def _launch(self, what: str, queue: str, consumer: str, command: list[str]) -> None:
         err = tempfile.TemporaryFile()  # noqa: SIM115 - open while the child runs; stop() closes it
-        proc = subprocess.Popen(command, env=_child_env(self.url), stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            command, env=_child_env(self.url), stdout=subprocess.DEVNULL, stderr=err
+        )
         self._children.append(_Child(what, queue, consumer, proc, err))
 
     def _wait_joined(self) -> None:
@@ -240,13 +297,19 @@ class BenchFleet:
             while waiting:
                 for child in list(waiting):
                     child.check_alive()
-                    if child.consumer in _consumers(client, QueueKeys(child.queue, self.setup.prefix).requests):
+                    if child.consumer in _consumers(
+                        client, QueueKeys(child.queue, self.setup.prefix).requests
+                    ):
                         waiting.remove(child)
                 if waiting and time.monotonic() > deadline:
-                    raise FleetStartError(f"{waiting[0].what} did not join within {_JOIN_TIMEOUT_S:.0f} s")
+                    raise FleetStartError(
+                        f"{waiting[0].what} did not join within {_JOIN_TIMEOUT_S:.0f} s"
+                    )
                 time.sleep(0.05)
         except redis.exceptions.RedisError as exc:
-            raise FleetStartError(f"Redis error while waiting for the workers to join: {exc}") from exc
+            raise FleetStartError(
+                f"Redis error while waiting for the workers to join: {exc}"
+            ) from exc
         finally:
             client.close()
 

@@ -39,9 +39,17 @@ from typing import Any
 import numpy as np
 
 from inferfleet.producer import Producer, errors
-from inferfleet.producer.connections import translate_errors  # the SDK's one seam for redis-py errors
+from inferfleet.producer.connections import (
+    translate_errors,
+)  # the SDK's one seam for redis-py errors
 from inferfleet.producer.protocol import Reply, decode_reply, encode_body, request_fields
-from inferfleet.worker.bench.fleet import BASELINES, BenchError, BenchFleet, FleetSetup, FleetStartError
+from inferfleet.worker.bench.fleet import (
+    BASELINES,
+    BenchError,
+    BenchFleet,
+    FleetSetup,
+    FleetStartError,
+)
 from inferfleet.worker.bench.report import (
     BenchReport,
     RunSpec,
@@ -148,13 +156,17 @@ class BenchPlan:
         if self.rows < 1:
             raise BenchError(f"--rows must be at least 1, got {self.rows}")
         if self.concurrency is not None and self.rates:
-            raise BenchError("--concurrency (closed loop) contradicts --rate/--rates (open loop): give one")
+            raise BenchError(
+                "--concurrency (closed loop) contradicts --rate/--rates (open loop): give one"
+            )
         if self.concurrency is not None and self.concurrency < 1:
             raise BenchError(f"--concurrency must be at least 1, got {self.concurrency}")
         if self.arrival is not None and not self.rates:
             raise BenchError("--arrival needs --rate or --rates (an open loop)")
         if self.arrival is not None and self.arrival not in ARRIVALS:
-            raise BenchError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+            raise BenchError(
+                f"--arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}"
+            )
         if self.warmup is not None and self.warmup < 0:
             raise BenchError(f"--warmup must be at least 0, got {self.warmup}")
         if not self.timeout_s > 0:
@@ -213,13 +225,17 @@ def _model_example(model_path: str) -> Any:
     except ModelLoadError as exc:
         raise BenchError(f"--model: {exc}") from exc
     if example is None and spec is not None and spec not in RAW_SPECS:
-        example = synthesize(spec)  # the signature the file carries: zeros, which every index model takes
+        example = synthesize(
+            spec
+        )  # the signature the file carries: zeros, which every index model takes
     if example is None:
         raise BenchError(f"{model_path} carries no example inputs: pass --input FILE.npz instead")
     return example
 
 
-def bench_inputs(model_path: str | None, input_path: str | None, rows: int, seed: int = 0) -> list[Any]:
+def bench_inputs(
+    model_path: str | None, input_path: str | None, rows: int, seed: int = 0
+) -> list[Any]:
     """A pool of random inputs shaped like ``--input`` (if given) or the model's example."""
     if model_path is None and input_path is None:
         raise BenchError("give --model (its example inputs) or --input (a .npy/.npz file)")
@@ -281,17 +297,27 @@ class _Tally:
         self.batch_rows[self.done] = reply.timing.get("batch_rows") or 0
         self.errors += not reply.ok
         self.done += 1
-        if self.on_progress is not None and (self.done % 100 == 0 or self.done == len(self.latencies_s)):
+        if self.on_progress is not None and (
+            self.done % 100 == 0 or self.done == len(self.latencies_s)
+        ):
             self.on_progress(self.done)
 
     def samples(self, seconds: float, send_rate: float | None = None) -> Samples:
         """What was counted so far, as the run's samples."""
         done = self.done
-        return Samples(self.latencies_s[:done], self.batch_rows[:done], self.errors, seconds, send_rate)
+        return Samples(
+            self.latencies_s[:done], self.batch_rows[:done], self.errors, seconds, send_rate
+        )
 
 
-def run_closed(producer: Producer, pool: list[Any], requests: int, concurrency: int, timeout_s: float,
-               on_progress: Callable[[int], None] | None = None) -> Samples:
+def run_closed(
+    producer: Producer,
+    pool: list[Any],
+    requests: int,
+    concurrency: int,
+    timeout_s: float,
+    on_progress: Callable[[int], None] | None = None,
+) -> Samples:
     """Keep ``concurrency`` requests in flight until ``requests`` were answered.
 
     One pipelined client (``Producer.imap``) stands for ``concurrency``
@@ -322,8 +348,15 @@ class OpenLoop:
     decoded and matched to their scheduled times after the run.
     """
 
-    def __init__(self, producer: Producer, pool: list[Any], offsets: np.ndarray, timeout_s: float,
-                 on_progress: Callable[[int], None] | None, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        producer: Producer,
+        pool: list[Any],
+        offsets: np.ndarray,
+        timeout_s: float,
+        on_progress: Callable[[int], None] | None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.producer = producer
         self.bodies = [encode_body(x) for x in pool]
         self.offsets = offsets
@@ -334,12 +367,16 @@ class OpenLoop:
         self.failure: BaseException | None = None
         self.failed = threading.Event()
         self.clock = clock  # seconds, monotonic; tests pass a fake one
-        self.pause: Callable[[float], bool] = self.failed.wait  # sleeps; True if the receiver failed meanwhile
+        self.pause: Callable[[float], bool] = (
+            self.failed.wait
+        )  # sleeps; True if the receiver failed meanwhile
         self.start = self.last_send = clock()
 
     def run(self) -> Samples:
         """Send every request on schedule, wait for every reply, return the samples."""
-        receiver = threading.Thread(target=self._receive_all, name="bench-open-loop-receiver", daemon=True)
+        receiver = threading.Thread(
+            target=self._receive_all, name="bench-open-loop-receiver", daemon=True
+        )
         self.start = self.last_send = self.clock()
         receiver.start()
         try:
@@ -368,7 +405,10 @@ class OpenLoop:
         for i in range(first, end):
             rid = self.producer.new_request_id()
             body = self.bodies[i % len(self.bodies)]
-            pipe.xadd(self.producer.keys.requests, request_fields(rid, body, deadline_ms, self.producer.inbox))
+            pipe.xadd(
+                self.producer.keys.requests,
+                request_fields(rid, body, deadline_ms, self.producer.inbox),
+            )
             self.due_at[rid] = self.start + float(self.offsets[i])
         with translate_errors():
             pipe.execute()
@@ -390,11 +430,19 @@ class OpenLoop:
         before = len(self.received)
         self.received.extend((raw, now) for raw in ([got[1]] if got else []) + (more or []))
         total = len(self.offsets)
-        if self.on_progress is not None and (len(self.received) // 100 > before // 100 or len(self.received) >= total):
+        if self.on_progress is not None and (
+            len(self.received) // 100 > before // 100 or len(self.received) >= total
+        ):
             self.on_progress(min(len(self.received), total))
         in_flight = len(self.due_at) - len(self.received)
-        if in_flight > 0 and now - max(self.last_send, self.received[-1][1] if self.received else 0) > self.timeout_s:
-            raise errors.ReplyTimeout(f"no reply for {self.timeout_s} s with {in_flight} requests in flight")
+        if (
+            in_flight > 0
+            and now - max(self.last_send, self.received[-1][1] if self.received else 0)
+            > self.timeout_s
+        ):
+            raise errors.ReplyTimeout(
+                f"no reply for {self.timeout_s} s with {in_flight} requests in flight"
+            )
 
     def _samples(self) -> Samples:
         tally = _Tally(len(self.offsets), None)
@@ -411,8 +459,13 @@ class OpenLoop:
         return (len(self.offsets) - 1) / spent if len(self.offsets) > 1 and spent > 0 else None
 
 
-def run_open(producer: Producer, pool: list[Any], offsets: np.ndarray, timeout_s: float,
-             on_progress: Callable[[int], None] | None = None) -> Samples:
+def run_open(
+    producer: Producer,
+    pool: list[Any],
+    offsets: np.ndarray,
+    timeout_s: float,
+    on_progress: Callable[[int], None] | None = None,
+) -> Samples:
     """Send request *i* at ``offsets[i]`` s from now whatever the replies; collect them all.
 
     Requests due together go in one pipeline of XADDs (``reply_to`` this
@@ -441,30 +494,49 @@ def _bar(on_progress: ProgressFn | None, label: str, total: int) -> Callable[[in
     return lambda done: on_progress(label, done, total)
 
 
-def _run_spec(producer: Producer, pool: list[Any], spec: RunSpec, plan: BenchPlan,
-              bar: Callable[[int], None] | None) -> Samples:
+def _run_spec(
+    producer: Producer,
+    pool: list[Any],
+    spec: RunSpec,
+    plan: BenchPlan,
+    bar: Callable[[int], None] | None,
+) -> Samples:
     if spec.rate is None:
         return run_closed(producer, pool, plan.requests, spec.concurrency or 1, plan.timeout_s, bar)
     offsets = send_schedule(plan.requests, spec.rate, spec.arrival, plan.seed)
     return run_open(producer, pool, offsets, plan.timeout_s, bar)
 
 
-def run_target(producer: Producer, target: str, pool: list[Any], plan: BenchPlan,
-               on_progress: ProgressFn | None = None) -> list[BenchReport]:
+def run_target(
+    producer: Producer,
+    target: str,
+    pool: list[Any],
+    plan: BenchPlan,
+    on_progress: ProgressFn | None = None,
+) -> list[BenchReport]:
     """First request (timed alone), warm-up, then every run of ``plan`` against one target."""
     first_ms = _first_request_ms(producer, pool[0], plan.timeout_s)
     if plan.warmup_requests:
-        run_closed(producer, pool, plan.warmup_requests, plan.warmup_window, plan.timeout_s,
-                   _bar(on_progress, f"{target}: warm-up", plan.warmup_requests))
+        run_closed(
+            producer,
+            pool,
+            plan.warmup_requests,
+            plan.warmup_window,
+            plan.timeout_s,
+            _bar(on_progress, f"{target}: warm-up", plan.warmup_requests),
+        )
     reports: list[BenchReport] = []
     for spec in plan.runs():
-        samples = _run_spec(producer, pool, spec, plan, _bar(on_progress, f"{target}: {spec.label}", plan.requests))
+        samples = _run_spec(
+            producer, pool, spec, plan, _bar(on_progress, f"{target}: {spec.label}", plan.requests)
+        )
         reports.append(summarize(samples, target, spec, None if reports else first_ms))
     return reports
 
 
-def run_all(fleet: BenchFleet, pool: list[Any], plan: BenchPlan,
-            on_progress: ProgressFn | None = None) -> list[BenchReport]:
+def run_all(
+    fleet: BenchFleet, pool: list[Any], plan: BenchPlan, on_progress: ProgressFn | None = None
+) -> list[BenchReport]:
     """The same plan against every target of ``fleet``, one after the other."""
     reports: list[BenchReport] = []
     for target, queue in fleet.setup.targets():
@@ -473,8 +545,15 @@ def run_all(fleet: BenchFleet, pool: list[Any], plan: BenchPlan,
     return reports
 
 
-def run_bench(producer: Producer, pool: list[Any], requests: int, window: int, warmup: int,
-              timeout_s: float, on_reply: Callable[[int], None] | None = None) -> BenchReport:
+def run_bench(
+    producer: Producer,
+    pool: list[Any],
+    requests: int,
+    window: int,
+    warmup: int,
+    timeout_s: float,
+    on_reply: Callable[[int], None] | None = None,
+) -> BenchReport:
     """Warm up, then one closed loop of ``requests`` with ``window`` in flight (scripts/demo.py).
 
     ``on_reply(done)`` is called every 100 replies (progress bars).
@@ -484,7 +563,9 @@ def run_bench(producer: Producer, pool: list[Any], requests: int, window: int, w
     if warmup:
         run_closed(producer, pool, warmup, window, timeout_s)
     spec = RunSpec(concurrency=window)
-    return summarize(run_closed(producer, pool, requests, window, timeout_s, on_reply), "fleet", spec)
+    return summarize(
+        run_closed(producer, pool, requests, window, timeout_s, on_reply), "fleet", spec
+    )
 
 
 class ProgressBars:
@@ -501,5 +582,3 @@ class ProgressBars:
 
 
 # --------------------------------------------------------------------------- the fleet under test
-
-

@@ -75,14 +75,18 @@ class NaiveServer:
     def serve(self, stop: threading.Event) -> int:
         """Serve until ``stop`` is set; return how many requests were answered."""
         ensure_group(self.redis, self.keys.requests)
-        self.redis.xgroup_createconsumer(self.keys.requests, GROUP, self.consumer)  # visible before it reads
+        self.redis.xgroup_createconsumer(
+            self.keys.requests, GROUP, self.consumer
+        )  # visible before it reads
         while not stop.is_set():
             self.serve_one(_BLOCK_MS)
         return self.served
 
     def serve_one(self, block_ms: int) -> bool:
         """Read one request, answer it, acknowledge it. False when none came within ``block_ms``."""
-        got = self.redis.xreadgroup(GROUP, self.consumer, {self.keys.requests: ">"}, count=1, block=block_ms)
+        got = self.redis.xreadgroup(
+            GROUP, self.consumer, {self.keys.requests: ">"}, count=1, block=block_ms
+        )
         if not got or not got[0][1]:
             return False
         entry_id, fields = got[0][1][0]
@@ -104,7 +108,11 @@ class NaiveServer:
             rid = getattr(exc, "rid", None)
             key = self.keys.reply(rid) if rid else None
             return key, encode_reply_error(rid or "-", exc.code, exc.message)
-        key = env.reply_to if env.reply_to and self.keys.is_inbox(env.reply_to) else self.keys.reply(env.rid)
+        key = (
+            env.reply_to
+            if env.reply_to and self.keys.is_inbox(env.reply_to)
+            else self.keys.reply(env.rid)
+        )
         try:
             inputs, params = decode_body(env.body)
         except ProtocolError as exc:
@@ -117,7 +125,10 @@ class NaiveServer:
             outputs = self.predict(inputs, params)
         except Exception as exc:  # noqa: BLE001 - answered, like the fleet does
             return encode_reply_error(rid, "model_error", f"{type(exc).__name__}: {exc}")
-        timing = {"infer_ms": (time.perf_counter() - started) * 1000, "batch_rows": row_count(inputs)}
+        timing = {
+            "infer_ms": (time.perf_counter() - started) * 1000,
+            "batch_rows": row_count(inputs),
+        }
         return encode_reply_ok(rid, outputs, (self.keys.name, self.version), timing)
 
     def predict(self, inputs: Any, params: dict) -> Any:
@@ -131,28 +142,38 @@ class NaiveServer:
     def _load(self) -> Handler:
         started = time.perf_counter()
         handler, _, self.version = load_model(self.model, torch.device("cpu"))
-        log.info("naive server: model %s loaded on the first request in %.0f ms",
-                 self.model, (time.perf_counter() - started) * 1000)
+        log.info(
+            "naive server: model %s loaded on the first request in %.0f ms",
+            self.model,
+            (time.perf_counter() - started) * 1000,
+        )
         return handler
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m inferfleet.worker.bench.naive",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m inferfleet.worker.bench.naive", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--name", required=True, help="queue name (bench uses NAME-naive)")
-    parser.add_argument("--model", required=True, help="TorchScript or .pt2 file, or module:Handler")
+    parser.add_argument(
+        "--model", required=True, help="TorchScript or .pt2 file, or module:Handler"
+    )
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL)
     parser.add_argument("--prefix", default=DEFAULT_PREFIX)
     parser.add_argument("--consumer", default=f"naive-{socket.gethostname()}-{os.getpid()}")
     parser.add_argument("--torch-threads", type=int, default=1)
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: ``python -m inferfleet.worker.bench.naive --name Q --model PATH [--redis-url URL]``."""
     args = _parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s naive %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s naive %(message)s"
+    )
     torch.set_num_threads(args.torch_threads)
     torch.set_num_interop_threads(1)
     stop = threading.Event()

@@ -17,12 +17,23 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BenchReport", "RunSpec", "Samples", "compare", "first_latencies", "latency_percentiles_ms",
-           "markdown_table", "mean_batch_rows", "render_markdown", "report_json", "summarize", "write_outputs",
-           "write_png"]
+__all__ = [
+    "BenchReport",
+    "RunSpec",
+    "Samples",
+    "compare",
+    "first_latencies",
+    "latency_percentiles_ms",
+    "markdown_table",
+    "mean_batch_rows",
+    "render_markdown",
+    "report_json",
+    "summarize",
+    "write_outputs",
+    "write_png",
+]
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -102,19 +113,46 @@ class BenchReport:
         return RunSpec(self.concurrency, self.offered_qps, self.arrival or "poisson")
 
 
-def summarize(samples: Samples, target: str, spec: RunSpec, first_ms: float | None = None) -> BenchReport:
+def summarize(
+    samples: Samples, target: str, spec: RunSpec, first_ms: float | None = None
+) -> BenchReport:
     """Turn one run's samples into its report."""
     p50, p95, p99, top = latency_percentiles_ms(samples.latencies_s)
     count = len(samples.latencies_s)
     return BenchReport(
-        target=target, mode=spec.mode, concurrency=spec.concurrency,
-        arrival=spec.arrival if spec.rate is not None else None, offered_qps=spec.rate,
-        sent_qps=samples.send_rate, requests=count, errors=samples.errors, seconds=samples.seconds,
-        qps=count / samples.seconds if samples.seconds > 0 else 0.0, p50_ms=p50, p95_ms=p95, p99_ms=p99,
-        max_ms=top, first_ms=first_ms, mean_batch_rows=mean_batch_rows(samples.batch_rows),
-        latencies_ms=samples.latencies_s * 1000)
-_COLUMNS = ("target", "mode", "offered/s", "QPS", "p50 ms", "p95 ms", "p99 ms", "max ms", "first ms",
-            "mean batch rows", "errors")
+        target=target,
+        mode=spec.mode,
+        concurrency=spec.concurrency,
+        arrival=spec.arrival if spec.rate is not None else None,
+        offered_qps=spec.rate,
+        sent_qps=samples.send_rate,
+        requests=count,
+        errors=samples.errors,
+        seconds=samples.seconds,
+        qps=count / samples.seconds if samples.seconds > 0 else 0.0,
+        p50_ms=p50,
+        p95_ms=p95,
+        p99_ms=p99,
+        max_ms=top,
+        first_ms=first_ms,
+        mean_batch_rows=mean_batch_rows(samples.batch_rows),
+        latencies_ms=samples.latencies_s * 1000,
+    )
+
+
+_COLUMNS = (
+    "target",
+    "mode",
+    "offered/s",
+    "QPS",
+    "p50 ms",
+    "p95 ms",
+    "p99 ms",
+    "max ms",
+    "first ms",
+    "mean batch rows",
+    "errors",
+)
 
 
 def _offered_cell(report: BenchReport) -> str:
@@ -135,9 +173,23 @@ def markdown_table(reports: list[BenchReport]) -> str:
     lines = [_row(list(_COLUMNS)), _row(["---", "---"] + ["---:"] * (len(_COLUMNS) - 2))]
     for r in reports:
         first = f"{r.first_ms:.2f}" if r.first_ms is not None else "-"
-        lines.append(_row([r.target, r.spec.label, _offered_cell(r), f"{r.qps:,.0f}", f"{r.p50_ms:.2f}",
-                           f"{r.p95_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.max_ms:.2f}", first,
-                           f"{r.mean_batch_rows:.1f}", str(r.errors)]))
+        lines.append(
+            _row(
+                [
+                    r.target,
+                    r.spec.label,
+                    _offered_cell(r),
+                    f"{r.qps:,.0f}",
+                    f"{r.p50_ms:.2f}",
+                    f"{r.p95_ms:.2f}",
+                    f"{r.p99_ms:.2f}",
+                    f"{r.max_ms:.2f}",
+                    first,
+                    f"{r.mean_batch_rows:.1f}",
+                    str(r.errors),
+                ]
+            )
+        )
     return "\n".join(lines)
 
 
@@ -145,8 +197,14 @@ def compare(reports: list[BenchReport]) -> list[dict[str, Any]]:
     """fleet / naive ratios of QPS and p99 for every run both targets made."""
     naive = {r.spec: r for r in reports if r.target == "naive"}
     pairs = [(r, naive[r.spec]) for r in reports if r.target == "fleet" and r.spec in naive]
-    return [{"run": f.spec.label, "qps_ratio": round(f.qps / n.qps, 3) if n.qps else None,
-             "p99_ratio": round(f.p99_ms / n.p99_ms, 3) if n.p99_ms else None} for f, n in pairs]
+    return [
+        {
+            "run": f.spec.label,
+            "qps_ratio": round(f.qps / n.qps, 3) if n.qps else None,
+            "p99_ratio": round(f.p99_ms / n.p99_ms, 3) if n.p99_ms else None,
+        }
+        for f, n in pairs
+    ]
 
 
 def first_latencies(reports: list[BenchReport]) -> dict[str, float]:
@@ -165,7 +223,10 @@ def render_markdown(reports: list[BenchReport], heading: str | None = None) -> s
     ratios = compare(reports)
     if ratios:
         lines = [_row(["run", "QPS fleet/naive", "p99 fleet/naive"]), _row(["---", "---:", "---:"])]
-        lines += [_row([c["run"], _ratio_text(c["qps_ratio"]), _ratio_text(c["p99_ratio"])]) for c in ratios]
+        lines += [
+            _row([c["run"], _ratio_text(c["qps_ratio"]), _ratio_text(c["p99_ratio"])])
+            for c in ratios
+        ]
         parts.append("\n".join(lines))
     firsts = first_latencies(reports)
     if firsts:
@@ -175,13 +236,19 @@ def render_markdown(reports: list[BenchReport], heading: str | None = None) -> s
 
 def report_json(reports: list[BenchReport], setup: str = "") -> dict[str, Any]:
     """The machine-readable report: setup, every run, ratios, first-request latencies."""
-    return {"setup": setup, "runs": [r.as_dict() for r in reports], "comparison": compare(reports),
-            "first_ms": {t: round(ms, 3) for t, ms in first_latencies(reports).items()}}
+    return {
+        "setup": setup,
+        "runs": [r.as_dict() for r in reports],
+        "comparison": compare(reports),
+        "first_ms": {t: round(ms, 3) for t, ms in first_latencies(reports).items()},
+    }
 
 
 def _is_sweep(reports: list[BenchReport]) -> bool:
     targets = [r.target for r in reports if r.offered_qps is not None]
     return any(targets.count(t) > 1 for t in set(targets))
+
+
 _LINE_STYLES = ("-", "--", ":", "-.")
 
 
@@ -190,9 +257,14 @@ def _plot_cdf(ax: Any, reports: list[BenchReport]) -> None:
     for i, r in enumerate(reports):
         lat = np.sort(r.latencies_ms)
         nth = sum(1 for other in reports[:i] if other.target == r.target)  # one line style per run
-        ax.plot(lat, np.arange(1, lat.size + 1) / lat.size, drawstyle="steps-post",
-                color=f"C{targets.index(r.target)}", linestyle=_LINE_STYLES[nth % len(_LINE_STYLES)],
-                label=f"{r.target}, {r.spec.label}")
+        ax.plot(
+            lat,
+            np.arange(1, lat.size + 1) / lat.size,
+            drawstyle="steps-post",
+            color=f"C{targets.index(r.target)}",
+            linestyle=_LINE_STYLES[nth % len(_LINE_STYLES)],
+            label=f"{r.target}, {r.spec.label}",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms, log scale)")
     ax.set_ylabel("fraction of requests")
@@ -218,8 +290,11 @@ def _plot_sweep(ax: Any, reports: list[BenchReport]) -> None:
 def _plot_bars(ax: Any, reports: list[BenchReport]) -> None:
     labels = [f"{r.target}\n{r.spec.label}" for r in reports]
     targets = list(dict.fromkeys(r.target for r in reports))
-    bars = ax.bar(range(len(reports)), [r.qps for r in reports],
-                  color=[f"C{targets.index(r.target)}" for r in reports])
+    bars = ax.bar(
+        range(len(reports)),
+        [r.qps for r in reports],
+        color=[f"C{targets.index(r.target)}" for r in reports],
+    )
     ax.bar_label(bars, labels=[f"{r.qps:,.0f}" for r in reports])
     ax.set_xticks(range(len(reports)), labels, fontsize="small")
     ax.set_ylabel("achieved QPS")
@@ -240,7 +315,9 @@ def write_png(reports: list[BenchReport], path: str | Path, title: str = "") -> 
     fig.savefig(str(path), dpi=100, format="png")
 
 
-def write_outputs(out_dir: str | Path, reports: list[BenchReport], markdown: str, setup: str = "") -> list[Path]:
+def write_outputs(
+    out_dir: str | Path, reports: list[BenchReport], markdown: str, setup: str = ""
+) -> list[Path]:
     """Write report.md, report.json and report.png into ``out_dir`` (created); return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

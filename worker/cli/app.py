@@ -41,15 +41,30 @@ Examples (every command reads REDIS_URL, default redis://localhost:6379/0):
 Guides: README.md ("Bring your own model"), docs/handlers.md, docs/cli.md."""
 
 
-@click.group(cls=InferfleetGroup, epilog=EXAMPLES,
-             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=InferfleetGroup,
+    epilog=EXAMPLES,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(package_name="inferfleet")
 def main() -> None:
     """inferfleet: PyTorch inference workers fed by Redis Streams."""
 
 
-for _command in (serving.worker, supervise.supervise, requests.enqueue, requests.result, admin.status, admin.dead,
-                 bench.bench, lifecycle.swap, lifecycle.alerts, pipeline.split, rollout.shadow, sharing.limit,
-                 sharing.cancel):
+for _command in (
+    serving.worker,
+    supervise.supervise,
+    requests.enqueue,
+    requests.result,
+    admin.status,
+    admin.dead,
+    bench.bench,
+    lifecycle.swap,
+    lifecycle.alerts,
+    pipeline.split,
+    rollout.shadow,
+    sharing.limit,
+    sharing.cancel,
+):
     main.add_command(_command)
 main.add_command(models.save_model_command)

@@ -28,10 +28,16 @@ _SCHEMES = ("redis://", "rediss://", "unix://")
 
 #: (what a Redis error says, what to do about it)
 _HINTS = (
-    ("Cluster mode is not enabled", "this Redis is not a cluster: drop --cluster (and INFERFLEET_CLUSTER)"),
+    (
+        "Cluster mode is not enabled",
+        "this Redis is not a cluster: drop --cluster (and INFERFLEET_CLUSTER)",
+    ),
     ("MOVED", "this Redis is a cluster: add --cluster"),
     ("CROSSSLOT", "this Redis is a cluster: add --cluster"),
-    ("Connection refused", "is redis-server running there? Give its URL with --redis-url or REDIS_URL"),
+    (
+        "Connection refused",
+        "is redis-server running there? Give its URL with --redis-url or REDIS_URL",
+    ),
     ("Name or service not known", "is the host right? Give the URL with --redis-url or REDIS_URL"),
     ("Timeout connecting", "is redis-server reachable? Give its URL with --redis-url or REDIS_URL"),
     ("NOAUTH", "this Redis needs a password: redis://:PASSWORD@HOST:6379/0"),
@@ -52,13 +58,17 @@ def check_redis_url(ctx: click.Context, param: click.Parameter, value: str | Non
     """A --redis-url callback: a URL without a scheme is a usage error that shows the fix."""
     if value is not None and not value.startswith(_SCHEMES):
         fixed = f"redis://{value}" if "/" not in value else f"redis://{value.split('://')[-1]}"
-        raise click.BadParameter(f"{value!r} needs a scheme: {fixed}{'/0' if '/' not in value else ''} "
-                                 f"(or rediss:// for TLS, unix:// for a socket)")
+        raise click.BadParameter(
+            f"{value!r} needs a scheme: {fixed}{'/0' if '/' not in value else ''} "
+            f"(or rediss:// for TLS, unix:// for a socket)"
+        )
     return value
 
 
 def _from_redis(exc: BaseException) -> bool:
-    return any(cls.__module__.split(".")[0] in ("redis", "inferfleet") for cls in type(exc).__mro__[:-1])
+    return any(
+        cls.__module__.split(".")[0] in ("redis", "inferfleet") for cls in type(exc).__mro__[:-1]
+    )
 
 
 class InferfleetGroup(click.Group):
@@ -83,7 +93,11 @@ class InferfleetGroup(click.Group):
         width = formatter.width - 6 - max((len(name) for name in shown), default=0)
         placed: set[str] = set()
         for title, names in [*SECTIONS.items(), ("Other commands", tuple(shown))]:
-            rows = [(n, shown[n].get_short_help_str(width)) for n in names if n in shown and n not in placed]
+            rows = [
+                (n, shown[n].get_short_help_str(width))
+                for n in names
+                if n in shown and n not in placed
+            ]
             placed.update(n for n, _ in rows)
             if rows:
                 with formatter.section(title):

@@ -22,26 +22,52 @@ def _module_of(source: str) -> object:
             target = import_target(source)
         except ModelLoadError as exc:
             raise click.BadParameter(str(exc), param_hint="SOURCE") from exc
-        return target if isinstance(target, torch.nn.Module) else target()  # a class or a factory: call it
+        return (
+            target if isinstance(target, torch.nn.Module) else target()
+        )  # a class or a factory: call it
     if not os.path.isfile(source):
-        raise click.BadParameter(f"{source!r} is neither a file nor module:attr", param_hint="SOURCE")
+        raise click.BadParameter(
+            f"{source!r} is neither a file nor module:attr", param_hint="SOURCE"
+        )
     if detect_kind(source) != "torchscript":
-        raise click.BadParameter(f"{source!r} is not a TorchScript file: give module:attr to export an nn.Module",
-                                 param_hint="SOURCE")
+        raise click.BadParameter(
+            f"{source!r} is not a TorchScript file: give module:attr to export an nn.Module",
+            param_hint="SOURCE",
+        )
     return torch.jit.load(source)
 
 
-@click.command("save-model", epilog="""\b
+@click.command(
+    "save-model",
+    epilog="""\b
 Examples:
-  inferfleet save-model scripts.build_models:CTR --example models/features.npz --out ctr-packed.pt2""")
+  inferfleet save-model scripts.build_models:CTR --example models/features.npz --out ctr-packed.pt2""",
+)
 @click.argument("source")
-@click.option("--example", "example_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              envvar="INFERFLEET_SAVE_MODEL_EXAMPLE", show_envvar=True,
-              help="One request's inputs: .npy (one tensor) or .npz (arr_0.. positional, other names keyword).")
-@click.option("--out", required=True, envvar="INFERFLEET_SAVE_MODEL_OUT", show_envvar=True,
-              help="The file to write (.pt2 for an nn.Module, TorchScript for a .pt).")
-@click.option("--input-spec", "input_spec", default=None, envvar="INFERFLEET_SAVE_MODEL_INPUT_SPEC", show_envvar=True,
-              help="Which dimensions vary, e.g. 'int64[N,L]' (default: only the batch, N).")
+@click.option(
+    "--example",
+    "example_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="INFERFLEET_SAVE_MODEL_EXAMPLE",
+    show_envvar=True,
+    help="One request's inputs: .npy (one tensor) or .npz (arr_0.. positional, other names keyword).",
+)
+@click.option(
+    "--out",
+    required=True,
+    envvar="INFERFLEET_SAVE_MODEL_OUT",
+    show_envvar=True,
+    help="The file to write (.pt2 for an nn.Module, TorchScript for a .pt).",
+)
+@click.option(
+    "--input-spec",
+    "input_spec",
+    default=None,
+    envvar="INFERFLEET_SAVE_MODEL_INPUT_SPEC",
+    show_envvar=True,
+    help="Which dimensions vary, e.g. 'int64[N,L]' (default: only the batch, N).",
+)
 def save_model_command(source: str, example_path: str, out: str, input_spec: str | None) -> None:
     """Save SOURCE (module:attr giving an nn.Module, or a TorchScript file) with its example and input spec.
 
@@ -62,4 +88,6 @@ def save_model_command(source: str, example_path: str, out: str, input_spec: str
         raise click.BadParameter(str(exc), param_hint="--input-spec") from exc
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"wrote {out}: inputs {written}; serve it with: inferfleet worker --name NAME --model {out}")
+    click.echo(
+        f"wrote {out}: inputs {written}; serve it with: inferfleet worker --name NAME --model {out}"
+    )

@@ -23,9 +23,21 @@ from inferfleet.producer import errors
 from inferfleet.worker.cli.group import check_redis_url
 from inferfleet.worker.config import WorkerSettings, env_var
 
-__all__ = ["CONNECTION_OPTIONS", "QueueConfig", "SettingOption", "cluster_option", "name_option", "pass_queue_config",
-           "prefix_option", "queue_context", "queue_options", "redis_url_option", "setting_option", "settings_field",
-           "shards_option"]
+__all__ = [
+    "CONNECTION_OPTIONS",
+    "QueueConfig",
+    "SettingOption",
+    "cluster_option",
+    "name_option",
+    "pass_queue_config",
+    "prefix_option",
+    "queue_context",
+    "queue_options",
+    "redis_url_option",
+    "setting_option",
+    "settings_field",
+    "shards_option",
+]
 
 #: What a click option is to a command's function: a decorator.
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -61,11 +73,20 @@ def setting_option(settings: type, name: str, *decls: str, **attrs: Any) -> Deco
         attrs.update(default=None)
     else:
         attrs.update(required=True)
-    return click.option(*decls, cls=SettingOption, setting=setting, envvar=env_var(setting), show_envvar=True,
-                        help=setting.metadata["help"], **attrs)
+    return click.option(
+        *decls,
+        cls=SettingOption,
+        setting=setting,
+        envvar=env_var(setting),
+        show_envvar=True,
+        help=setting.metadata["help"],
+        **attrs,
+    )
 
 
-redis_url_option = setting_option(WorkerSettings, "redis_url", "--redis-url", callback=check_redis_url)
+redis_url_option = setting_option(
+    WorkerSettings, "redis_url", "--redis-url", callback=check_redis_url
+)
 name_option = setting_option(WorkerSettings, "name", "--name")
 prefix_option = setting_option(WorkerSettings, "prefix", "--prefix")
 shards_option = setting_option(WorkerSettings, "shards", "--shards", type=int)
@@ -121,8 +142,9 @@ def queue_options(name: Decorator = name_option) -> Decorator:
 pass_queue_config: Decorator = queue_options()
 
 
-def queue_context(name: str, redis_url: str | None, prefix: str, shards: int = 1,
-                  cluster: bool = False) -> tuple[Any, list]:
+def queue_context(
+    name: str, redis_url: str | None, prefix: str, shards: int = 1, cluster: bool = False
+) -> tuple[Any, list]:
     """A client (no silent retries) and the keys of every shard of the queue (one, unsharded)."""
     import redis
 

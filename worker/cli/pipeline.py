@@ -20,7 +20,9 @@ __all__ = ["split"]
 def _names(_ctx: click.Context, _param: click.Parameter, value: str) -> list[str]:
     names = [n.strip() for n in value.split(",")]
     if not all(names):
-        raise click.BadParameter(f"{value!r}: give submodule names separated by commas, e.g. layers.2,layers.4")
+        raise click.BadParameter(
+            f"{value!r}: give submodule names separated by commas, e.g. layers.2,layers.4"
+        )
     return names
 
 
@@ -33,29 +35,67 @@ def _signature(sig: dict) -> str:
 
 
 def _report(manifest: Any, out: str) -> None:
-    click.echo(f"split {manifest.model} into {len(manifest.stages)} stages in {out} (version {manifest.version}); "
-               f"the chained stages reproduce the model on the example")
-    click.echo(f"{'stage':>5}  {'starts at':<20} {'parameters':>12} {'bytes':>10}  inputs -> outputs")
+    click.echo(
+        f"split {manifest.model} into {len(manifest.stages)} stages in {out} (version {manifest.version}); "
+        f"the chained stages reproduce the model on the example"
+    )
+    click.echo(
+        f"{'stage':>5}  {'starts at':<20} {'parameters':>12} {'bytes':>10}  inputs -> outputs"
+    )
     for s in manifest.stages:
-        click.echo(f"{s.stage:>5}  {s.starts_at or '(inputs)':<20} {s.parameters:>12,} {_size(s.bytes):>10}  "
-                   f"{_signature(s.inputs)} -> {_signature(s.outputs)}")
+        click.echo(
+            f"{s.stage:>5}  {s.starts_at or '(inputs)':<20} {s.parameters:>12,} {_size(s.bytes):>10}  "
+            f"{_signature(s.inputs)} -> {_signature(s.outputs)}"
+        )
     total = sum(s.bytes for s in manifest.stages)
-    click.echo(f"total {sum(s.parameters for s in manifest.stages):,} parameters, {_size(total)}; the largest "
-               f"stage holds {max(s.bytes for s in manifest.stages) / max(total, 1):.0%} of the bytes")
+    click.echo(
+        f"total {sum(s.parameters for s in manifest.stages):,} parameters, {_size(total)}; the largest "
+        f"stage holds {max(s.bytes for s in manifest.stages) / max(total, 1):.0%} of the bytes"
+    )
 
 
 @click.command()
-@click.option("--model", required=True, envvar="INFERFLEET_SPLIT_MODEL", show_envvar=True,
-              help="package.module:callable returning an nn.Module (from PYTHONPATH), or a .pt2 torch.export file.")
-@click.option("--example", required=True, type=click.Path(dir_okay=False), envvar="INFERFLEET_SPLIT_EXAMPLE",
-              show_envvar=True,
-              help="Example inputs (.npy, or .npz for several): traced, and checked against the stages.")
-@click.option("--split-at", "split_at", required=True, callback=_names, envvar="INFERFLEET_SPLIT_AT", show_envvar=True,
-              help="Submodule names (as in named_modules()), comma-separated; each starts a new stage.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), envvar="INFERFLEET_SPLIT_OUT", show_envvar=True,
-              help="Directory to write the split to.")
-@click.option("--log-level", default="warning", show_default=True, envvar="INFERFLEET_LOG_LEVEL", show_envvar=True,
-              type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
+@click.option(
+    "--model",
+    required=True,
+    envvar="INFERFLEET_SPLIT_MODEL",
+    show_envvar=True,
+    help="package.module:callable returning an nn.Module (from PYTHONPATH), or a .pt2 torch.export file.",
+)
+@click.option(
+    "--example",
+    required=True,
+    type=click.Path(dir_okay=False),
+    envvar="INFERFLEET_SPLIT_EXAMPLE",
+    show_envvar=True,
+    help="Example inputs (.npy, or .npz for several): traced, and checked against the stages.",
+)
+@click.option(
+    "--split-at",
+    "split_at",
+    required=True,
+    callback=_names,
+    envvar="INFERFLEET_SPLIT_AT",
+    show_envvar=True,
+    help="Submodule names (as in named_modules()), comma-separated; each starts a new stage.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False),
+    envvar="INFERFLEET_SPLIT_OUT",
+    show_envvar=True,
+    help="Directory to write the split to.",
+)
+@click.option(
+    "--log-level",
+    default="warning",
+    show_default=True,
+    envvar="INFERFLEET_LOG_LEVEL",
+    show_envvar=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Logging level.",
+)
 def split(model: str, example: str, split_at: list[str], out: str, log_level: str) -> None:
     """Split a model by layers into pipeline stages, one torch.export program each, plus a manifest.
 

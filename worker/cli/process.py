@@ -15,19 +15,36 @@ import click
 from inferfleet.worker.errors import DeviceBroken
 from inferfleet.worker.signals import on_signals
 
-__all__ = ["EXIT_DEVICE_BROKEN", "exit_device_broken", "install_stop_handlers", "log_format_option",
-           "log_level_option", "setup_logging"]
+__all__ = [
+    "EXIT_DEVICE_BROKEN",
+    "exit_device_broken",
+    "install_stop_handlers",
+    "log_format_option",
+    "log_level_option",
+    "setup_logging",
+]
 
 log = logging.getLogger("inferfleet")
 
 #: Exit status of a worker whose device broke (a sticky CUDA error): restart it.
 EXIT_DEVICE_BROKEN = DeviceBroken.exit_status
 
-log_level_option = click.option("--log-level", default="info", envvar="INFERFLEET_LOG_LEVEL", show_envvar=True,
-                                type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
-log_format_option = click.option("--log-format", default="text", envvar="INFERFLEET_LOG_FORMAT", show_envvar=True,
-                                 show_default=True, type=click.Choice(["text", "json"]),
-                                 help="json: one JSON object a line, with consumer, batch and request ids.")
+log_level_option = click.option(
+    "--log-level",
+    default="info",
+    envvar="INFERFLEET_LOG_LEVEL",
+    show_envvar=True,
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+)
+log_format_option = click.option(
+    "--log-format",
+    default="text",
+    envvar="INFERFLEET_LOG_FORMAT",
+    show_envvar=True,
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="json: one JSON object a line, with consumer, batch and request ids.",
+)
 
 
 def setup_logging(level: str, fmt: str = "text") -> None:
@@ -45,7 +62,9 @@ def install_stop_handlers(stop: threading.Event) -> None:
             log.warning("second %s: exiting without draining", signal.Signals(signum).name)
             logging.shutdown()
             os._exit(128 + signum)
-        log.info("%s received: finishing the current batch, then stopping", signal.Signals(signum).name)
+        log.info(
+            "%s received: finishing the current batch, then stopping", signal.Signals(signum).name
+        )
         stop.set()
 
     on_signals((signal.SIGTERM, signal.SIGINT), handle)
@@ -59,7 +78,10 @@ def exit_device_broken(exc: BaseException) -> None:
     the container's restart policy) replays them one at a time, and the
     delivery limit dead-letters the one that breaks the device.
     """
-    log.critical("%s; exiting with status %d so the worker is restarted on a fresh device context",
-                 exc, EXIT_DEVICE_BROKEN)
+    log.critical(
+        "%s; exiting with status %d so the worker is restarted on a fresh device context",
+        exc,
+        EXIT_DEVICE_BROKEN,
+    )
     logging.shutdown()
     os._exit(EXIT_DEVICE_BROKEN)

@@ -50,9 +50,12 @@ def _describe(value: Any) -> Any:
 
 
 def _show_reply(reply: Reply, output: str | None, pretty: bool = True) -> None:
-    summary: dict[str, Any] = {"id": reply.id, "ok": reply.ok,
-                               "model": {"name": reply.model_name, "version": reply.model_version},
-                               "timing": reply.timing}
+    summary: dict[str, Any] = {
+        "id": reply.id,
+        "ok": reply.ok,
+        "model": {"name": reply.model_name, "version": reply.model_version},
+        "timing": reply.timing,
+    }
     if reply.ok:
         summary["outputs"] = _describe(reply.outputs)
         if output:
@@ -67,38 +70,97 @@ def _show_reply(reply: Reply, output: str | None, pretty: bool = True) -> None:
 def producer_for(queue: QueueConfig, tenant: str | None = None) -> Producer:
     """A Producer on the queue the options name (bad options exit with status 2)."""
     try:
-        return Producer(queue.redis_url, queue.name, prefix=queue.prefix, shards=queue.shards, cluster=queue.cluster,
-                        tenant=tenant)
+        return Producer(
+            queue.redis_url,
+            queue.name,
+            prefix=queue.prefix,
+            shards=queue.shards,
+            cluster=queue.cluster,
+            tenant=tenant,
+        )
     except errors.ProtocolError as exc:
         raise click.BadParameter(str(exc)) from exc
     except errors.InferfleetError as exc:  # a cluster client connects at once
         raise click.ClickException(str(exc)) from exc
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   inferfleet enqueue --name ctr --input models/features.npz --wait
-  inferfleet enqueue --name ctr --input models/features.npz      # prints the request id for 'result'""")
+  inferfleet enqueue --name ctr --input models/features.npz      # prints the request id for 'result'"""
+)
 @pass_queue_config
-@click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help=".npy (one tensor) or .npz (arr_0.. positional, other names keyword) inputs.")
-@click.option("--param", "params", multiple=True, help="KEY=VALUE (VALUE parsed as JSON if it can be).")
-@click.option("--deadline-s", type=float, default=None, envvar="INFERFLEET_DEADLINE_S", show_envvar=True,
-              help="Answer 'expired' if not picked up in time.")
+@click.option(
+    "--input",
+    "input_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help=".npy (one tensor) or .npz (arr_0.. positional, other names keyword) inputs.",
+)
+@click.option(
+    "--param", "params", multiple=True, help="KEY=VALUE (VALUE parsed as JSON if it can be)."
+)
+@click.option(
+    "--deadline-s",
+    type=float,
+    default=None,
+    envvar="INFERFLEET_DEADLINE_S",
+    show_envvar=True,
+    help="Answer 'expired' if not picked up in time.",
+)
 @click.option("--request-id", default=None, help="Choose the request id (default: a fresh one).")
-@click.option("--priority", type=click.Choice(PRIORITIES), default="normal", show_default=True,
-              envvar="INFERFLEET_PRIORITY", show_envvar=True, help="The lane: high, normal or low.")
-@click.option("--tenant", default=None, envvar="INFERFLEET_TENANT", show_envvar=True,
-              help="The caller's name, which fleet-wide quotas apply to.")
-@click.option("--wait/--no-wait", default=False, envvar="INFERFLEET_ENQUEUE_WAIT", show_envvar=True,
-              help="Wait for the reply and print it as one line of JSON.")
-@click.option("--timeout-s", type=float, default=30.0, show_default=True, envvar="INFERFLEET_RESULT_TIMEOUT_S",
-              show_envvar=True, help="With --wait: longest wait.")
-@click.option("--output", default=None, envvar="INFERFLEET_OUTPUT", show_envvar=True,
-              help="With --wait: save outputs to this .npy/.npz file.")
-def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadline_s: float | None,
-            request_id: str | None, priority: str, tenant: str | None, wait: bool, timeout_s: float,
-            output: str | None) -> None:
+@click.option(
+    "--priority",
+    type=click.Choice(PRIORITIES),
+    default="normal",
+    show_default=True,
+    envvar="INFERFLEET_PRIORITY",
+    show_envvar=True,
+    help="The lane: high, normal or low.",
+)
+@click.option(
+    "--tenant",
+    default=None,
+    envvar="INFERFLEET_TENANT",
+    show_envvar=True,
+    help="The caller's name, which fleet-wide quotas apply to.",
+)
+@click.option(
+    "--wait/--no-wait",
+    default=False,
+    envvar="INFERFLEET_ENQUEUE_WAIT",
+    show_envvar=True,
+    help="Wait for the reply and print it as one line of JSON.",
+)
+@click.option(
+    "--timeout-s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    envvar="INFERFLEET_RESULT_TIMEOUT_S",
+    show_envvar=True,
+    help="With --wait: longest wait.",
+)
+@click.option(
+    "--output",
+    default=None,
+    envvar="INFERFLEET_OUTPUT",
+    show_envvar=True,
+    help="With --wait: save outputs to this .npy/.npz file.",
+)
+def enqueue(
+    queue: QueueConfig,
+    input_path: str,
+    params: tuple[str, ...],
+    deadline_s: float | None,
+    request_id: str | None,
+    priority: str,
+    tenant: str | None,
+    wait: bool,
+    timeout_s: float,
+    output: str | None,
+) -> None:
     """Enqueue one request from a .npy/.npz file; print its request id (or, with --wait, the reply)."""
     try:
         inputs = load_inputs(input_path)
@@ -106,7 +168,9 @@ def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadli
         raise click.BadParameter(str(exc), param_hint="--input") from exc
     with producer_for(queue, tenant) as producer:
         try:
-            rid = producer.submit(inputs, _parse_params(params), deadline_s, request_id=request_id, priority=priority)
+            rid = producer.submit(
+                inputs, _parse_params(params), deadline_s, request_id=request_id, priority=priority
+            )
             if not wait:
                 click.echo(rid)
                 return
@@ -120,10 +184,22 @@ def enqueue(queue: QueueConfig, input_path: str, params: tuple[str, ...], deadli
 @click.command()
 @pass_queue_config
 @click.argument("request_id")
-@click.option("--timeout-s", type=float, default=30.0, show_default=True, envvar="INFERFLEET_RESULT_TIMEOUT_S",
-              show_envvar=True, help="Longest wait for the reply.")
-@click.option("--output", default=None, envvar="INFERFLEET_OUTPUT", show_envvar=True,
-              help="Save outputs to this .npy/.npz file.")
+@click.option(
+    "--timeout-s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    envvar="INFERFLEET_RESULT_TIMEOUT_S",
+    show_envvar=True,
+    help="Longest wait for the reply.",
+)
+@click.option(
+    "--output",
+    default=None,
+    envvar="INFERFLEET_OUTPUT",
+    show_envvar=True,
+    help="Save outputs to this .npy/.npz file.",
+)
 def result(queue: QueueConfig, request_id: str, timeout_s: float, output: str | None) -> None:
     """Wait for the reply to REQUEST_ID and print it (exit 1 if it failed)."""
     with producer_for(queue) as producer:

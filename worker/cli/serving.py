@@ -104,12 +104,14 @@ def worker_settings(options: dict[str, Any]) -> WorkerSettings:
         raise click.UsageError(str(exc)) from exc
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   inferfleet worker --name ctr --model models/ctr.pt
   inferfleet worker --name affine --model models/affine.pt2      # torch.export: spec and warm-up from the file
   inferfleet worker --name affine --model models/affine.pt --input-spec 'float32[N,16]'
-  inferfleet worker --name scale --model tests.handlers:Scale    # a handler, imported from the current directory""")
+  inferfleet worker --name scale --model tests.handlers:Scale    # a handler, imported from the current directory"""
+)
 @worker_options
 @_setting("device", "--device")
 @_setting("consumer", "--consumer")
@@ -117,7 +119,9 @@ Examples:
 def worker(log_level: str, log_format: str, **options: Any) -> None:
     """Serve one queue: load and warm the model, then batch requests from the stream."""
     setup_logging(log_level, log_format)
-    from inferfleet.worker.serving.serve import serve  # torch is imported only by commands that need it
+    from inferfleet.worker.serving.serve import (
+        serve,
+    )  # torch is imported only by commands that need it
 
     settings = worker_settings(options)
     stop = threading.Event()
@@ -134,7 +138,10 @@ def child_main(settings: WorkerSettings, visible_device: str | None) -> None:
     """Entry point of a supervised worker process (spawn start method)."""
     if visible_device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_device  # before torch touches CUDA
-    setup_logging(os.environ.get("INFERFLEET_LOG_LEVEL", "info"), os.environ.get("INFERFLEET_LOG_FORMAT", "text"))
+    setup_logging(
+        os.environ.get("INFERFLEET_LOG_LEVEL", "info"),
+        os.environ.get("INFERFLEET_LOG_FORMAT", "text"),
+    )
     from inferfleet.worker.serving.serve import serve
 
     stop = threading.Event()

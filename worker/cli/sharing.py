@@ -17,7 +17,14 @@ import redis
 
 from inferfleet.producer import errors
 from inferfleet.producer.protocol import QueueKeys
-from inferfleet.producer.sharing import LIBRARY, MAX_TENANTS, limits_key, tenants_key, validate_rate, validate_tenant
+from inferfleet.producer.sharing import (
+    LIBRARY,
+    MAX_TENANTS,
+    limits_key,
+    tenants_key,
+    validate_rate,
+    validate_tenant,
+)
 from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
 
 __all__ = ["cancel", "limit", "read_limits"]
@@ -39,14 +46,21 @@ def read_limits(client: Any, keys: QueueKeys) -> dict[str, Any]:
         kind, _, tenant = name.decode().partition(":")
         counts.setdefault(tenant, {"accepted": 0, "refused": 0})[kind] = int(value)
     backlog = raw.get("max_backlog")
-    return {"queue": keys.name, "max_backlog": int(backlog) if backlog else None, "tenants": tenants,
-            "counts": counts}
+    return {
+        "queue": keys.name,
+        "max_backlog": int(backlog) if backlog else None,
+        "tenants": tenants,
+        "counts": counts,
+    }
 
 
-def _check_limit_options(max_backlog: int | None, tenant: str | None, rate: float | None,
-                         burst: float | None) -> None:
+def _check_limit_options(
+    max_backlog: int | None, tenant: str | None, rate: float | None, burst: float | None
+) -> None:
     if max_backlog is not None and not 1 <= max_backlog <= MAX_BACKLOG:
-        raise click.BadParameter(f"must be from 1 to {MAX_BACKLOG}, got {max_backlog}", param_hint="--max-backlog")
+        raise click.BadParameter(
+            f"must be from 1 to {MAX_BACKLOG}, got {max_backlog}", param_hint="--max-backlog"
+        )
     if (rate is not None or burst is not None) and tenant is None:
         raise click.BadParameter("--rate and --burst need --tenant", param_hint="--tenant")
     try:
@@ -60,10 +74,19 @@ def _check_limit_options(max_backlog: int | None, tenant: str | None, rate: floa
         raise click.BadParameter(str(exc)) from exc
 
 
-def _apply(client: Any, keys: QueueKeys, clear: bool, max_backlog: int | None, tenant: str | None,
-           rate: float | None, burst: float | None) -> None:
+def _apply(
+    client: Any,
+    keys: QueueKeys,
+    clear: bool,
+    max_backlog: int | None,
+    tenant: str | None,
+    rate: float | None,
+    burst: float | None,
+) -> None:
     key = limits_key(keys)
-    if clear and tenant is not None and rate is None:  # --clear --tenant T: that tenant's quota only
+    if (
+        clear and tenant is not None and rate is None
+    ):  # --clear --tenant T: that tenant's quota only
         client.hdel(key, f"rate:{tenant}", f"burst:{tenant}")
         if client.hkeys(key) == [b"stamp"]:
             client.delete(key)
@@ -74,13 +97,17 @@ def _apply(client: Any, keys: QueueKeys, clear: bool, max_backlog: int | None, t
     if tenant is not None and rate is not None:
         quotas = {name for name in client.hkeys(key) if name.startswith(b"rate:")}
         if f"rate:{tenant}".encode() not in quotas and len(quotas) >= MAX_TENANTS:
-            raise click.BadParameter(f"queue {keys.name} already has {MAX_TENANTS} tenant quotas (the most)",
-                                     param_hint="--tenant")
+            raise click.BadParameter(
+                f"queue {keys.name} already has {MAX_TENANTS} tenant quotas (the most)",
+                param_hint="--tenant",
+            )
     fields: dict[str, Any] = {}
     if max_backlog is not None:
         fields["max_backlog"] = max_backlog
     if tenant is not None and rate is not None:
-        fields[f"rate:{tenant}"], fields[f"burst:{tenant}"] = (repr(v) for v in validate_rate(rate, burst))
+        fields[f"rate:{tenant}"], fields[f"burst:{tenant}"] = (
+            repr(v) for v in validate_rate(rate, burst)
+        )
     if fields:
         fields.setdefault("stamp", client.hget(key, "stamp") or os.urandom(8).hex())
         client.hset(key, mapping=fields)
@@ -88,18 +115,52 @@ def _apply(client: Any, keys: QueueKeys, clear: bool, max_backlog: int | None, t
 
 @click.command()
 @pass_queue_config
-@click.option("--max-backlog", envvar="INFERFLEET_LIMIT_MAX_BACKLOG", show_envvar=True,
-              type=int, default=None, help="Fleet-wide backlog limit (requests waiting in all lanes).")
-@click.option("--tenant", envvar="INFERFLEET_TENANT", show_envvar=True,
-              default=None, help="The tenant whose quota --rate/--burst set (or --clear clears).")
-@click.option("--rate", envvar="INFERFLEET_LIMIT_RATE", show_envvar=True,
-              type=float, default=None, help="The tenant's sustained rate, requests a second.")
-@click.option("--burst", envvar="INFERFLEET_LIMIT_BURST", show_envvar=True,
-              type=float, default=None, help="The tenant's burst (token bucket size; default: --rate).")
-@click.option("--show", is_flag=True, help="Print the limits in force and per-tenant counts as JSON.")
-@click.option("--clear", is_flag=True, help="Remove every limit (with --tenant: that tenant's quota only).")
-def limit(queue: QueueConfig, max_backlog: int | None, tenant: str | None, rate: float | None,
-          burst: float | None, show: bool, clear: bool) -> None:
+@click.option(
+    "--max-backlog",
+    envvar="INFERFLEET_LIMIT_MAX_BACKLOG",
+    show_envvar=True,
+    type=int,
+    default=None,
+    help="Fleet-wide backlog limit (requests waiting in all lanes).",
+)
+@click.option(
+    "--tenant",
+    envvar="INFERFLEET_TENANT",
+    show_envvar=True,
+    default=None,
+    help="The tenant whose quota --rate/--burst set (or --clear clears).",
+)
+@click.option(
+    "--rate",
+    envvar="INFERFLEET_LIMIT_RATE",
+    show_envvar=True,
+    type=float,
+    default=None,
+    help="The tenant's sustained rate, requests a second.",
+)
+@click.option(
+    "--burst",
+    envvar="INFERFLEET_LIMIT_BURST",
+    show_envvar=True,
+    type=float,
+    default=None,
+    help="The tenant's burst (token bucket size; default: --rate).",
+)
+@click.option(
+    "--show", is_flag=True, help="Print the limits in force and per-tenant counts as JSON."
+)
+@click.option(
+    "--clear", is_flag=True, help="Remove every limit (with --tenant: that tenant's quota only)."
+)
+def limit(
+    queue: QueueConfig,
+    max_backlog: int | None,
+    tenant: str | None,
+    rate: float | None,
+    burst: float | None,
+    show: bool,
+    clear: bool,
+) -> None:
     """Set, show or clear a queue's fleet-wide limits: backlog and per-tenant rate quotas."""
     _check_limit_options(max_backlog, tenant, rate, burst)
     if clear and (max_backlog is not None or rate is not None):

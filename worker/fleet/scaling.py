@@ -109,16 +109,28 @@ class Observation:
     high_wait_s: float | None = None  # how long the high lane's oldest waiting request has waited
 
     def __post_init__(self) -> None:
-        _require(_is_number(self.now_s) and math.isfinite(self.now_s), "now_s", self.now_s, "a finite number")
+        _require(
+            _is_number(self.now_s) and math.isfinite(self.now_s),
+            "now_s",
+            self.now_s,
+            "a finite number",
+        )
         _require(_is_count(self.workers), "workers", self.workers, "an int >= 0")
         _require(self.lag is None or _is_count(self.lag), "lag", self.lag, "None or an int >= 0")
         _require(_is_count(self.pending), "pending", self.pending, "an int >= 0")
         rate_ok = _is_number(self.rate_rps) and math.isfinite(self.rate_rps) and self.rate_rps >= 0
         _require(rate_ok, "rate_rps", self.rate_rps, "a finite number >= 0")
-        _require(self.capacity_rps is None or _is_number(self.capacity_rps), "capacity_rps",
-                 self.capacity_rps, "None or a number")
-        wait_ok = self.high_wait_s is None or (_is_number(self.high_wait_s) and math.isfinite(self.high_wait_s)
-                                               and self.high_wait_s >= 0)
+        _require(
+            self.capacity_rps is None or _is_number(self.capacity_rps),
+            "capacity_rps",
+            self.capacity_rps,
+            "None or a number",
+        )
+        wait_ok = self.high_wait_s is None or (
+            _is_number(self.high_wait_s)
+            and math.isfinite(self.high_wait_s)
+            and self.high_wait_s >= 0
+        )
         _require(wait_ok, "high_wait_s", self.high_wait_s, "None or a finite number >= 0")
 
 
@@ -129,21 +141,37 @@ class PolicySettings:
     A field with a CLI option (``inferfleet supervise``) holds its help in its metadata.
     """
 
-    kind: str = field(default="lag", metadata={  # one of POLICY_KINDS
-        "help": "lag: drain-time target with cooldowns; article: queue>50 +1, <10 -1 every 5 s; fixed: min.",
-        "env": "INFERFLEET_POLICY"})
+    kind: str = field(
+        default="lag",
+        metadata={  # one of POLICY_KINDS
+            "help": "lag: drain-time target with cooldowns; article: queue>50 +1, <10 -1 every 5 s; fixed: min.",
+            "env": "INFERFLEET_POLICY",
+        },
+    )
     min_workers: int = field(default=1, metadata={"help": "Fewest workers, even when idle."})
     max_workers: int = 4  # the CLI's default is computed: one per GPU, or the CPU count
-    target_drain_s: float = field(default=5.0, metadata={
-        "help": "Scale up when the backlog would take longer than this to drain."})
+    target_drain_s: float = field(
+        default=5.0,
+        metadata={"help": "Scale up when the backlog would take longer than this to drain."},
+    )
     target_utilization: float = 0.75  # steady arrivals use at most this fraction of capacity
     down_utilization: float = 0.4  # shrink only if the smaller fleet is at most this busy
-    up_cooldown_s: float = field(default=2.0, metadata={"help": "Least time between two scale-ups."})
-    down_cooldown_s: float = field(default=20.0, metadata={  # after ANY change
-        "help": "Least time after a change before scaling down."})
+    up_cooldown_s: float = field(
+        default=2.0, metadata={"help": "Least time between two scale-ups."}
+    )
+    down_cooldown_s: float = field(
+        default=20.0,
+        metadata={  # after ANY change
+            "help": "Least time after a change before scaling down."
+        },
+    )
     max_step: int = field(default=2, metadata={"help": "Most workers added or removed at once."})
-    target_high_wait_s: float = field(default=0.0, metadata={
-        "help": "Scale up while the high lane's oldest request has waited longer than this (0: off)."})
+    target_high_wait_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "Scale up while the high lane's oldest request has waited longer than this (0: off)."
+        },
+    )
     default_capacity_rps: float = 500.0  # per-worker capacity until one is measured
     article_up_queue: float = 50.0  # article: average queue per worker over this -> +1
     article_down_queue: float = 10.0  # article: under this -> -1
@@ -166,18 +194,32 @@ class PolicySettings:
         _check_int("max_workers", self.max_workers, 1, MAX_WORKERS_LIMIT)
         _check_int("max_step", self.max_step, 1, MAX_WORKERS_LIMIT)
         if self.min_workers > self.max_workers:
-            raise ConfigError(f"min_workers ({self.min_workers}) must be at most "
-                              f"max_workers ({self.max_workers})")
+            raise ConfigError(
+                f"min_workers ({self.min_workers}) must be at most max_workers ({self.max_workers})"
+            )
 
     def _check_fractions(self) -> None:
         _check_range("target_utilization", self.target_utilization, 0.0, 1.0, low_open=True)
-        _check_range("down_utilization", self.down_utilization, 0.0, self.target_utilization,
-                     low_open=True, high_open=True, high_name="target_utilization")
+        _check_range(
+            "down_utilization",
+            self.down_utilization,
+            0.0,
+            self.target_utilization,
+            low_open=True,
+            high_open=True,
+            high_name="target_utilization",
+        )
 
     def _check_article(self) -> None:
         _check_range("article_down_queue", self.article_down_queue, 0.0, 1e12)
-        _check_range("article_up_queue", self.article_up_queue, self.article_down_queue, 1e12,
-                     low_open=True, low_name="article_down_queue")
+        _check_range(
+            "article_up_queue",
+            self.article_up_queue,
+            self.article_down_queue,
+            1e12,
+            low_open=True,
+            low_name="article_down_queue",
+        )
         _check_range("article_interval_s", self.article_interval_s, 0.0, 86400.0)
 
 
@@ -245,22 +287,36 @@ def _lag_policy(obs: Observation, settings: PolicySettings, state: PolicyState) 
 
 def high_lane_waits(obs: Observation, settings: PolicySettings) -> bool:
     """True when a high-lane wait target is set and the high lane's oldest request waited longer."""
-    return bool(settings.target_high_wait_s) and (obs.high_wait_s or 0.0) > settings.target_high_wait_s
+    return (
+        bool(settings.target_high_wait_s) and (obs.high_wait_s or 0.0) > settings.target_high_wait_s
+    )
 
 
-def _observe(obs: Observation, settings: PolicySettings, state: PolicyState) -> tuple[_Load, PolicyState]:
+def _observe(
+    obs: Observation, settings: PolicySettings, state: PolicyState
+) -> tuple[_Load, PolicyState]:
     """The load this observation shows, and the state with the history advanced."""
     capacity = _positive(obs.capacity_rps) or _positive(state.capacity_rps)
     known_backlog = None if obs.lag is None else obs.lag + obs.pending
     arrivals = obs.rate_rps + _growth_rps(known_backlog, obs.now_s, state)
     samples = _recent(state.arrivals, obs.now_s, arrivals, _peak_window_s(settings))
     first_s = obs.now_s if state.first_observed_s is None else state.first_observed_s
-    load = _Load(capacity_rps=capacity or settings.default_capacity_rps,
-                 backlog=obs.pending if known_backlog is None else known_backlog,
-                 lag_known=known_backlog is not None, arrivals_rps=arrivals,
-                 peak_arrivals_rps=max(rps for _, rps in samples), observed_s=obs.now_s - first_s)
-    state = replace(state, first_observed_s=first_s, last_observed_s=obs.now_s,
-                    last_backlog=known_backlog, capacity_rps=capacity, arrivals=samples)
+    load = _Load(
+        capacity_rps=capacity or settings.default_capacity_rps,
+        backlog=obs.pending if known_backlog is None else known_backlog,
+        lag_known=known_backlog is not None,
+        arrivals_rps=arrivals,
+        peak_arrivals_rps=max(rps for _, rps in samples),
+        observed_s=obs.now_s - first_s,
+    )
+    state = replace(
+        state,
+        first_observed_s=first_s,
+        last_observed_s=obs.now_s,
+        last_backlog=known_backlog,
+        capacity_rps=capacity,
+        arrivals=samples,
+    )
     return load, state
 
 
@@ -272,8 +328,9 @@ def _growth_rps(backlog: int | None, now_s: float, state: PolicyState) -> float:
     return max(0.0, (backlog - state.last_backlog) / elapsed_s)
 
 
-def _recent(samples: tuple[tuple[float, float], ...], now_s: float, arrivals_rps: float,
-            window_s: float) -> tuple[tuple[float, float], ...]:
+def _recent(
+    samples: tuple[tuple[float, float], ...], now_s: float, arrivals_rps: float, window_s: float
+) -> tuple[tuple[float, float], ...]:
     """The samples inside the window ending now, this one appended, at most MAX_ARRIVAL_SAMPLES."""
     kept = tuple((t, rps) for t, rps in samples if now_s - window_s < t < now_s)
     return (kept + ((now_s, arrivals_rps),))[-MAX_ARRIVAL_SAMPLES:]
@@ -302,29 +359,40 @@ def _need_text(arrivals_rps: float, load: _Load, settings: PolicySettings) -> st
     what = "backlog" if load.lag_known else "pending (lag unknown)"
     if load.backlog > 0 and for_backlog >= for_arrivals:
         return f"{what} {load.backlog} needs {for_backlog} workers to drain in {settings.target_drain_s:g} s"
-    return (f"arrivals ~{arrivals_rps:.0f} rps need {for_arrivals} workers at "
-            f"{settings.target_utilization:.0%} of {load.capacity_rps:.0f} rps each")
+    return (
+        f"arrivals ~{arrivals_rps:.0f} rps need {for_arrivals} workers at "
+        f"{settings.target_utilization:.0%} of {load.capacity_rps:.0f} rps each"
+    )
 
 
 def _steady_text(workers: int, load: _Load, settings: PolicySettings) -> str:
     need = max(_needs(load.arrivals_rps, load, settings))
-    at = f"at max_workers {workers}" if workers == settings.max_workers and need > workers else "steady"
+    at = (
+        f"at max_workers {workers}"
+        if workers == settings.max_workers and need > workers
+        else "steady"
+    )
     return f"{at}: {_need_text(load.arrivals_rps, load, settings)}"
 
 
-def _scale_up(obs: Observation, settings: PolicySettings, state: PolicyState, load: _Load,
-              target: int) -> tuple[int, str]:
+def _scale_up(
+    obs: Observation, settings: PolicySettings, state: PolicyState, load: _Load, target: int
+) -> tuple[int, str]:
     """Up to ``target`` by at most max_step, once up_cooldown_s has passed since the last up."""
     why = _need_text(load.arrivals_rps, load, settings)
     waited_s = obs.now_s - state.last_up_s
     if waited_s < settings.up_cooldown_s:
-        return obs.workers, f"hold: {why}; up cooldown {waited_s:.1f} of {settings.up_cooldown_s:g} s"
+        return (
+            obs.workers,
+            f"hold: {why}; up cooldown {waited_s:.1f} of {settings.up_cooldown_s:g} s",
+        )
     step = min(settings.max_step, target - obs.workers)
     return obs.workers + step, f"up {step}: {why}"
 
 
-def _scale_down(obs: Observation, settings: PolicySettings, state: PolicyState,
-                load: _Load) -> tuple[int, str]:
+def _scale_down(
+    obs: Observation, settings: PolicySettings, state: PolicyState, load: _Load
+) -> tuple[int, str]:
     """One worker fewer, if the lag is known, the cooldown and window passed, and the hysteresis holds."""
     smaller = obs.workers - 1
     quiet_s = obs.now_s - state.last_change_s
@@ -333,17 +401,24 @@ def _scale_down(obs: Observation, settings: PolicySettings, state: PolicyState,
     if quiet_s < settings.down_cooldown_s:
         return obs.workers, f"hold: down cooldown {quiet_s:.1f} of {settings.down_cooldown_s:g} s"
     if load.observed_s < _peak_window_s(settings):
-        return obs.workers, f"hold: watching arrivals {_peak_window_s(settings):g} s before scaling down"
+        return (
+            obs.workers,
+            f"hold: watching arrivals {_peak_window_s(settings):g} s before scaling down",
+        )
     return _hysteresis(obs.workers, smaller, settings, load)
 
 
-def _hysteresis(workers: int, smaller: int, settings: PolicySettings, load: _Load) -> tuple[int, str]:
+def _hysteresis(
+    workers: int, smaller: int, settings: PolicySettings, load: _Load
+) -> tuple[int, str]:
     """``smaller`` if it would be at most down_utilization busy at the peak and the backlog is small."""
     busy = _busy_fraction(load.peak_arrivals_rps, smaller, load.capacity_rps)
     at = f"{smaller} workers would be {busy:.0%} busy at peak ~{load.peak_arrivals_rps:.0f} rps"
     if busy > settings.down_utilization:
         return workers, f"hold: {at} (> {settings.down_utilization:.0%})"
-    small_backlog = smaller * load.capacity_rps * settings.target_drain_s * settings.down_utilization
+    small_backlog = (
+        smaller * load.capacity_rps * settings.target_drain_s * settings.down_utilization
+    )
     if load.backlog > small_backlog:
         return workers, f"hold: backlog {load.backlog} too large to shrink (> {small_backlog:.0f})"
     return smaller, f"down 1: {at} (<= {settings.down_utilization:.0%}), backlog {load.backlog}"
@@ -362,31 +437,54 @@ def _article_policy(obs: Observation, settings: PolicySettings, state: PolicySta
     """The article's rule: +1 / -1 on the average queue per worker, at most every interval."""
     waited_s = obs.now_s - state.last_decision_s
     if waited_s < settings.article_interval_s:
-        reason = f"hold: next decision after {settings.article_interval_s:g} s ({waited_s:.1f} s so far)"
+        reason = (
+            f"hold: next decision after {settings.article_interval_s:g} s ({waited_s:.1f} s so far)"
+        )
         return _finish(obs, settings, state, obs.workers, reason, decided=False)
     queue = (obs.lag or 0) / max(obs.workers, 1)
     if queue > settings.article_up_queue:
-        return _finish(obs, settings, state, obs.workers + 1,
-                       f"up 1: average queue {queue:.1f} > {settings.article_up_queue:g} per worker")
+        return _finish(
+            obs,
+            settings,
+            state,
+            obs.workers + 1,
+            f"up 1: average queue {queue:.1f} > {settings.article_up_queue:g} per worker",
+        )
     if queue < settings.article_down_queue:
-        return _finish(obs, settings, state, obs.workers - 1,
-                       f"down 1: average queue {queue:.1f} < {settings.article_down_queue:g} per worker")
+        return _finish(
+            obs,
+            settings,
+            state,
+            obs.workers - 1,
+            f"down 1: average queue {queue:.1f} < {settings.article_down_queue:g} per worker",
+        )
     return _finish(obs, settings, state, obs.workers, f"hold: average queue {queue:.1f} per worker")
 
 
 def _fixed_policy(obs: Observation, settings: PolicySettings, state: PolicyState) -> Decision:
-    return _finish(obs, settings, state, settings.min_workers, f"fixed at {settings.min_workers} workers")
+    return _finish(
+        obs, settings, state, settings.min_workers, f"fixed at {settings.min_workers} workers"
+    )
 
 
 # --------------------------------------------------------------------------- shared
 
 
-def _finish(obs: Observation, settings: PolicySettings, state: PolicyState, proposed: int,
-            reason: str, *, decided: bool = True) -> Decision:
+def _finish(
+    obs: Observation,
+    settings: PolicySettings,
+    state: PolicyState,
+    proposed: int,
+    reason: str,
+    *,
+    decided: bool = True,
+) -> Decision:
     """Clamp the proposal to the bounds and record what changed in the state."""
     workers = _clamp(proposed, settings)
     if workers != proposed:
-        reason += f"; clamped {proposed} to {workers} in [{settings.min_workers}, {settings.max_workers}]"
+        reason += (
+            f"; clamped {proposed} to {workers} in [{settings.min_workers}, {settings.max_workers}]"
+        )
     now_s = obs.now_s
     state = replace(
         state,
@@ -437,8 +535,17 @@ def _check_int(name: str, value: object, low: int, high: int) -> None:
         raise ConfigError(f"{name} must be an int from {low} to {high}, got {value!r}")
 
 
-def _check_range(name: str, value: object, low: float, high: float, *, low_open: bool = False,
-                 high_open: bool = False, low_name: str = "", high_name: str = "") -> None:
+def _check_range(
+    name: str,
+    value: object,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    low_name: str = "",
+    high_name: str = "",
+) -> None:
     """ConfigError naming ``name`` and the allowed interval unless ``value`` lies inside it."""
     if not _inside(value, low, high, low_open=low_open, high_open=high_open):
         low_text = f"{low_name}={low:g}" if low_name else f"{low:g}"

@@ -53,8 +53,18 @@ from inferfleet.worker.heartbeat import HeartbeatInfo
 from inferfleet.worker.keys import supervisor_lease_key
 from inferfleet.worker.signals import on_signals
 
-__all__ = ["LeaseHeld", "SupervisorLease", "Predecessor", "incarnation_token", "slot_consumer", "is_slot_of",
-           "predecessor_workers", "prune_consumers", "pid_alive", "watch_parent"]
+__all__ = [
+    "LeaseHeld",
+    "SupervisorLease",
+    "Predecessor",
+    "incarnation_token",
+    "slot_consumer",
+    "is_slot_of",
+    "predecessor_workers",
+    "prune_consumers",
+    "pid_alive",
+    "watch_parent",
+]
 
 log = logging.getLogger(__name__)
 
@@ -132,19 +142,32 @@ class Predecessor:
     pid: int
 
 
-def predecessor_workers(beats: Iterable[HeartbeatInfo], name: str, host: str, token: str,
-                        own_pids: Sequence[int] = ()) -> list[Predecessor]:
+def predecessor_workers(
+    beats: Iterable[HeartbeatInfo], name: str, host: str, token: str, own_pids: Sequence[int] = ()
+) -> list[Predecessor]:
     """The live heartbeats of this queue's slot workers on ``host`` that are not ours (pure)."""
-    return [Predecessor(b.consumer, b.pid) for b in beats
-            if b.host == host and is_slot_of(b.consumer, name) and not b.consumer.endswith(f"-{token}")
-            and b.pid not in own_pids and b.pid != os.getpid()]
+    return [
+        Predecessor(b.consumer, b.pid)
+        for b in beats
+        if b.host == host
+        and is_slot_of(b.consumer, name)
+        and not b.consumer.endswith(f"-{token}")
+        and b.pid not in own_pids
+        and b.pid != os.getpid()
+    ]
 
 
 class SupervisorLease:
     """This supervisor's hold on its queue on this host (see the module docstring)."""
 
-    def __init__(self, client: redis.Redis, keys: QueueKeys, token: str, ttl_s: float,
-                 host: str | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: QueueKeys,
+        token: str,
+        ttl_s: float,
+        host: str | None = None,
+    ) -> None:
         self.redis = client
         self.host = host or socket.gethostname()
         self.key = supervisor_lease_key(keys, self.host)
@@ -158,10 +181,15 @@ class SupervisorLease:
         if ok:
             return
         if pid_alive(pid):
-            raise LeaseHeld(f"another supervisor (pid {pid}) already manages queue {self.queue} on "
-                            f"host {self.host}; stop it first, or run this one on another host")
-        log.warning("the previous supervisor of this queue on %s (pid %s) is gone: taking over its lease",
-                    self.host, pid)
+            raise LeaseHeld(
+                f"another supervisor (pid {pid}) already manages queue {self.queue} on "
+                f"host {self.host}; stop it first, or run this one on another host"
+            )
+        log.warning(
+            "the previous supervisor of this queue on %s (pid %s) is gone: taking over its lease",
+            self.host,
+            pid,
+        )
         ok, _, pid = self._try(holder)
         if not ok:
             raise LeaseHeld(f"another supervisor (pid {pid}) took the lease of {self.key} first")
@@ -175,13 +203,18 @@ class SupervisorLease:
         self.redis.register_script(_RELEASE)(keys=[self.key], args=[self.token])
 
     def _try(self, replaceable: str) -> tuple[bool, str, int]:
-        ok, holder, pid = self.redis.register_script(_ACQUIRE)(  # registered on use: built without touching Redis
-            keys=[self.key], args=[self.token, os.getpid(), self.ttl_ms, self.host, replaceable])
+        ok, holder, pid = self.redis.register_script(
+            _ACQUIRE
+        )(  # registered on use: built without touching Redis
+            keys=[self.key], args=[self.token, os.getpid(), self.ttl_ms, self.host, replaceable]
+        )
         text = holder.decode() if isinstance(holder, bytes) else str(holder)
         return bool(int(ok)), text, int(pid or 0)
 
 
-def prune_consumers(client: redis.Redis, keys: QueueKeys, name: str, live: set[str], min_idle_ms: int) -> list[str]:
+def prune_consumers(
+    client: redis.Redis, keys: QueueKeys, name: str, live: set[str], min_idle_ms: int
+) -> list[str]:
     """Delete this queue's slot consumers that have no heartbeat, hold nothing and were idle
     ``min_idle_ms``: what SIGKILLed workers and supervisors leave in the group."""
     try:
@@ -192,9 +225,13 @@ def prune_consumers(client: redis.Redis, keys: QueueKeys, name: str, live: set[s
     gone = []
     for row in consumers:
         consumer = row["name"].decode() if isinstance(row["name"], bytes) else str(row["name"])
-        if (consumer not in live and is_slot_of(consumer, name) and int(row["pending"]) == 0
-                and int(row["idle"]) >= min_idle_ms
-                and int(prune(keys=[keys.requests], args=[GROUP, consumer])) >= 0):
+        if (
+            consumer not in live
+            and is_slot_of(consumer, name)
+            and int(row["pending"]) == 0
+            and int(row["idle"]) >= min_idle_ms
+            and int(prune(keys=[keys.requests], args=[GROUP, consumer])) >= 0
+        ):
             gone.append(consumer)
     return gone
 
@@ -212,7 +249,9 @@ def watch_parent(stop: threading.Event, interval_s: float = 1.0) -> None:
     parent = multiprocessing.parent_process()
     parent_pid = parent.pid if parent is not None else os.getppid()
 
-    def orphaned(*_: object) -> None:  # on the relay thread or the check thread, never in a signal handler
+    def orphaned(
+        *_: object,
+    ) -> None:  # on the relay thread or the check thread, never in a signal handler
         if not stop.is_set():
             log.warning("the supervisor (pid %s) is gone: draining and exiting", parent_pid)
         stop.set()
@@ -224,7 +263,10 @@ def watch_parent(stop: threading.Event, interval_s: float = 1.0) -> None:
             on_signals((signal.SIGUSR1,), orphaned)
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
         except (OSError, AttributeError) as exc:  # no libc prctl: the pid check alone
-            log.warning("cannot ask for a parent-death signal (%s): checking the supervisor's pid instead", exc)
+            log.warning(
+                "cannot ask for a parent-death signal (%s): checking the supervisor's pid instead",
+                exc,
+            )
 
     def check() -> None:
         while not stop.wait(interval_s):

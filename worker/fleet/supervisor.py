@@ -47,7 +47,13 @@ from inferfleet.producer.sharing import read_lanes
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import admin_client
 from inferfleet.worker.errors import ConfigError, DeviceBroken
-from inferfleet.worker.fleet.scaling import Decision, Observation, PolicySettings, PolicyState, desired_workers
+from inferfleet.worker.fleet.scaling import (
+    Decision,
+    Observation,
+    PolicySettings,
+    PolicyState,
+    desired_workers,
+)
 from inferfleet.worker.fleet.succession import (
     SupervisorLease,
     incarnation_token,
@@ -62,7 +68,13 @@ from inferfleet.worker.keys import stage_keys, supervisor_key
 if TYPE_CHECKING:
     from inferfleet.worker.metrics import FleetMetrics
 
-__all__ = ["SupervisorSettings", "Supervisor", "child_visible_devices", "resolve_devices", "observe"]
+__all__ = [
+    "SupervisorSettings",
+    "Supervisor",
+    "child_visible_devices",
+    "resolve_devices",
+    "observe",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +106,21 @@ def child_visible_devices(devices: Sequence[str], parent_visible: str | None) ->
     ``2,3``, or MIG UUIDs), or plain ``N`` where the parent sees every GPU
     (the variable unset). Raises ConfigError for an index the parent cannot see.
     """
-    entries = None if parent_visible is None else [e.strip() for e in parent_visible.split(",") if e.strip()]
+    entries = (
+        None
+        if parent_visible is None
+        else [e.strip() for e in parent_visible.split(",") if e.strip()]
+    )
     mapping = {}
     for device in devices:
         if not device.startswith("cuda:"):
             continue
         index = int(device.split(":", 1)[1])
         if entries is not None and index >= len(entries):
-            raise ConfigError(f"device {device}: CUDA_VISIBLE_DEVICES={parent_visible!r} makes only "
-                              f"{len(entries)} GPUs visible to the supervisor (cuda:0 to cuda:{len(entries) - 1})")
+            raise ConfigError(
+                f"device {device}: CUDA_VISIBLE_DEVICES={parent_visible!r} makes only "
+                f"{len(entries)} GPUs visible to the supervisor (cuda:0 to cuda:{len(entries) - 1})"
+            )
         mapping[device] = str(index) if entries is None else entries[index]
     return mapping
 
@@ -116,29 +134,49 @@ class SupervisorSettings:
 
     worker: WorkerSettings
     policy: PolicySettings
-    devices: tuple[str, ...] = ("cpu",)  # the CLI's --devices is a spec (auto, cpu, cuda:0,...): resolve_devices
+    devices: tuple[str, ...] = (
+        "cpu",
+    )  # the CLI's --devices is a spec (auto, cpu, cuda:0,...): resolve_devices
     workers_per_device: int = field(default=1, metadata={"help": "Workers per GPU."})
-    interval_s: float = field(default=1.0, metadata={"help": "How often the supervisor observes and decides."})
+    interval_s: float = field(
+        default=1.0, metadata={"help": "How often the supervisor observes and decides."}
+    )
     restart_backoff_s: float = 1.0
     max_restart_backoff_s: float = 30.0
-    crash_loop_deaths: int = field(default=5, metadata={"help": "Stop restarting a slot after this many deaths..."})
-    crash_loop_window_s: float = field(default=60.0, metadata={"help": "...within this many seconds."})
-    drain_timeout_s: float = field(default=60.0, metadata={"help": "Kill workers still draining after this."})
+    crash_loop_deaths: int = field(
+        default=5, metadata={"help": "Stop restarting a slot after this many deaths..."}
+    )
+    crash_loop_window_s: float = field(
+        default=60.0, metadata={"help": "...within this many seconds."}
+    )
+    drain_timeout_s: float = field(
+        default=60.0, metadata={"help": "Kill workers still draining after this."}
+    )
 
     def __post_init__(self) -> None:
         if not self.devices:
             raise ConfigError("devices is empty: use auto, cpu or cuda:N[,cuda:M...]")
-        for name, low in (("workers_per_device", 1), ("interval_s", 0.05), ("restart_backoff_s", 0.0),
-                          ("crash_loop_deaths", 1), ("crash_loop_window_s", 0.1), ("drain_timeout_s", 0.1)):
+        for name, low in (
+            ("workers_per_device", 1),
+            ("interval_s", 0.05),
+            ("restart_backoff_s", 0.0),
+            ("crash_loop_deaths", 1),
+            ("crash_loop_window_s", 0.1),
+            ("drain_timeout_s", 0.1),
+        ):
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be at least {low}, got {getattr(self, name)}")
         if self.policy.min_workers < self.worker.shards:
-            raise ConfigError(f"min_workers {self.policy.min_workers} is fewer than the {self.worker.shards} "
-                              f"shards: every shard needs a worker")
+            raise ConfigError(
+                f"min_workers {self.policy.min_workers} is fewer than the {self.worker.shards} "
+                f"shards: every shard needs a worker"
+            )
         gpus = [d for d in self.devices if d != "cpu"]
         if gpus and self.policy.max_workers > len(gpus) * self.workers_per_device:
-            raise ConfigError(f"max_workers {self.policy.max_workers} is more than {len(gpus)} GPUs x "
-                              f"{self.workers_per_device} workers per device")
+            raise ConfigError(
+                f"max_workers {self.policy.max_workers} is more than {len(gpus)} GPUs x "
+                f"{self.workers_per_device} workers per device"
+            )
 
 
 @dataclass
@@ -173,7 +211,9 @@ def _lag_and_pending(client: redis.Redis, keys: QueueKeys) -> tuple[int | None, 
     return lag, sum(lane.pending for lane in lanes), lanes[0].wait_s
 
 
-def observe(client: redis.Redis, keys: QueueKeys | Sequence[QueueKeys], workers: int, now_s: float) -> Observation:
+def observe(
+    client: redis.Redis, keys: QueueKeys | Sequence[QueueKeys], workers: int, now_s: float
+) -> Observation:
     """Read lag, pending and the workers' measured rates into an Observation.
 
     ``keys`` may be every shard of a sharded queue: lag and pending are then
@@ -191,24 +231,40 @@ def observe(client: redis.Redis, keys: QueueKeys | Sequence[QueueKeys], workers:
         beats.extend(read_heartbeats(client, one))
     capacities = sorted(c for c in (b.capacity_rps for b in beats) if c is not None)
     capacity = capacities[len(capacities) // 2] if capacities else None
-    return Observation(now_s=now_s, workers=workers, lag=lag, pending=pending,
-                       rate_rps=sum(b.rate_rps for b in beats), capacity_rps=capacity, high_wait_s=high_wait_s)
+    return Observation(
+        now_s=now_s,
+        workers=workers,
+        lag=lag,
+        pending=pending,
+        rate_rps=sum(b.rate_rps for b in beats),
+        capacity_rps=capacity,
+        high_wait_s=high_wait_s,
+    )
 
 
 class Supervisor:
     """Runs and sizes the worker processes of one queue until stopped."""
 
-    def __init__(self, settings: SupervisorSettings, child_target: ChildTarget,
-                 client: redis.Redis | None = None, metrics: FleetMetrics | None = None) -> None:
+    def __init__(
+        self,
+        settings: SupervisorSettings,
+        child_target: ChildTarget,
+        client: redis.Redis | None = None,
+        metrics: FleetMetrics | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics  # the host's /metrics endpoint, started before the first child
         self.child_target = child_target
         worker = settings.worker
-        self.shard_keys = tuple(stage_keys(keys, worker.stage or 0)  # --stage K: that stage's stream
-                                for keys in shard_keys(worker.name, worker.shards, worker.prefix))
+        self.shard_keys = tuple(
+            stage_keys(keys, worker.stage or 0)  # --stage K: that stage's stream
+            for keys in shard_keys(worker.name, worker.shards, worker.prefix)
+        )
         self.keys = self.shard_keys[0]
         #: What each GPU slot's child gets as CUDA_VISIBLE_DEVICES (ConfigError if one is not visible).
-        self.visible = child_visible_devices(settings.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.visible = child_visible_devices(
+            settings.devices, os.environ.get("CUDA_VISIBLE_DEVICES")
+        )
         self.redis = client or admin_client(worker.redis_url, worker.cluster)
         self.context = multiprocessing.get_context("spawn")
         self.slots: list[Slot] = []
@@ -216,17 +272,24 @@ class Supervisor:
         self.last_decision: Decision | None = None
         self.kill_now = threading.Event()
         self.token = incarnation_token()  # in every slot's consumer name: unique per incarnation
-        self.lease = SupervisorLease(self.redis, self.keys, self.token, ttl_s=max(5 * settings.interval_s, 5.0))
+        self.lease = SupervisorLease(
+            self.redis, self.keys, self.token, ttl_s=max(5 * settings.interval_s, 5.0)
+        )
         self._next_prune_s = 0.0
 
     # -- the loop ----------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Supervise until ``stop`` is set, then drain every worker."""
-        log.info("supervising %s (%d shards): %d-%d workers on %s, policy %s", self.keys.requests,
-                 len(self.shard_keys),
-                 self.settings.policy.min_workers, self.settings.policy.max_workers,
-                 ",".join(self.settings.devices), self.settings.policy.kind)
+        log.info(
+            "supervising %s (%d shards): %d-%d workers on %s, policy %s",
+            self.keys.requests,
+            len(self.shard_keys),
+            self.settings.policy.min_workers,
+            self.settings.policy.max_workers,
+            ",".join(self.settings.devices),
+            self.settings.policy.kind,
+        )
         self.take_over(stop)
         while not stop.is_set():
             self.tick(time.monotonic())
@@ -254,12 +317,20 @@ class Supervisor:
         self._drain_predecessors(beats)
 
     def _drain_predecessors(self, beats: list) -> None:
-        left = [p for p in predecessor_workers(beats, self.settings.worker.name, self.lease.host, self.token)
-                if pid_alive(p.pid)]
+        left = [
+            p
+            for p in predecessor_workers(
+                beats, self.settings.worker.name, self.lease.host, self.token
+            )
+            if pid_alive(p.pid)
+        ]
         if not left:
             return
-        log.warning("a previous supervisor left %d workers running (%s): draining them first", len(left),
-                    ", ".join(f"{p.consumer} pid {p.pid}" for p in left))
+        log.warning(
+            "a previous supervisor left %d workers running (%s): draining them first",
+            len(left),
+            ", ".join(f"{p.consumer} pid {p.pid}" for p in left),
+        )
         for orphan in left:
             os.kill(orphan.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.settings.drain_timeout_s
@@ -267,7 +338,9 @@ class Supervisor:
             time.sleep(0.05)
         for orphan in left:
             if pid_alive(orphan.pid):
-                log.warning("killing %s (pid %s): it did not drain in time", orphan.consumer, orphan.pid)
+                log.warning(
+                    "killing %s (pid %s): it did not drain in time", orphan.consumer, orphan.pid
+                )
                 os.kill(orphan.pid, signal.SIGKILL)
 
     def _renew_lease(self) -> bool:
@@ -277,7 +350,9 @@ class Supervisor:
         except redis.exceptions.RedisError as exc:
             log.warning("cannot renew the supervisor lease (%s): holding the fleet as it is", exc)
             return True
-        log.error("another supervisor holds the lease of %s now: stopping this one", self.keys.requests)
+        log.error(
+            "another supervisor holds the lease of %s now: stopping this one", self.keys.requests
+        )
         return False
 
     def tick(self, now_s: float) -> None:
@@ -287,7 +362,9 @@ class Supervisor:
         try:
             obs = observe(self.redis, self.shard_keys, self.live_workers(), now_s)
         except redis.exceptions.RedisError as exc:
-            log.warning("cannot observe %s (%s): holding the fleet as it is", self.keys.requests, exc)
+            log.warning(
+                "cannot observe %s (%s): holding the fleet as it is", self.keys.requests, exc
+            )
         else:
             self._decide(obs)
         self._start_due(now_s)
@@ -296,8 +373,11 @@ class Supervisor:
             self._next_prune_s = now_s + 30.0
             self._prune()
         if self.metrics is not None:
-            self.metrics.observed(sum(1 for s in self.slots if s.alive), obs.lag if obs else None,
-                                  obs.pending if obs else None)
+            self.metrics.observed(
+                sum(1 for s in self.slots if s.alive),
+                obs.lag if obs else None,
+                obs.pending if obs else None,
+            )
 
     def _prune(self) -> None:
         """Delete the group's consumers that dead workers left, holding nothing (best effort)."""
@@ -307,8 +387,12 @@ class Supervisor:
                 live |= {s.consumer for s in self.slots}
                 gone = prune_consumers(self.redis, keys, self.settings.worker.name, live, 60_000)
                 if gone:
-                    log.info("deleted %d consumers of dead workers from %s: %s", len(gone), keys.requests,
-                             ", ".join(gone))
+                    log.info(
+                        "deleted %d consumers of dead workers from %s: %s",
+                        len(gone),
+                        keys.requests,
+                        ", ".join(gone),
+                    )
         except redis.exceptions.RedisError as exc:
             log.warning("cannot prune the consumers of dead workers (%s)", exc)
 
@@ -332,14 +416,19 @@ class Supervisor:
 
     def _want(self, count: int) -> None:
         for _ in range(count):
-            slot = next((s for s in self.slots if not s.wanted and not s.alive and not s.disabled), None)
+            slot = next(
+                (s for s in self.slots if not s.wanted and not s.alive and not s.disabled), None
+            )
             if slot is None and any(s.disabled for s in self.slots):
                 return  # a crash loop: more copies of the same failure would not help
             if slot is None:
                 index = len(self.slots)
-                slot = Slot(index, slot_consumer(self.settings.worker.name, index, self.token),
-                            self._device_for(index),
-                            shard=index % self.settings.worker.shards)
+                slot = Slot(
+                    index,
+                    slot_consumer(self.settings.worker.name, index, self.token),
+                    self._device_for(index),
+                    shard=index % self.settings.worker.shards,
+                )
                 self.slots.append(slot)
             slot.wanted = True
 
@@ -362,19 +451,32 @@ class Supervisor:
 
     def _start(self, slot: Slot) -> None:
         visible = None
-        worker = replace(self.settings.worker, consumer=slot.consumer, shard=slot.shard,
-                         heartbeat_file=_per_consumer(self.settings.worker.heartbeat_file, slot.consumer))
+        worker = replace(
+            self.settings.worker,
+            consumer=slot.consumer,
+            shard=slot.shard,
+            heartbeat_file=_per_consumer(self.settings.worker.heartbeat_file, slot.consumer),
+        )
         if slot.device.startswith("cuda:"):
             visible = self.visible[slot.device]
             worker = replace(worker, device="cuda:0")  # the one GPU the child can see
         elif worker.device == "auto":
             worker = replace(worker, device="cpu")
-        slot.process = self.context.Process(target=self.child_target, args=(worker, visible),
-                                            name=f"inferfleet-{slot.consumer}", daemon=False)
+        slot.process = self.context.Process(
+            target=self.child_target,
+            args=(worker, visible),
+            name=f"inferfleet-{slot.consumer}",
+            daemon=False,
+        )
         slot.process.start()
         slot.draining = False
-        log.info("started worker %s (pid %s) on %s for %s", slot.consumer, slot.process.pid, slot.device,
-                 worker.queue_keys.requests)
+        log.info(
+            "started worker %s (pid %s) on %s for %s",
+            slot.consumer,
+            slot.process.pid,
+            slot.device,
+            worker.queue_keys.requests,
+        )
 
     def _drain(self, slot: Slot) -> None:
         if slot.process is not None and slot.process.pid is not None and not slot.draining:
@@ -404,29 +506,52 @@ class Supervisor:
         while slot.deaths and slot.deaths[0] < now_s - window:
             slot.deaths.popleft()
         if len(slot.deaths) >= self.settings.crash_loop_deaths:
-            slot.disabled = (f"worker {slot.consumer} died {len(slot.deaths)} times in {window:.0f} s "
-                             f"(last exit status {code}); not restarting it")
-            log.error("CRASH LOOP: %s. Fix the cause (see the worker's log) and restart the supervisor.",
-                      slot.disabled)
+            slot.disabled = (
+                f"worker {slot.consumer} died {len(slot.deaths)} times in {window:.0f} s "
+                f"(last exit status {code}); not restarting it"
+            )
+            log.error(
+                "CRASH LOOP: %s. Fix the cause (see the worker's log) and restart the supervisor.",
+                slot.disabled,
+            )
             return
-        backoff = min(self.settings.restart_backoff_s * 2 ** (len(slot.deaths) - 1),
-                      self.settings.max_restart_backoff_s)
+        backoff = min(
+            self.settings.restart_backoff_s * 2 ** (len(slot.deaths) - 1),
+            self.settings.max_restart_backoff_s,
+        )
         slot.next_start_s = now_s + backoff
         if self.metrics is not None:
             self.metrics.restarted()
-        why = ": its GPU broke (a sticky CUDA error, see its log)" if code == DeviceBroken.exit_status else ""
-        log.warning("worker %s died (exit status %s%s); restarting in %.1f s", slot.consumer, code, why, backoff)
+        why = (
+            ": its GPU broke (a sticky CUDA error, see its log)"
+            if code == DeviceBroken.exit_status
+            else ""
+        )
+        log.warning(
+            "worker %s died (exit status %s%s); restarting in %.1f s",
+            slot.consumer,
+            code,
+            why,
+            backoff,
+        )
 
     def _publish(self, now_s: float) -> None:
         """The supervisor's own view, for ``inferfleet status`` (best effort)."""
         decision = self.last_decision
-        info = {"live": self.live_workers(), "running": sum(1 for s in self.slots if s.alive),
-                "desired": decision.workers if decision else self.live_workers(),
-                "reason": decision.reason if decision else "", "policy": self.settings.policy.kind,
-                "disabled": "; ".join(s.disabled for s in self.slots if s.disabled),
-                "pid": os.getpid(), "updated_ms": int(time.time() * 1000)}
+        info = {
+            "live": self.live_workers(),
+            "running": sum(1 for s in self.slots if s.alive),
+            "desired": decision.workers if decision else self.live_workers(),
+            "reason": decision.reason if decision else "",
+            "policy": self.settings.policy.kind,
+            "disabled": "; ".join(s.disabled for s in self.slots if s.disabled),
+            "pid": os.getpid(),
+            "updated_ms": int(time.time() * 1000),
+        }
         try:
-            for keys in self.shard_keys:  # one transaction per shard: a cluster's spans one slot only
+            for (
+                keys
+            ) in self.shard_keys:  # one transaction per shard: a cluster's spans one slot only
                 pipe = self.redis.pipeline(transaction=True)
                 pipe.hset(supervisor_key(keys), mapping=info)
                 pipe.pexpire(supervisor_key(keys), int(max(5 * self.settings.interval_s, 5) * 1000))
@@ -444,8 +569,14 @@ class Supervisor:
                 self._drain(slot)
         deadline = time.monotonic() + self.settings.drain_timeout_s
         renew_at = time.monotonic()
-        while any(s.alive for s in self.slots) and time.monotonic() < deadline and not self.kill_now.is_set():
-            if time.monotonic() >= renew_at:  # still managing: no successor may start while these drain
+        while (
+            any(s.alive for s in self.slots)
+            and time.monotonic() < deadline
+            and not self.kill_now.is_set()
+        ):
+            if (
+                time.monotonic() >= renew_at
+            ):  # still managing: no successor may start while these drain
                 renew_at += self.settings.interval_s
                 self._renew_lease()
             time.sleep(0.05)

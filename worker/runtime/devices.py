@@ -27,9 +27,17 @@ import logging
 
 import torch
 
-__all__ = ["BROKEN_DEVICE_MESSAGES", "OUT_OF_MEMORY_MESSAGES", "is_device_broken", "is_out_of_memory",
-           "out_of_memory_types", "peak_memory_mib", "release_device_memory", "select_device",
-           "warn_emulated_precision"]
+__all__ = [
+    "BROKEN_DEVICE_MESSAGES",
+    "OUT_OF_MEMORY_MESSAGES",
+    "is_device_broken",
+    "is_out_of_memory",
+    "out_of_memory_types",
+    "peak_memory_mib",
+    "release_device_memory",
+    "select_device",
+    "warn_emulated_precision",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +68,10 @@ BROKEN_DEVICE_MESSAGES = (
 
 def out_of_memory_types() -> tuple[type[BaseException], ...]:
     """torch's out-of-memory classes on this torch: ``torch.OutOfMemoryError`` is 2.5+ only."""
-    found = [getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)]
+    found = [
+        getattr(torch, "OutOfMemoryError", None),
+        getattr(torch.cuda, "OutOfMemoryError", None),
+    ]
     return tuple(t for t in found if isinstance(t, type))
 
 
@@ -113,7 +124,9 @@ def peak_memory_mib(device: torch.device) -> tuple[float, float] | None:
     if device.type != "cuda":
         return None
     mib = 1024.0 * 1024.0
-    return torch.cuda.max_memory_allocated(device) / mib, torch.cuda.max_memory_reserved(device) / mib
+    return torch.cuda.max_memory_allocated(device) / mib, torch.cuda.max_memory_reserved(
+        device
+    ) / mib
 
 
 def warn_emulated_precision(precision: str, device: torch.device) -> bool:
@@ -123,7 +136,11 @@ def warn_emulated_precision(precision: str, device: torch.device) -> bool:
     major, minor = torch.cuda.get_device_capability(device)
     if major >= 8:
         return False
-    log.warning("--precision bf16 on %s (compute capability %d.%d, before Ampere): the GPU has no bf16 "
-                "units, so bf16 is emulated and slower than fp32; use --precision fp16 there",
-                device, major, minor)
+    log.warning(
+        "--precision bf16 on %s (compute capability %d.%d, before Ampere): the GPU has no bf16 "
+        "units, so bf16 is emulated and slower than fp32; use --precision fp16 there",
+        device,
+        major,
+        minor,
+    )
     return True

@@ -22,12 +22,30 @@ __all__ = ["KINDS", "detect_kind", "export_spec", "onnx_spec", "unservable_messa
 KINDS = ("torchscript", "export", "onnx", "torch-save", "unknown")
 
 _ZIP_MAGIC = b"PK\x03\x04"
-_PICKLE_PROTOCOL = 0x80  # a pickle's PROTO opcode: torch.save's legacy (non-zip) format starts with it
-_ONNX_FIELDS = (0x08, 0x12, 0x1A, 0x22, 0x2A, 0x3A, 0x42)  # protobuf tags of ModelProto's first fields
+_PICKLE_PROTOCOL = (
+    0x80  # a pickle's PROTO opcode: torch.save's legacy (non-zip) format starts with it
+)
+_ONNX_FIELDS = (
+    0x08,
+    0x12,
+    0x1A,
+    0x22,
+    0x2A,
+    0x3A,
+    0x42,
+)  # protobuf tags of ModelProto's first fields
 
-_ONNX_DTYPES = {"tensor(bool)": "bool", "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16",
-                "tensor(int32)": "int32", "tensor(int64)": "int64", "tensor(float16)": "float16",
-                "tensor(float)": "float32", "tensor(double)": "float64"}
+_ONNX_DTYPES = {
+    "tensor(bool)": "bool",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(int16)": "int16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(float16)": "float16",
+    "tensor(float)": "float32",
+    "tensor(double)": "float64",
+}
 
 
 def _zip_kind(path: str) -> str:
@@ -37,7 +55,9 @@ def _zip_kind(path: str) -> str:
     except (zipfile.BadZipFile, OSError):
         return "unknown"
     tails = {name.split("/", 1)[-1] for name in names}
-    if "models/model.json" in tails or any(n.endswith("serialized_exported_program.json") for n in names):
+    if "models/model.json" in tails or any(
+        n.endswith("serialized_exported_program.json") for n in names
+    ):
         return "export"
     if any(t.startswith("code/") for t in tails) and "constants.pkl" in tails:
         return "torchscript"
@@ -61,15 +81,21 @@ def detect_kind(path: str) -> str:
 
 def unservable_message(path: str, kind: str) -> str:
     """What to tell a user whose file is not a servable model, and how to make one."""
-    how = ("Load it into your nn.Module and save a servable file with its example: "
-           "inferfleet.worker.save_model(module, example, 'model.pt2') (Python), or "
-           "'inferfleet save-model mypkg.mymodule:build --example example.npz --out model.pt2' "
-           "(docs/handlers.md, 'Bring your own model' in the README)")
+    how = (
+        "Load it into your nn.Module and save a servable file with its example: "
+        "inferfleet.worker.save_model(module, example, 'model.pt2') (Python), or "
+        "'inferfleet save-model mypkg.mymodule:build --example example.npz --out model.pt2' "
+        "(docs/handlers.md, 'Bring your own model' in the README)"
+    )
     if kind == "torch-save":
-        return (f"{path!r} is a torch.save file (a state dict or a pickled module): it holds weights, not the "
-                f"code that runs them, and inferfleet never unpickles a model file. {how}")
-    return (f"{path!r} is not a model file inferfleet can serve (TorchScript, torch.export .pt2 or ONNX, "
-            f"recognised by content). {how}")
+        return (
+            f"{path!r} is a torch.save file (a state dict or a pickled module): it holds weights, not the "
+            f"code that runs them, and inferfleet never unpickles a model file. {how}"
+        )
+    return (
+        f"{path!r} is not a model file inferfleet can serve (TorchScript, torch.export .pt2 or ONNX, "
+        f"recognised by content). {how}"
+    )
 
 
 def _dim_name(size: Any, names: dict[str, str]) -> int | str:
@@ -89,7 +115,9 @@ def export_spec(program: Any) -> Hashable | None:
     """
     from torch.export.graph_signature import InputKind
 
-    user = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    user = [
+        s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT
+    ]
     values = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
     names: dict[str, str] = {}
     tensors = []
@@ -98,8 +126,12 @@ def export_spec(program: Any) -> Hashable | None:
         if val is None or not hasattr(val, "shape") or len(val.shape) == 0:
             return None
         names.setdefault(str(val.shape[0]), "N")  # the batch dimension is N, never a trailing name
-        tensors.append((np.dtype(str(val.dtype).removeprefix("torch.")),
-                        tuple(_dim_name(d, names) for d in val.shape[1:])))
+        tensors.append(
+            (
+                np.dtype(str(val.dtype).removeprefix("torch.")),
+                tuple(_dim_name(d, names) for d in val.shape[1:]),
+            )
+        )
     return _form(program.call_spec.in_spec, tensors)
 
 

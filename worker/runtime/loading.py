@@ -66,9 +66,21 @@ from inferfleet.worker.runtime.signature import (
     synthesize,
 )
 
-__all__ = ["ModelRuntime", "apply_precision", "c_compiler", "file_version", "import_target", "is_handler_spec",
-           "is_out_of_memory", "load_runtime", "resolve_device", "resolve_spec", "EXAMPLE_EXTRA_FILE",
-           "SPEC_EXTRA_FILE", "to_numpy"]
+__all__ = [
+    "ModelRuntime",
+    "apply_precision",
+    "c_compiler",
+    "file_version",
+    "import_target",
+    "is_handler_spec",
+    "is_out_of_memory",
+    "load_runtime",
+    "resolve_device",
+    "resolve_spec",
+    "EXAMPLE_EXTRA_FILE",
+    "SPEC_EXTRA_FILE",
+    "to_numpy",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +99,9 @@ def resolve_device(device: str) -> torch.device:
         if not torch.cuda.is_available():
             raise ModelLoadError(f"device {device!r} asked for, but this machine has no usable GPU")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"device {device!r}: only {torch.cuda.device_count()} GPUs visible")
+            raise ModelLoadError(
+                f"device {device!r}: only {torch.cuda.device_count()} GPUs visible"
+            )
     return dev
 
 
@@ -99,12 +113,16 @@ def to_numpy(outputs: Any) -> Any:
             t = t.float()  # numpy has no bfloat16; float32 holds it exactly
         return t.cpu().numpy()
     if isinstance(outputs, (np.ndarray, str, bytes)):
-        return outputs  # arrays, or raw text or bytes (protocol 1.2) from a handler's encode_response
+        return (
+            outputs  # arrays, or raw text or bytes (protocol 1.2) from a handler's encode_response
+        )
     if isinstance(outputs, dict):
         return {str(k): to_numpy(v) for k, v in outputs.items()}
     if isinstance(outputs, (list, tuple)):
         return [to_numpy(v) for v in outputs]
-    raise OutputError(f"a model output must be a tensor, list or dict of tensors, got {type(outputs).__name__}")
+    raise OutputError(
+        f"a model output must be a tensor, list or dict of tensors, got {type(outputs).__name__}"
+    )
 
 
 _AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -124,8 +142,16 @@ def _as_float32(outputs: Any) -> Any:
 class ModelRuntime:
     """One loaded, warmed-up model copy on one device."""
 
-    def __init__(self, handler: Handler, name: str, version: str, device: torch.device,
-                 example: Any = None, precision: str = "fp32", input_spec: Hashable | None = None) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        name: str,
+        version: str,
+        device: torch.device,
+        example: Any = None,
+        precision: str = "fp32",
+        input_spec: Hashable | None = None,
+    ) -> None:
         self.handler = handler
         self.precision = precision
         self._autocast = _AUTOCAST.get(precision)
@@ -173,7 +199,9 @@ class ModelRuntime:
                     y = _as_float32(handler.predict(x, params))
             parts = handler.unbatch(handler.postprocess(y, params), rows, params)
             if len(parts) != len(inputs):
-                raise OutputError(f"unbatch returned {len(parts)} outputs for {len(inputs)} requests")
+                raise OutputError(
+                    f"unbatch returned {len(parts)} outputs for {len(inputs)} requests"
+                )
             return [to_numpy(handler.encode_response(part, params)) for part in parts]
 
     def release_memory(self) -> None:
@@ -189,14 +217,20 @@ class ModelRuntime:
         """
         if self.example is None or iters == 0:
             if iters:
-                log.warning("no example inputs for %s: skipping warm-up and input checks, the first batch will be "
-                            "slower; give one with --warmup-input FILE.npz or --input-spec 'float32[N,16]' "
-                            "(docs/handlers.md)", self.name)
+                log.warning(
+                    "no example inputs for %s: skipping warm-up and input checks, the first batch will be "
+                    "slower; give one with --warmup-input FILE.npz or --input-spec 'float32[N,16]' "
+                    "(docs/handlers.md)",
+                    self.name,
+                )
             return 0.0
         start = time.perf_counter()
         example_rows = _rows(self.example)
-        sizes = (warmup_sizes(1, max(1, max_rows // example_rows)) if self.per_request
-                 else warmup_sizes(example_rows, max_rows))
+        sizes = (
+            warmup_sizes(1, max(1, max_rows // example_rows))
+            if self.per_request
+            else warmup_sizes(example_rows, max_rows)
+        )
         for rows in sizes:
             for _ in range(iters):
                 try:
@@ -261,8 +295,9 @@ def _decode_example(raw: bytes | str | None) -> Any:
         data = base64.b64decode(raw, validate=True)
         inputs, _ = decode_body(data)
     except (ValueError, ProtocolError) as exc:
-        raise ModelLoadError(f"the model's {EXAMPLE_EXTRA_FILE} extra file is not a base64 request body: "
-                             f"{exc}") from exc
+        raise ModelLoadError(
+            f"the model's {EXAMPLE_EXTRA_FILE} extra file is not a base64 request body: {exc}"
+        ) from exc
     return inputs
 
 
@@ -282,7 +317,9 @@ def _load_torchscript(path: str, device: torch.device) -> tuple[Handler, Any]:
         warnings.filterwarnings("ignore", message=r".*torch\.jit", category=DeprecationWarning)
         module = torch.jit.load(path, map_location=device, _extra_files=extra)
     handler = ModuleHandler(module)
-    handler.input_spec = _decode_spec(extra[SPEC_EXTRA_FILE])  # TorchScript carries no signature of its own
+    handler.input_spec = _decode_spec(
+        extra[SPEC_EXTRA_FILE]
+    )  # TorchScript carries no signature of its own
     return handler, _decode_example(extra[EXAMPLE_EXTRA_FILE])
 
 
@@ -307,8 +344,11 @@ def _exported_module(program: Any, device: torch.device) -> Any:
     try:
         from torch.export.passes import move_to_device_pass as move
     except ImportError:
-        log.warning("torch %s has no torch.export.passes.move_to_device_pass: constants and devices written "
-                    "into the .pt2 graph stay on the CPU (upgrade torch)", torch.__version__)
+        log.warning(
+            "torch %s has no torch.export.passes.move_to_device_pass: constants and devices written "
+            "into the .pt2 graph stay on the CPU (upgrade torch)",
+            torch.__version__,
+        )
         return program.module().to(device)
     return move(program, device).module()
 
@@ -321,16 +361,20 @@ def import_target(spec: str) -> Any:
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ModelLoadError(f"cannot import handler {spec!r}: {exc} (the current directory is "
-                             f"{os.getcwd()}; run inferfleet where {module_name.split('.')[0]} can be "
-                             f"imported, or set PYTHONPATH)") from exc
+        raise ModelLoadError(
+            f"cannot import handler {spec!r}: {exc} (the current directory is "
+            f"{os.getcwd()}; run inferfleet where {module_name.split('.')[0]} can be "
+            f"imported, or set PYTHONPATH)"
+        ) from exc
 
 
 def _load_handler(spec: str) -> Handler:
     target = import_target(spec)
     handler = target() if isinstance(target, type) else target
     if not isinstance(handler, Handler):
-        raise ModelLoadError(f"{spec!r} is not a inferfleet.worker.handler.Handler subclass or instance")
+        raise ModelLoadError(
+            f"{spec!r} is not a inferfleet.worker.handler.Handler subclass or instance"
+        )
     return handler
 
 
@@ -348,7 +392,11 @@ def _load_onnx(path: str, device: torch.device) -> tuple[Handler, Any]:
 
 
 _LOADERS = {"torchscript": _load_torchscript, "export": _load_export, "onnx": _load_onnx}
-_KIND_NAMES = {"torchscript": "TorchScript file", "export": "torch.export program", "onnx": "ONNX model"}
+_KIND_NAMES = {
+    "torchscript": "TorchScript file",
+    "export": "torch.export program",
+    "onnx": "ONNX model",
+}
 
 
 def load_model(model: str, device: torch.device) -> tuple[Handler, Any, str]:
@@ -390,6 +438,7 @@ def resolve_spec(handler: Handler, example: Any, input_spec: str | None) -> Hash
     own = spec_of(example)
     return declared if declared is not None and spec_fits(own, declared) else own
 
+
 def _set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
     try:
@@ -402,15 +451,19 @@ def apply_precision(handler: Handler, precision: str, device: torch.device) -> N
     """Quantize for int8; refuse a precision that this model kind or device cannot run."""
     if precision == "int8":
         if device.type != "cpu":
-            raise ModelLoadError(f"--precision int8 (dynamic quantization) runs on the CPU only; "
-                                 f"on {device} use --precision fp16 or bf16, or --device cpu")
+            raise ModelLoadError(
+                f"--precision int8 (dynamic quantization) runs on the CPU only; "
+                f"on {device} use --precision fp16 or bf16, or --device cpu"
+            )
         try:
             quantize_handler(handler)
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from exc
     elif precision in _AUTOCAST and isinstance(handler, OnnxHandler):
-        raise ModelLoadError(f"--precision {precision} is torch autocast, which ONNX Runtime does not use: "
-                             f"serve the .onnx model in fp32 or int8, or its torch form in {precision}")
+        raise ModelLoadError(
+            f"--precision {precision} is torch autocast, which ONNX Runtime does not use: "
+            f"serve the .onnx model in fp32 or int8, or its torch form in {precision}"
+        )
     else:
         warn_emulated_precision(precision, device)
 
@@ -424,7 +477,11 @@ def _load_example_file(path: str) -> Any:
 
 def c_compiler() -> str | None:
     """The C compiler torch.compile would use ($CC, else cc, gcc or clang on PATH), or None."""
-    names = [os.environ["CC"].split()[0]] if os.environ.get("CC", "").strip() else ["cc", "gcc", "clang"]
+    names = (
+        [os.environ["CC"].split()[0]]
+        if os.environ.get("CC", "").strip()
+        else ["cc", "gcc", "clang"]
+    )
     return next((found for found in map(shutil.which, names) if found), None)
 
 
@@ -432,16 +489,20 @@ def _compile(handler: Handler) -> None:
     """``--compile``: refuse up front without a C compiler, which inductor (C++ on the CPU)
     and Triton (its launcher, on GPUs) both build with at the first batch."""
     if c_compiler() is None:
-        raise ModelLoadError("--compile needs a C compiler (torch.compile builds kernels and Triton's "
-                             "launcher with it) and none is on PATH (cc, gcc, clang or $CC): install one "
-                             "(apt-get install gcc; the python:*-slim image has none) or serve without --compile")
+        raise ModelLoadError(
+            "--compile needs a C compiler (torch.compile builds kernels and Triton's "
+            "launcher with it) and none is on PATH (cc, gcc, clang or $CC): install one "
+            "(apt-get install gcc; the python:*-slim image has none) or serve without --compile"
+        )
     try:
         handler.compile()
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from exc
 
 
-def _load_any(settings: WorkerSettings, device: torch.device) -> tuple[Handler, Any, str, Manifest | None]:
+def _load_any(
+    settings: WorkerSettings, device: torch.device
+) -> tuple[Handler, Any, str, Manifest | None]:
     """The model, or with ``stage`` set the stage's program of the split in ``settings.model``.
 
     A stage's version is always its split's digest (one version for every
@@ -449,13 +510,20 @@ def _load_any(settings: WorkerSettings, device: torch.device) -> tuple[Handler, 
     """
     if settings.stage is None:
         if is_pipeline(settings.model):
-            raise ModelLoadError(f"{settings.model!r} is a split model (inferfleet split): serve one of its "
-                                 f"stages with --stage K")
+            raise ModelLoadError(
+                f"{settings.model!r} is a split model (inferfleet split): serve one of its "
+                f"stages with --stage K"
+            )
         return (*load_model(settings.model, device), None)
     path, manifest = stage_program(settings.model, settings.stage)
     if settings.model_version not in (None, manifest.version):
-        log.warning("stage %d of %s: --model-version %s ignored, a stage reports its split's version %s",
-                    settings.stage, settings.model, settings.model_version, manifest.version)
+        log.warning(
+            "stage %d of %s: --model-version %s ignored, a stage reports its split's version %s",
+            settings.stage,
+            settings.model,
+            settings.model_version,
+            manifest.version,
+        )
     handler, example, _ = load_model(path, device)
     return handler, example, manifest.version, manifest
 
@@ -477,13 +545,29 @@ def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     spec = resolve_spec(handler, example, settings.input_spec)
     if example is None and spec is not None and spec not in RAW_SPECS:
         example = synthesize(spec)  # zeros: a valid warm-up for token ids and embedding indices too
-        log.info("model %s: warming up on zeros of its input spec %s", settings.name, describe_spec(spec))
-    runtime = ModelRuntime(handler, settings.name, version if manifest else settings.model_version or version,
-                           device, example, settings.precision, spec)
+        log.info(
+            "model %s: warming up on zeros of its input spec %s", settings.name, describe_spec(spec)
+        )
+    runtime = ModelRuntime(
+        handler,
+        settings.name,
+        version if manifest else settings.model_version or version,
+        device,
+        example,
+        settings.precision,
+        spec,
+    )
     runtime.pipeline = manifest
     loaded = time.perf_counter() - started
     warm = runtime.warmup(settings.max_batch_rows, settings.warmup_iters)
-    log.info("model %s version %s on %s (%s%s): loaded in %.0f ms, warmed up in %.0f ms",
-             settings.name, runtime.version, device, settings.precision,
-             ", compiled" if settings.compile else "", loaded * 1000, warm * 1000)
+    log.info(
+        "model %s version %s on %s (%s%s): loaded in %.0f ms, warmed up in %.0f ms",
+        settings.name,
+        runtime.version,
+        device,
+        settings.precision,
+        ", compiled" if settings.compile else "",
+        loaded * 1000,
+        warm * 1000,
+    )
     return runtime

@@ -16,7 +16,12 @@ import ctypes.util
 import logging
 import sys
 
-__all__ = ["room_for_another_copy", "tune_allocator", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES"]
+__all__ = [
+    "room_for_another_copy",
+    "tune_allocator",
+    "MMAP_THRESHOLD_BYTES",
+    "TRIM_THRESHOLD_BYTES",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +44,9 @@ def tune_allocator() -> bool:
     ok = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
     ok = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1 and ok
     if not ok:
-        log.warning("could not tune the allocator (mallopt refused): batch buffers may be re-mapped each time")
+        log.warning(
+            "could not tune the allocator (mallopt refused): batch buffers may be re-mapped each time"
+        )
     return ok
 
 
@@ -57,5 +64,7 @@ def room_for_another_copy(device: object, margin: float = 1.2) -> str | None:
     if free >= needed:
         return None
     mib = 1024 * 1024
-    return (f"{dev} has {free // mib} MiB free; a second copy beside the live one needs about "
-            f"{needed // mib} MiB (the live copy's {torch.cuda.memory_allocated(dev) // mib} MiB + 20%)")
+    return (
+        f"{dev} has {free // mib} MiB free; a second copy beside the live one needs about "
+        f"{needed // mib} MiB (the live copy's {torch.cuda.memory_allocated(dev) // mib} MiB + 20%)"
+    )

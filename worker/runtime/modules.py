@@ -32,22 +32,28 @@ class ModuleHandler(Handler):
     def compile(self) -> None:
         """Wrap the module in ``torch.compile`` (torch.export programs only)."""
         if isinstance(self.module, torch.jit.ScriptModule):
-            raise ValueError("torch.compile cannot compile a TorchScript model: export it with "
-                             "torch.export (.pt2) or serve it without --compile")
+            raise ValueError(
+                "torch.compile cannot compile a TorchScript model: export it with "
+                "torch.export (.pt2) or serve it without --compile"
+            )
         self.module = torch.compile(self.module, dynamic=True)
 
     def quantize(self) -> None:
         """int8 linear layers: an exported graph is rewritten, a TorchScript one has no route."""
         if isinstance(self.module, torch.jit.ScriptModule):
-            raise ValueError("--precision int8 cannot quantize a TorchScript model: serve its torch.export "
-                             "form (.pt2) or its ONNX form (.onnx, see scripts/export_onnx.py) instead, or use fp32")
+            raise ValueError(
+                "--precision int8 cannot quantize a TorchScript model: serve its torch.export "
+                "form (.pt2) or its ONNX form (.onnx, see scripts/export_onnx.py) instead, or use fp32"
+            )
         if isinstance(self.module, torch.fx.GraphModule):
             swapped = quantize_graph(self.module)
         else:
             self.module, swapped = quantize_module(self.module)
         if not swapped:
-            raise ValueError("--precision int8 found no linear layer with constant weights in this model: "
-                             "serve it in fp32")
+            raise ValueError(
+                "--precision int8 found no linear layer with constant weights in this model: "
+                "serve it in fp32"
+            )
 
     def predict(self, x: Any, params: dict) -> Any:
         if params:

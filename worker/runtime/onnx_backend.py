@@ -46,8 +46,10 @@ def _ort() -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise ModelLoadError("serving an ONNX model needs onnxruntime: pip install onnxruntime (or, in a "
-                             "checkout, pip install -e '.[onnx]')") from exc
+        raise ModelLoadError(
+            "serving an ONNX model needs onnxruntime: pip install onnxruntime (or, in a "
+            "checkout, pip install -e '.[onnx]')"
+        ) from exc
     return onnxruntime
 
 
@@ -55,8 +57,10 @@ def _providers(ort: Any, device: torch.device) -> list[Any]:
     if device.type == "cpu":
         return ["CPUExecutionProvider"]
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise ModelLoadError(f"device {device} asked for, but this onnxruntime has no CUDA provider: "
-                             f"install onnxruntime-gpu, or start the worker with --device cpu")
+        raise ModelLoadError(
+            f"device {device} asked for, but this onnxruntime has no CUDA provider: "
+            f"install onnxruntime-gpu, or start the worker with --device cpu"
+        )
     return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
 
 
@@ -65,12 +69,16 @@ def _session(model: str | bytes, device: torch.device, threads: int) -> Any:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1  # one batch at a time, like torch.set_num_interop_threads(1)
-    options.log_severity_level = 3  # errors only: ORT's own warnings would go to stderr, not our log
+    options.log_severity_level = (
+        3  # errors only: ORT's own warnings would go to stderr, not our log
+    )
     try:
         session = ort.InferenceSession(model, options, providers=_providers(ort, device))
     except ModelLoadError:
         raise
-    except Exception as exc:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) derive from Exception only
+    except (
+        Exception
+    ) as exc:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) derive from Exception only
         raise ModelLoadError(f"onnxruntime cannot load the model: {exc}") from exc
     if device.type == "cuda":
         _require_cuda(session, device)
@@ -87,9 +95,11 @@ def _require_cuda(session: Any, device: torch.device) -> None:
     """
     providers = list(session.get_providers())
     if not providers or providers[0] != "CUDAExecutionProvider":
-        raise ModelLoadError(f"device {device}: onnxruntime fell back to {', '.join(providers) or 'no provider'} "
-                             f"(its CUDA provider did not load: the CUDA or cuDNN libraries are missing or do "
-                             f"not match this onnxruntime-gpu build); fix them, or start with --device cpu")
+        raise ModelLoadError(
+            f"device {device}: onnxruntime fell back to {', '.join(providers) or 'no provider'} "
+            f"(its CUDA provider did not load: the CUDA or cuDNN libraries are missing or do "
+            f"not match this onnxruntime-gpu build); fix them, or start with --device cpu"
+        )
     session.disable_fallback()
 
 
@@ -119,10 +129,14 @@ class OnnxHandler(Handler):
             inputs = [inputs]
         if isinstance(inputs, dict):
             if set(inputs) != set(names):
-                raise ValueError(f"this model takes inputs named {', '.join(names)}; got {', '.join(inputs)}")
+                raise ValueError(
+                    f"this model takes inputs named {', '.join(names)}; got {', '.join(inputs)}"
+                )
             return dict(inputs)
         if len(inputs) != len(names):
-            raise ValueError(f"this model takes {len(names)} inputs ({', '.join(names)}); got {len(inputs)}")
+            raise ValueError(
+                f"this model takes {len(names)} inputs ({', '.join(names)}); got {len(inputs)}"
+            )
         return dict(zip(names, inputs))
 
     def predict(self, x: Any, params: dict) -> Any:
@@ -179,14 +193,21 @@ def quantize_onnx(source: str, target: str, weights: str | None = None) -> None:
     try:
         from onnxruntime.quantization import QuantType, quantize_dynamic
     except ImportError as exc:
-        raise ValueError("int8 for .onnx models needs the onnx package: pip install 'inferfleet[onnx]'") from exc
+        raise ValueError(
+            "int8 for .onnx models needs the onnx package: pip install 'inferfleet[onnx]'"
+        ) from exc
     weight_type = {"s8": QuantType.QInt8, "u8": QuantType.QUInt8}[weights or int8_weight_kind()]
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer's advice to pre-process goes to the root logger
     try:
-        quantize_dynamic(source, target, op_types_to_quantize=INT8_OP_TYPES, per_channel=True,
-                         weight_type=weight_type)
+        quantize_dynamic(
+            source,
+            target,
+            op_types_to_quantize=INT8_OP_TYPES,
+            per_channel=True,
+            weight_type=weight_type,
+        )
     except Exception as exc:  # the quantizer raises whatever onnx or numpy raised
         raise ValueError(f"onnxruntime cannot quantize {source}: {exc}") from exc
     finally:

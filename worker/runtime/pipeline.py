@@ -30,8 +30,19 @@ from typing import Any
 
 from inferfleet.worker.errors import ModelLoadError
 
-__all__ = ["FORMAT", "MANIFEST", "Manifest", "StageInfo", "is_pipeline", "pipeline_digest", "read_manifest",
-           "sha256_of", "stage_file", "stage_program", "write_manifest"]
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "Manifest",
+    "StageInfo",
+    "is_pipeline",
+    "pipeline_digest",
+    "read_manifest",
+    "sha256_of",
+    "stage_file",
+    "stage_program",
+    "write_manifest",
+]
 
 #: The manifest's file name inside a split's directory.
 MANIFEST = "pipeline.json"
@@ -128,28 +139,38 @@ def _parse(text: str) -> Manifest:
         raise ValueError("a split has a list of at least 2 stages")
     split_at = raw.get("split_at")
     if not isinstance(split_at, list) or len(split_at) != len(stages) - 1:
-        raise ValueError(f"split_at must list {len(stages) - 1} names, one per stage after the first")
+        raise ValueError(
+            f"split_at must list {len(stages) - 1} names, one per stage after the first"
+        )
     version = raw.get("version")
     if not isinstance(version, str) or not version:
         raise ValueError("version is missing")
-    return Manifest(str(raw.get("model", "")), split_at, version, [_stage(s, i) for i, s in enumerate(stages)])
+    return Manifest(
+        str(raw.get("model", "")), split_at, version, [_stage(s, i) for i, s in enumerate(stages)]
+    )
 
 
 def read_manifest(directory: str) -> Manifest:
     """Read and check a split's manifest; ModelLoadError says what is wrong with it."""
     path = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
-        raise ModelLoadError(f"pipeline {directory!r} is not a directory (make one with `inferfleet split`)")
+        raise ModelLoadError(
+            f"pipeline {directory!r} is not a directory (make one with `inferfleet split`)"
+        )
     try:
         with open(path) as fh:
             manifest = _parse(fh.read())
     except FileNotFoundError:
-        raise ModelLoadError(f"pipeline {directory!r} has no {MANIFEST} (make one with `inferfleet split`)") from None
+        raise ModelLoadError(
+            f"pipeline {directory!r} has no {MANIFEST} (make one with `inferfleet split`)"
+        ) from None
     except (OSError, ValueError, TypeError) as exc:
         raise ModelLoadError(f"bad pipeline manifest {path}: {exc}") from exc
     if manifest.version != pipeline_digest([s.sha256 for s in manifest.stages], manifest.split_at):
-        raise ModelLoadError(f"bad pipeline manifest {path}: its version {manifest.version} is not the digest "
-                             f"of its stages (edited by hand?)")
+        raise ModelLoadError(
+            f"bad pipeline manifest {path}: its version {manifest.version} is not the digest "
+            f"of its stages (edited by hand?)"
+        )
     return manifest
 
 
@@ -161,8 +182,12 @@ def stage_program(directory: str, stage: int) -> tuple[str, Manifest]:
     info = manifest.stages[stage]
     path = os.path.join(directory, info.file)
     if not os.path.isfile(path):
-        raise ModelLoadError(f"pipeline {directory!r}: stage {stage}'s program {info.file} is missing")
+        raise ModelLoadError(
+            f"pipeline {directory!r}: stage {stage}'s program {info.file} is missing"
+        )
     if sha256_of(path) != info.sha256:
-        raise ModelLoadError(f"pipeline {directory!r}: {info.file} is not the file the manifest names "
-                             f"(SHA-256 differs): a stage of another split?")
+        raise ModelLoadError(
+            f"pipeline {directory!r}: {info.file} is not the file the manifest names "
+            f"(SHA-256 differs): a stage of another split?"
+        )
     return path, manifest

@@ -23,8 +23,14 @@ from torch import fx, nn
 
 from inferfleet.worker.handler import Handler
 
-__all__ = ["DynamicInt8Linear", "int8_linear", "quantize_graph", "quantize_handler", "quantize_module",
-           "quantize_weight"]
+__all__ = [
+    "DynamicInt8Linear",
+    "int8_linear",
+    "quantize_graph",
+    "quantize_handler",
+    "quantize_module",
+    "quantize_weight",
+]
 
 _EPS = 1e-12  # keeps an all-zero row or channel from dividing by zero
 
@@ -36,8 +42,12 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scale[:, None]).to(torch.int8), scale
 
 
-def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, weight_scale: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:
+def int8_linear(
+    x: torch.Tensor,
+    weight_int8: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
     """``x @ W.T + b`` with ``x`` quantized per row and ``W`` per channel; float32 out."""
     rows = x.reshape(-1, x.shape[-1]).float()
     x_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=_EPS) / 127.0
@@ -116,7 +126,12 @@ def quantize_graph(gm: fx.GraphModule) -> int:
         gm.register_buffer(names[0], weight_int8)
         gm.register_buffer(names[1], scale)
         with gm.graph.inserting_before(node):
-            args = (node.args[0], gm.graph.get_attr(names[0]), gm.graph.get_attr(names[1]), bias_node)
+            args = (
+                node.args[0],
+                gm.graph.get_attr(names[0]),
+                gm.graph.get_attr(names[1]),
+                bias_node,
+            )
             node.replace_all_uses_with(gm.graph.call_function(int8_linear, args))
         gm.graph.erase_node(node)
         count += 1
@@ -138,5 +153,7 @@ def quantize_handler(handler: Handler) -> None:
             setattr(handler, name, module)
             swapped += count
     if not swapped:
-        raise ValueError(f"--precision int8 found no torch.nn.Linear in the nn.Module attributes of "
-                         f"{type(handler).__name__}: override Handler.quantize, or serve it in fp32")
+        raise ValueError(
+            f"--precision int8 found no torch.nn.Linear in the nn.Module attributes of "
+            f"{type(handler).__name__}: override Handler.quantize, or serve it in fp32"
+        )

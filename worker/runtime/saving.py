@@ -52,17 +52,29 @@ def _dims_of(dynamic: Any, count: int) -> list[dict[int, str]]:
     if isinstance(dynamic, Sequence) and all(isinstance(d, int) for d in dynamic):
         # [1]: dim 1 varies (named L in every input alike); [1, 2]: L and L2
         return [{d: "L" if i == 0 else f"L{i + 1}" for i, d in enumerate(dynamic)}] * count
-    raise ValueError(f"dynamic={dynamic!r}: give {{1: 'L'}} or [1] (one tensor or every input alike), "
-                     f"a list of those per positional input, a dict of them per named input, or a spec string "
-                     f"such as 'int64[N,L]'")
+    raise ValueError(
+        f"dynamic={dynamic!r}: give {{1: 'L'}} or [1] (one tensor or every input alike), "
+        f"a list of those per positional input, a dict of them per named input, or a spec string "
+        f"such as 'int64[N,L]'"
+    )
 
 
 def _per_input(dynamic: Any, spec: Hashable) -> list[dict[int, str]]:
     kind, parts = cast("tuple[str, Any]", spec)
     count = 1 if kind == "tensor" else len(parts)
-    if kind == "map" and isinstance(dynamic, Mapping) and dynamic and all(isinstance(k, str) for k in dynamic):
+    if (
+        kind == "map"
+        and isinstance(dynamic, Mapping)
+        and dynamic
+        and all(isinstance(k, str) for k in dynamic)
+    ):
         return [_dims_of(dynamic.get(name), 1)[0] for name, _, _ in parts]
-    if kind == "list" and isinstance(dynamic, list) and dynamic and not all(isinstance(d, int) for d in dynamic):
+    if (
+        kind == "list"
+        and isinstance(dynamic, list)
+        and dynamic
+        and not all(isinstance(d, int) for d in dynamic)
+    ):
         if len(dynamic) != count:
             raise ValueError(f"dynamic has {len(dynamic)} entries for {count} positional inputs")
         return [_dims_of(d, 1)[0] for d in dynamic]
@@ -79,7 +91,9 @@ def spec_with_dynamic(example: Any, dynamic: Any) -> Hashable:
 
     def name(trail: tuple[int, ...], varying: dict[int, str]) -> tuple[int | str, ...]:
         if any(not 1 <= d <= len(trail) for d in varying):
-            raise ValueError(f"dynamic dimensions {sorted(varying)} are not trailing dimensions 1..{len(trail)}")
+            raise ValueError(
+                f"dynamic dimensions {sorted(varying)} are not trailing dimensions 1..{len(trail)}"
+            )
         return tuple(varying.get(i + 1, size) for i, size in enumerate(trail))
 
     if kind == "tensor":
@@ -105,7 +119,9 @@ def _export(module: torch.nn.Module, example: Any, spec: Hashable) -> Any:
     def shapes(trail: tuple[int | str, ...]) -> dict[int, Any]:
         named = {}
         for i, d in enumerate(trail):
-            if isinstance(d, str):  # "*" varies on its own; a name is one length wherever it appears
+            if isinstance(
+                d, str
+            ):  # "*" varies on its own; a name is one length wherever it appears
                 key = d if d != "*" else f"any{len(dims)}"
                 named[i + 1] = dims.setdefault(key, torch.export.Dim(key, min=1, max=MAX_SIZE))
         return {0: dims["N"], **named}
@@ -113,10 +129,14 @@ def _export(module: torch.nn.Module, example: Any, spec: Hashable) -> Any:
     kind, parts = cast("tuple[str, Any]", spec)
     tensors = _at_least_two_rows(example)
     if kind == "tensor":
-        return torch.export.export(module, (torch.from_numpy(tensors),), dynamic_shapes=(shapes(parts[1]),))
+        return torch.export.export(
+            module, (torch.from_numpy(tensors),), dynamic_shapes=(shapes(parts[1]),)
+        )
     if kind == "map":
         kwargs = {k: torch.from_numpy(tensors[k]) for k in tensors}
-        return torch.export.export(module, (), kwargs, dynamic_shapes={k: shapes(t) for k, _, t in parts})
+        return torch.export.export(
+            module, (), kwargs, dynamic_shapes={k: shapes(t) for k, _, t in parts}
+        )
     args = tuple(torch.from_numpy(a) for a in tensors)
     return torch.export.export(module, args, dynamic_shapes=tuple(shapes(t) for _, t in parts))
 
@@ -133,17 +153,25 @@ def save_model(module: Any, example: Any, path: str, dynamic: Any = None) -> str
     """
     arrays = _numpy(example)
     spec = spec_with_dynamic(arrays, dynamic)
-    extra = {EXAMPLE_EXTRA_FILE: base64.b64encode(encode_body(arrays)).decode("ascii"),
-             SPEC_EXTRA_FILE: describe_spec(spec)}
+    extra = {
+        EXAMPLE_EXTRA_FILE: base64.b64encode(encode_body(arrays)).decode("ascii"),
+        SPEC_EXTRA_FILE: describe_spec(spec),
+    }
     if isinstance(module, torch.jit.ScriptModule):
         torch.jit.save(module, path, _extra_files=extra)
         return extra[SPEC_EXTRA_FILE]
     if not isinstance(module, torch.nn.Module):
-        raise ValueError(f"save_model takes a torch.nn.Module or a ScriptModule, got {type(module).__name__}")
+        raise ValueError(
+            f"save_model takes a torch.nn.Module or a ScriptModule, got {type(module).__name__}"
+        )
     try:
         program = _export(module.eval(), arrays, spec)
-    except Exception as exc:  # torch.export raises many kinds (UserError, GuardOnDataDependentSymNode...)
-        raise ValueError(f"torch.export cannot export this module with the spec {describe_spec(spec)}: "
-                         f"{str(exc).strip().splitlines()[0]}") from exc
+    except (
+        Exception
+    ) as exc:  # torch.export raises many kinds (UserError, GuardOnDataDependentSymNode...)
+        raise ValueError(
+            f"torch.export cannot export this module with the spec {describe_spec(spec)}: "
+            f"{str(exc).strip().splitlines()[0]}"
+        ) from exc
     torch.export.save(program, path, extra_files=extra)
     return extra[SPEC_EXTRA_FILE]

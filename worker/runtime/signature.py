@@ -28,7 +28,15 @@ from typing import Any, cast
 
 import numpy as np
 
-__all__ = ["RAW_SPECS", "SpecError", "describe_spec", "parse_spec", "spec_fits", "spec_of", "synthesize"]
+__all__ = [
+    "RAW_SPECS",
+    "SpecError",
+    "describe_spec",
+    "parse_spec",
+    "spec_fits",
+    "spec_of",
+    "synthesize",
+]
 
 #: The specs of raw inputs (a msgpack str or bin instead of tensors: protocol version 1.2).
 RAW_SPECS = (("raw", "str"), ("raw", "bytes"))
@@ -112,7 +120,9 @@ def spec_fits(spec: Hashable, model: Hashable) -> bool:
 def _parse_tensor(text: str) -> tuple[np.dtype, tuple[int | str, ...]]:
     found = _TENSOR_RE.match(text)
     if not found or found.group(1) not in _DTYPE_NAMES:
-        raise SpecError(f"{text.strip()!r} is not DTYPE[N,...] with DTYPE one of {', '.join(_DTYPE_NAMES)}")
+        raise SpecError(
+            f"{text.strip()!r} is not DTYPE[N,...] with DTYPE one of {', '.join(_DTYPE_NAMES)}"
+        )
     dims = [d.strip() for d in found.group(2).split(",")]
     trail: list[int | str] = []
     for dim in dims[1:]:
@@ -121,7 +131,9 @@ def _parse_tensor(text: str) -> tuple[np.dtype, tuple[int | str, ...]]:
         elif _NAME_RE.match(dim):
             trail.append(dim)
         else:
-            raise SpecError(f"dimension {dim!r} of {text.strip()!r} is neither a size nor a name (L, *)")
+            raise SpecError(
+                f"dimension {dim!r} of {text.strip()!r} is neither a size nor a name (L, *)"
+            )
     if not dims[0]:
         raise SpecError(f"{text.strip()!r} has no batch dimension: write it first, as N")
     return (np.dtype(found.group(1)), tuple(trail))
@@ -155,8 +167,10 @@ def parse_spec(text: str) -> Hashable:
             return ("list", tuple(_parse_tensor(t) for t in _split_top(body[1:-1])))
         return ("tensor", _parse_tensor(body))
     except SpecError as exc:
-        raise SpecError(f"input spec {text!r}: {exc}. Forms: float32[N,16], int64[N,L] (L varies), "
-                        f"(float32[N,13], int64[N,26]), {{ids: int64[N,L], mask: bool[N,L]}}") from None
+        raise SpecError(
+            f"input spec {text!r}: {exc}. Forms: float32[N,16], int64[N,L] (L varies), "
+            f"(float32[N,13], int64[N,26]), {{ids: int64[N,L], mask: bool[N,L]}}"
+        ) from None
 
 
 def synthesize(spec: Hashable, rows: int = 1, length: int = 8) -> Any:
@@ -164,6 +178,7 @@ def synthesize(spec: Hashable, rows: int = 1, length: int = 8) -> Any:
 
     Zeros are valid where any value is: embedding indices, token ids, masks, features.
     """
+
     def one(dtype: np.dtype, trail: tuple[int | str, ...]) -> np.ndarray:
         return np.zeros((rows, *(d if isinstance(d, int) else length for d in trail)), dtype)
 

@@ -54,12 +54,16 @@ def load_splittable(model: str) -> torch.nn.Module:
         if not os.path.isfile(model):
             raise SplitError(f"model file {model!r} does not exist")
         try:
-            return torch.export.unflatten(torch.export.load(model))  # the submodules come back as modules
+            return torch.export.unflatten(
+                torch.export.load(model)
+            )  # the submodules come back as modules
         except Exception as exc:
             raise SplitError(f"cannot load {model!r} as a torch.export program: {exc}") from exc
     module_name, _, attr = model.partition(":")
     if not module_name or not attr:
-        raise SplitError(f"--model {model!r}: give package.module:callable (returning an nn.Module) or a .pt2 file")
+        raise SplitError(
+            f"--model {model!r}: give package.module:callable (returning an nn.Module) or a .pt2 file"
+        )
     try:
         target = getattr(importlib.import_module(module_name), attr)
         built = target() if callable(target) and not isinstance(target, torch.nn.Module) else target
@@ -94,8 +98,10 @@ def _check_names(module: torch.nn.Module, names: list[str]) -> list[str]:
         raise SplitError(f"--split-at names a submodule twice: {','.join(names)}")
     unknown = [n for n in names if n not in order]
     if unknown:
-        raise SplitError(f"{', '.join(unknown)} is not a submodule of the model; candidates: "
-                         f"{_named(candidates(module))}")
+        raise SplitError(
+            f"{', '.join(unknown)} is not a submodule of the model; candidates: "
+            f"{_named(candidates(module))}"
+        )
     return sorted(names, key=order.__getitem__)
 
 
@@ -142,8 +148,13 @@ def _next_call(outputs: Any) -> _Call:
 def _signature(call: _Call, names: list[str]) -> dict:
     tensors = list(call.kwargs.items()) if call.kwargs else list(zip(names, call.args))
     form = "map" if call.kwargs else ("tensor" if len(call.args) == 1 else "list")
-    return {"form": form, "tensors": [{"name": n, "dtype": str(t.dtype).removeprefix("torch."),
-                                       "shape": ["N", *t.shape[1:]]} for n, t in tensors]}
+    return {
+        "form": form,
+        "tensors": [
+            {"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": ["N", *t.shape[1:]]}
+            for n, t in tensors
+        ],
+    }
 
 
 def _outputs_signature(outputs: Any) -> dict:
@@ -163,18 +174,26 @@ def _tile(inputs: Any, rows: int) -> Any:
 
 
 def _rows(inputs: Any) -> int:
-    first = next(iter(inputs.values())) if isinstance(inputs, dict) else (
-        inputs[0] if isinstance(inputs, (list, tuple)) else inputs)
+    first = (
+        next(iter(inputs.values()))
+        if isinstance(inputs, dict)
+        else (inputs[0] if isinstance(inputs, (list, tuple)) else inputs)
+    )
     return int(np.asarray(first).shape[0])
 
 
 def _check_example(example: Any) -> None:
-    leaves = list(example.values()) if isinstance(example, dict) else (
-        list(example) if isinstance(example, (list, tuple)) else [example])
+    leaves = (
+        list(example.values())
+        if isinstance(example, dict)
+        else (list(example) if isinstance(example, (list, tuple)) else [example])
+    )
     for leaf in leaves:
         if not isinstance(leaf, np.ndarray) or leaf.ndim == 0 or leaf.dtype.name not in DTYPES:
-            raise SplitError("the example must hold tensors with a batch dimension, of a dtype the "
-                             f"contract carries ({', '.join(DTYPES)})")
+            raise SplitError(
+                "the example must hold tensors with a batch dimension, of a dtype the "
+                f"contract carries ({', '.join(DTYPES)})"
+            )
 
 
 def _cut(module: torch.nn.Module, call: _Call, names: list[str]) -> list[torch.nn.Module]:
@@ -184,15 +203,23 @@ def _cut(module: torch.nn.Module, call: _Call, names: list[str]) -> list[torch.n
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's tracer warns about its own internals
-            pipe = pipeline(module, mb_args=call.args, mb_kwargs=call.kwargs or None,
-                            split_spec=dict.fromkeys(names, SplitPoint.BEGINNING))
+            pipe = pipeline(
+                module,
+                mb_args=call.args,
+                mb_kwargs=call.kwargs or None,
+                split_spec=dict.fromkeys(names, SplitPoint.BEGINNING),
+            )
     except Exception as exc:
-        raise SplitError(f"torch cannot trace and cut the model at {', '.join(names)}: "
-                         f"{type(exc).__name__}: {str(exc)[:500]}; candidates: {_named(candidates(module))}") from exc
+        raise SplitError(
+            f"torch cannot trace and cut the model at {', '.join(names)}: "
+            f"{type(exc).__name__}: {str(exc)[:500]}; candidates: {_named(candidates(module))}"
+        ) from exc
     if pipe.num_stages != len(names) + 1:
-        raise SplitError(f"the graph cannot be cut at {', '.join(names)}: torch found {pipe.num_stages} stages, "
-                         f"not {len(names) + 1} (a split point must be called once, on the main path, not inside "
-                         f"a branch or a loop); candidates: {_named(candidates(module))}")
+        raise SplitError(
+            f"the graph cannot be cut at {', '.join(names)}: torch found {pipe.num_stages} stages, "
+            f"not {len(names) + 1} (a split point must be called once, on the main path, not inside "
+            f"a branch or a loop); candidates: {_named(candidates(module))}"
+        )
     return [pipe.get_stage_module(i) for i in range(pipe.num_stages)]
 
 
@@ -200,23 +227,40 @@ def _export(stage: torch.nn.Module, call: _Call, where: str) -> torch.export.Exp
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return torch.export.export(stage, call.args, call.kwargs, dynamic_shapes=call.dynamic_shapes())
+            return torch.export.export(
+                stage, call.args, call.kwargs, dynamic_shapes=call.dynamic_shapes()
+            )
     except Exception as exc:
-        raise SplitError(f"{where} cannot be exported with a dynamic batch dimension: "
-                         f"{type(exc).__name__}: {str(exc)[:500]}") from exc
+        raise SplitError(
+            f"{where} cannot be exported with a dynamic batch dimension: "
+            f"{type(exc).__name__}: {str(exc)[:500]}"
+        ) from exc
 
 
-def _save_stage(program: torch.export.ExportedProgram, stage: torch.nn.Module, call: _Call, outputs: Any,
-                index: int, starts_at: str, out: str) -> StageInfo:
+def _save_stage(
+    program: torch.export.ExportedProgram,
+    stage: torch.nn.Module,
+    call: _Call,
+    outputs: Any,
+    index: int,
+    starts_at: str,
+    out: str,
+) -> StageInfo:
     path = os.path.join(out, stage_file(index))
     example = base64.b64encode(encode_body(call.wire())).decode("ascii")
     torch.export.save(program, path, extra_files={EXAMPLE_EXTRA_FILE: example})
     placeholders = list(program.graph_signature.user_inputs)
     tensors = list(stage.parameters()) + list(stage.buffers())
-    return StageInfo(index, stage_file(index), sha256_of(path), starts_at,
-                     _signature(call, [str(p) for p in placeholders]), _outputs_signature(outputs),
-                     sum(p.numel() for p in stage.parameters()),
-                     sum(t.numel() * t.element_size() for t in tensors))
+    return StageInfo(
+        index,
+        stage_file(index),
+        sha256_of(path),
+        starts_at,
+        _signature(call, [str(p) for p in placeholders]),
+        _outputs_signature(outputs),
+        sum(p.numel() for p in stage.parameters()),
+        sum(t.numel() * t.element_size() for t in tensors),
+    )
 
 
 def _chain(paths: list[str], inputs: Any) -> Any:
@@ -255,11 +299,15 @@ def _verify(module: torch.nn.Module, paths: list[str], example: Any, atol: float
             expected = _Call.of(inputs).run(module)
             problem = _same(expected, _chain(paths, inputs), atol)
         if problem:
-            raise SplitError(f"the chained stages do not reproduce the model on the example "
-                             f"({_rows(inputs)} rows): {problem}; nothing was written")
+            raise SplitError(
+                f"the chained stages do not reproduce the model on the example "
+                f"({_rows(inputs)} rows): {problem}; nothing was written"
+            )
 
 
-def split_model(model: str, example: Any, names: list[str], out: str, atol: float = ATOL) -> Manifest:
+def split_model(
+    model: str, example: Any, names: list[str], out: str, atol: float = ATOL
+) -> Manifest:
     """Split ``model`` at ``names`` into ``out`` (created; its old stages are replaced). Returns the manifest.
 
     The saved stages are checked against the unsplit model on ``example``
@@ -267,7 +315,9 @@ def split_model(model: str, example: Any, names: list[str], out: str, atol: floa
     holds a split that reproduces its model.
     """
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch's export internals warn about themselves
+        warnings.simplefilter(
+            "ignore", FutureWarning
+        )  # torch's export internals warn about themselves
         warnings.simplefilter("ignore", UserWarning)
         return _split(model, example, names, out, atol)
 
@@ -278,7 +328,9 @@ def _split(model: str, example: Any, names: list[str], out: str, atol: float) ->
         raise SplitError(f"--out {out!r} exists and is not a split: give a new or empty directory")
     module = load_splittable(model)
     ordered = _check_names(module, names)
-    example = _tile(example, max(_rows(example), 2))  # a batch of 1 would be specialised away by export
+    example = _tile(
+        example, max(_rows(example), 2)
+    )  # a batch of 1 would be specialised away by export
     stages = _cut(module, _Call.of(example), ordered)
     work = out.rstrip("/") + ".partial"
     shutil.rmtree(work, ignore_errors=True)
@@ -288,14 +340,29 @@ def _split(model: str, example: Any, names: list[str], out: str, atol: float) ->
         for index, stage in enumerate(stages):
             where = f"stage {index}" + (f" (from {ordered[index - 1]})" if index else "")
             outputs = call.run(stage)
-            infos.append(_save_stage(_export(stage, call, where), stage, call, outputs, index,
-                                     ordered[index - 1] if index else "", work))
+            infos.append(
+                _save_stage(
+                    _export(stage, call, where),
+                    stage,
+                    call,
+                    outputs,
+                    index,
+                    ordered[index - 1] if index else "",
+                    work,
+                )
+            )
             call = _next_call(outputs)
     _verify(module, [os.path.join(work, info.file) for info in infos], example, atol)
     manifest = Manifest(model, ordered, pipeline_digest([i.sha256 for i in infos], ordered), infos)
     write_manifest(work, manifest)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(work, out)
-    log.info("split %s at %s into %d stages in %s (version %s)", model, ",".join(ordered), len(infos), out,
-             manifest.version)
+    log.info(
+        "split %s at %s into %d stages in %s (version %s)",
+        model,
+        ",".join(ordered),
+        len(infos),
+        out,
+        manifest.version,
+    )
     return manifest

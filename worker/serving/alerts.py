@@ -38,8 +38,14 @@ class Alert:
 
     def fields(self) -> dict[str, str]:
         """The stream entry's fields (all strings; the time is now if unset)."""
-        return {"kind": self.kind, "detail": self.detail, "consumer": self.consumer,
-                "version": self.version, "id": self.rid, "time_ms": str(self.time_ms or int(time.time() * 1000))}
+        return {
+            "kind": self.kind,
+            "detail": self.detail,
+            "consumer": self.consumer,
+            "version": self.version,
+            "id": self.rid,
+            "time_ms": str(self.time_ms or int(time.time() * 1000)),
+        }
 
     @classmethod
     def from_entry(cls, entry_id: bytes, raw: dict[bytes, bytes]) -> Alert:
@@ -49,21 +55,34 @@ class Alert:
             time_ms = int(d.get("time_ms", "0"))
         except ValueError:
             time_ms = 0
-        return cls(d.get("kind", "?"), d.get("detail", ""), d.get("consumer", "?"), d.get("version", "?"),
-                   d.get("id", ""), time_ms, entry_id.decode())
+        return cls(
+            d.get("kind", "?"),
+            d.get("detail", ""),
+            d.get("consumer", "?"),
+            d.get("version", "?"),
+            d.get("id", ""),
+            time_ms,
+            entry_id.decode(),
+        )
 
 
 def capped(alerts: Sequence[Alert]) -> list[Alert]:
     """At most :data:`ROUND_CAP` alerts, the overflow summed into the last one."""
     if len(alerts) <= ROUND_CAP:
         return list(alerts)
-    kept = list(alerts[:ROUND_CAP - 1])
-    rest = alerts[ROUND_CAP - 1:]
+    kept = list(alerts[: ROUND_CAP - 1])
+    rest = alerts[ROUND_CAP - 1 :]
     kinds = sorted({a.kind for a in rest})
     last = rest[0]
-    kept.append(Alert(last.kind if len(kinds) == 1 else "many",
-                      f"{len(rest)} more alerts in one round ({', '.join(kinds)}); first: {last.detail}",
-                      last.consumer, last.version, last.rid))
+    kept.append(
+        Alert(
+            last.kind if len(kinds) == 1 else "many",
+            f"{len(rest)} more alerts in one round ({', '.join(kinds)}); first: {last.detail}",
+            last.consumer,
+            last.version,
+            last.rid,
+        )
+    )
     return kept
 
 
@@ -77,7 +96,9 @@ def publish(client: redis.Redis, keys: QueueKeys, alerts: Sequence[Alert]) -> No
     pipe.execute()
 
 
-def read_alerts(client: redis.Redis, keys: QueueKeys, count: int = 20, kind: str | None = None) -> list[Alert]:
+def read_alerts(
+    client: redis.Redis, keys: QueueKeys, count: int = 20, kind: str | None = None
+) -> list[Alert]:
     """The newest ``count`` alerts (of ``kind``, if given), oldest first."""
     found: list[Alert] = []
     last = "+"

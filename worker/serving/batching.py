@@ -138,8 +138,10 @@ def _split_one(arr: Any, bounds: list[int], where: str) -> list[np.ndarray]:
     if not isinstance(arr, np.ndarray) or arr.ndim == 0:
         raise OutputError(f"{where}: a model output must be a tensor with a row dimension")
     if arr.shape[0] != bounds[-1]:
-        raise OutputError(f"{where}: the model returned {arr.shape[0]} rows for a batch of {bounds[-1]}")
-    return [arr[bounds[i]:bounds[i + 1]] for i in range(len(bounds) - 1)]
+        raise OutputError(
+            f"{where}: the model returned {arr.shape[0]} rows for a batch of {bounds[-1]}"
+        )
+    return [arr[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
 
 
 def split_outputs(outputs: Any, row_counts: Sequence[int]) -> list[Any]:

@@ -49,7 +49,9 @@ class BehindRead:
     ``load`` loads the script again after NOSCRIPT.
     """
 
-    def __init__(self, client: redis.Redis, send: Callable[[bytes], Any], load: Callable[[], None]) -> None:
+    def __init__(
+        self, client: redis.Redis, send: Callable[[bytes], Any], load: Callable[[], None]
+    ) -> None:
         self.pool = client.connection_pool
         self._send = send
         self._load = load

@@ -115,7 +115,9 @@ class CacheStats:
 class ResultCache:
     """The local LFU tier and the optional fleet tier of one worker."""
 
-    def __init__(self, size: int, keys: QueueKeys, client: redis.Redis | None = None, fleet_ttl_s: int = 0) -> None:
+    def __init__(
+        self, size: int, keys: QueueKeys, client: redis.Redis | None = None, fleet_ttl_s: int = 0
+    ) -> None:
         self.local: LFUCache = LFUCache(maxsize=size)
         self.keys = keys
         self.client = client if fleet_ttl_s > 0 else None
@@ -143,7 +145,9 @@ class ResultCache:
             else:
                 remote.append(i)
         if remote and self.client is not None:
-            for i, raw in zip(remote, self.client.mget([self.fleet_key(digests[i]) for i in remote])):
+            for i, raw in zip(
+                remote, self.client.mget([self.fleet_key(digests[i]) for i in remote])
+            ):
                 value = self._decode(raw)
                 if value is not None:
                     found[i] = (value, "fleet")
@@ -172,5 +176,7 @@ class ResultCache:
             pipe.set(self.fleet_key(digest), encode_outputs(outputs), ex=self.fleet_ttl_s)
         try:
             pipe.execute()
-        except redis.exceptions.OutOfMemoryError as exc:  # Redis full: the cache is optional, replies are not
+        except (
+            redis.exceptions.OutOfMemoryError
+        ) as exc:  # Redis full: the cache is optional, replies are not
             log.warning("fleet cache entries dropped: %s", exc)

@@ -81,10 +81,22 @@ class Columns:
 
     def requests(self) -> list[Request]:
         """The same requests as the general path's objects (when a batch leaves the fast path)."""
-        return [Request(entry_id, rid.decode("ascii"), key.decode("ascii"), self._inputs_at(i), {}, self.rows_each,
-                        self.signature, enqueued, self.picked_ms)
-                for i, (entry_id, rid, key, enqueued)
-                in enumerate(zip(self.entry_ids, self.rids, self.reply_keys, self.enqueued_ms()))]
+        return [
+            Request(
+                entry_id,
+                rid.decode("ascii"),
+                key.decode("ascii"),
+                self._inputs_at(i),
+                {},
+                self.rows_each,
+                self.signature,
+                enqueued,
+                self.picked_ms,
+            )
+            for i, (entry_id, rid, key, enqueued) in enumerate(
+                zip(self.entry_ids, self.rids, self.reply_keys, self.enqueued_ms())
+            )
+        ]
 
     def _inputs_at(self, i: int) -> Any:
         rows = slice(i * self.rows_each, (i + 1) * self.rows_each)
@@ -106,10 +118,17 @@ def merge_columns(parts: Sequence[Columns]) -> list[Columns]:
             merged.append(group[0])
             continue
         first = group[0]
-        merged.append(Columns(
-            [e for part in group for e in part.entry_ids], [r for part in group for r in part.rids],
-            [k for part in group for k in part.reply_keys], _concat([part.inputs for part in group]),
-            first.rows_each, first.signature, min(part.picked_ms for part in group)))
+        merged.append(
+            Columns(
+                [e for part in group for e in part.entry_ids],
+                [r for part in group for r in part.rids],
+                [k for part in group for k in part.reply_keys],
+                _concat([part.inputs for part in group]),
+                first.rows_each,
+                first.signature,
+                min(part.picked_ms for part in group),
+            )
+        )
     return merged
 
 
@@ -135,7 +154,9 @@ class _Group:
         self.keys: list[bytes | None] = []
 
 
-def admit_read(intake: Intake, entries: Sequence[Any], now_ms: float) -> list[Request | Answer | Columns]:
+def admit_read(
+    intake: Intake, entries: Sequence[Any], now_ms: float
+) -> list[Request | Answer | Columns]:
     """Admit one raw read: :class:`Columns` for what fits a template, the rest one by one.
 
     ``entries`` are XREADGROUP's ``[entry id, [name, value, ...]]`` pairs as
@@ -144,7 +165,11 @@ def admit_read(intake: Intake, entries: Sequence[Any], now_ms: float) -> list[Re
     """
     rest: list[Any] = []
     uniform = _uniform(intake, entries, now_ms)
-    groups = {len(uniform.bodies[0]): uniform} if uniform is not None else _grouped(intake, entries, now_ms, rest)
+    groups = (
+        {len(uniform.bodies[0]): uniform}
+        if uniform is not None
+        else _grouped(intake, entries, now_ms, rest)
+    )
     admitted: list[Request | Answer | Columns] = []
     for length, group in groups.items():
         columns = _columns(intake, length, group, now_ms, rest)
@@ -169,7 +194,11 @@ def _uniform(intake: Intake, entries: Sequence[Any], now_ms: float) -> _Group | 
     if len(columns) < 4 or not all(len(name) == 1 for name in names):
         return None
     fields = [next(iter(name)) for name in names]
-    if fields[:2] != [b"id", b"body"] or len(set(fields)) != len(fields) or not _EXTRA_FIELDS.issuperset(fields[2:]):
+    if (
+        fields[:2] != [b"id", b"body"]
+        or len(set(fields)) != len(fields)
+        or not _EXTRA_FIELDS.issuperset(fields[2:])
+    ):
         return None
     bodies = columns[3]
     if len(set(map(len, bodies))) != 1 or set(map(type, bodies)) != {bytes}:
@@ -178,20 +207,31 @@ def _uniform(intake: Intake, entries: Sequence[Any], now_ms: float) -> _Group | 
     group.entries, group.rids, group.bodies = list(entries), list(columns[1]), list(bodies)
     group.keys = [None] * len(flats)
     for name, values in zip(fields[2:], columns[5::2]):
-        if not all(_extra_verdict(intake, (name, value), now_ms) is not False for value in set(values)):
+        if not all(
+            _extra_verdict(intake, (name, value), now_ms) is not False for value in set(values)
+        ):
             return None
         if name == b"reply_to":
             group.keys = list(values)
     return group
 
 
-def _grouped(intake: Intake, entries: Sequence[Any], now_ms: float, rest: list[Any]) -> dict[int, _Group]:
+def _grouped(
+    intake: Intake, entries: Sequence[Any], now_ms: float, rest: list[Any]
+) -> dict[int, _Group]:
     """Entries that may share a template, grouped by body length; the others are added to ``rest``."""
     groups: dict[int, _Group] = {}
-    verdicts: dict[tuple, Any] = {}  # the extra fields seen in this read -> reply key, None (default), False
+    verdicts: dict[
+        tuple, Any
+    ] = {}  # the extra fields seen in this read -> reply key, None (default), False
     for entry in entries:
         fields = entry[1]
-        if fields.__class__ is not list or len(fields) < 4 or fields[0] != b"id" or fields[2] != b"body":
+        if (
+            fields.__class__ is not list
+            or len(fields) < 4
+            or fields[0] != b"id"
+            or fields[2] != b"body"
+        ):
             rest.append(entry)
             continue
         key = None
@@ -216,8 +256,14 @@ def _grouped(intake: Intake, entries: Sequence[Any], now_ms: float, rest: list[A
 
 def _admit_each(intake: Intake, entries: list[Any], now_ms: float) -> list[Request | Answer]:
     admit = intake.admit_fast
-    return [admit(entry_id, fields if isinstance(fields, dict) or fields is None else fields_of(fields), now_ms)
-            for entry_id, fields in entries]
+    return [
+        admit(
+            entry_id,
+            fields if isinstance(fields, dict) or fields is None else fields_of(fields),
+            now_ms,
+        )
+        for entry_id, fields in entries
+    ]
 
 
 def _extra_verdict(intake: Intake, extra: tuple, now_ms: float) -> bytes | bool | None:
@@ -227,8 +273,12 @@ def _extra_verdict(intake: Intake, extra: tuple, now_ms: float) -> bytes | bool 
         return False
     values = dict(zip(names, extra[1::2]))
     deadline = values.get(b"deadline")
-    if deadline is not None and not (deadline.__class__ is bytes and deadline.isdigit() and len(deadline) <= 16
-                                     and now_ms <= int(deadline)):
+    if deadline is not None and not (
+        deadline.__class__ is bytes
+        and deadline.isdigit()
+        and len(deadline) <= 16
+        and now_ms <= int(deadline)
+    ):
         return False  # malformed or expired: answered by the general path
     reply_to = values.get(b"reply_to")
     if reply_to is None:
@@ -237,7 +287,9 @@ def _extra_verdict(intake: Intake, extra: tuple, now_ms: float) -> bytes | bool 
     return False if checked is None else reply_to
 
 
-def _columns(intake: Intake, length: int, group: _Group, now_ms: float, rest: list[Any]) -> Columns | None:
+def _columns(
+    intake: Intake, length: int, group: _Group, now_ms: float, rest: list[Any]
+) -> Columns | None:
     """The group's entries that fit the template of their body length, as Columns; others go to ``rest``."""
     known = intake.template_for(length)
     if known is None:
@@ -256,8 +308,15 @@ def _columns(intake: Intake, length: int, group: _Group, now_ms: float, rest: li
             setattr(group, name, [getattr(group, name)[i] for i in keep])
     default = intake.reply_prefix
     keys = [default + rid if key is None else key for rid, key in zip(group.rids, group.keys)]
-    return Columns([entry[0] for entry in group.entries], group.rids, keys, template.inputs_many(data),
-                   template.rows, signature, now_ms)
+    return Columns(
+        [entry[0] for entry in group.entries],
+        group.rids,
+        keys,
+        template.inputs_many(data),
+        template.rows,
+        signature,
+        now_ms,
+    )
 
 
 def _valid_ids(rids: list[Any]) -> np.ndarray:
@@ -267,4 +326,6 @@ def _valid_ids(rids: list[Any]) -> np.ndarray:
             return np.ones(len(rids), bool)
     except TypeError:  # an id that is not a bulk string
         pass
-    return np.fromiter((rid.__class__ is bytes and is_request_id(rid) for rid in rids), bool, len(rids))
+    return np.fromiter(
+        (rid.__class__ is bytes and is_request_id(rid) for rid in rids), bool, len(rids)
+    )

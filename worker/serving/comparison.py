@@ -29,7 +29,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Comparison", "PairStats", "Thresholds", "compare", "rank_correlation", "rollback_reason", "verdict"]
+__all__ = [
+    "Comparison",
+    "PairStats",
+    "Thresholds",
+    "compare",
+    "rank_correlation",
+    "rollback_reason",
+    "verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -47,11 +55,20 @@ class Thresholds:
     min_compared: int = 20
 
     def __post_init__(self) -> None:
-        for name, low, high in (("min_agreement", 0.0, 1.0), ("max_rel_error", 0.0, 1e30),
-                                ("min_rank_corr", -1.0, 1.0), ("decision_threshold", -1e30, 1e30),
-                                ("max_error_rate", 0.0, 1.0), ("min_compared", 1, 10**9)):
+        for name, low, high in (
+            ("min_agreement", 0.0, 1.0),
+            ("max_rel_error", 0.0, 1e30),
+            ("min_rank_corr", -1.0, 1.0),
+            ("decision_threshold", -1e30, 1e30),
+            ("max_error_rate", 0.0, 1.0),
+            ("min_compared", 1, 10**9),
+        ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not low <= value <= high
+            ):
                 raise ValueError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}")
 
     def fields(self) -> dict[str, str]:
@@ -64,7 +81,9 @@ class Thresholds:
         values: dict[str, Any] = {}
         for f in fields(cls):
             try:
-                values[f.name] = int(raw[f.name]) if f.name == "min_compared" else float(raw[f.name])
+                values[f.name] = (
+                    int(raw[f.name]) if f.name == "min_compared" else float(raw[f.name])
+                )
             except (KeyError, ValueError):
                 continue
         try:
@@ -143,7 +162,9 @@ def _errors(live: Any, cand: Any) -> tuple[float, float, int]:
         if x.dtype.kind not in "biuf" or y.dtype.kind not in "biuf" or not x.size:
             continue
         xf, yf = x.astype(np.float64), y.astype(np.float64)
-        finite = np.isfinite(yf).reshape(yf.shape[0], -1).all(axis=1) if yf.ndim else np.array([True])
+        finite = (
+            np.isfinite(yf).reshape(yf.shape[0], -1).all(axis=1) if yf.ndim else np.array([True])
+        )
         bad = max(bad, int((~finite).sum()))
         diff = np.abs(yf - xf)
         worst = max(worst, float(np.where(np.isnan(diff), np.inf, diff).max()))
@@ -154,7 +175,8 @@ def _errors(live: Any, cand: Any) -> tuple[float, float, int]:
 def _same_form(live: Any, cand: Any) -> bool:
     a, b = list(_arrays(live)), list(_arrays(cand))
     return [k for k, _ in a] == [k for k, _ in b] and all(
-        x.shape == y.shape and x.dtype.kind == y.dtype.kind for (_, x), (_, y) in zip(a, b))
+        x.shape == y.shape and x.dtype.kind == y.dtype.kind for (_, x), (_, y) in zip(a, b)
+    )
 
 
 def compare(live: Any, cand: Any, rows: int, decision_threshold: float = 0.5) -> Comparison:
@@ -188,7 +210,9 @@ class PairStats:
     live_ms: float = 0.0  # the live forward passes of the same batches
     batches: int = 0
     canary_requests: int = 0  # requests the candidate answered
-    canary_failed: int = 0  # canary requests it failed (raised, NaN/Inf): recomputed on the live model
+    canary_failed: int = (
+        0  # canary requests it failed (raised, NaN/Inf): recomputed on the live model
+    )
 
     #: Fields merged by maximum, not by sum.
     MAXIMA = ("abs_error_max", "rel_error_max")
@@ -242,14 +266,22 @@ class PairStats:
 
     def summary(self) -> dict[str, Any]:
         """The figures a report shows (means and rates, not sums)."""
-        return {"compared": self.compared, "rows": self.rows, "agreement": self.agreement,
-                "abs_error_max": self.abs_error_max, "rel_error_max": self.rel_error_max,
-                "abs_error_mean": self.abs_error_sum / self.compared if self.compared else None,
-                "rank_corr": self.rank_corr, "nonfinite_rows": self.nonfinite_rows,
-                "candidate_errors": self.candidate_errors, "error_rate": self.error_rate,
-                "candidate_ms_per_batch": self.candidate_ms / self.batches if self.batches else None,
-                "live_ms_per_batch": self.live_ms / self.batches if self.batches else None,
-                "canary_requests": self.canary_requests, "canary_failed": self.canary_failed}
+        return {
+            "compared": self.compared,
+            "rows": self.rows,
+            "agreement": self.agreement,
+            "abs_error_max": self.abs_error_max,
+            "rel_error_max": self.rel_error_max,
+            "abs_error_mean": self.abs_error_sum / self.compared if self.compared else None,
+            "rank_corr": self.rank_corr,
+            "nonfinite_rows": self.nonfinite_rows,
+            "candidate_errors": self.candidate_errors,
+            "error_rate": self.error_rate,
+            "candidate_ms_per_batch": self.candidate_ms / self.batches if self.batches else None,
+            "live_ms_per_batch": self.live_ms / self.batches if self.batches else None,
+            "canary_requests": self.canary_requests,
+            "canary_failed": self.canary_failed,
+        }
 
 
 def verdict(stats: PairStats, t: Thresholds) -> list[str]:
@@ -279,9 +311,15 @@ def rollback_reason(stats: PairStats, t: Thresholds) -> str | None:
     """Why a canary must be rolled back now, or None: once ``min_compared`` requests are
     in, any threshold crossed (failures count from the first: the NaN guard is absolute)."""
     rate = stats.error_rate
-    if stats.canary_requests >= min(t.min_compared, 10) and rate is not None and rate > t.max_error_rate:
-        return f"canary failed {stats.canary_failed} of {stats.canary_requests} requests " \
-               f"(error rate {rate:.4f} over {t.max_error_rate:g})"
+    if (
+        stats.canary_requests >= min(t.min_compared, 10)
+        and rate is not None
+        and rate > t.max_error_rate
+    ):
+        return (
+            f"canary failed {stats.canary_failed} of {stats.canary_requests} requests "
+            f"(error rate {rate:.4f} over {t.max_error_rate:g})"
+        )
     if stats.compared < t.min_compared:
         return None
     reasons = _divergence(stats, t)

@@ -17,19 +17,39 @@ import redis
 
 from inferfleet.producer.protocol import QueueKeys
 
-__all__ = ["DeadLetter", "dead_fields", "list_dead", "find_dead", "replay_dead", "purge_dead", "DEAD_MAXLEN"]
+__all__ = [
+    "DeadLetter",
+    "dead_fields",
+    "list_dead",
+    "find_dead",
+    "replay_dead",
+    "purge_dead",
+    "DEAD_MAXLEN",
+]
 
 #: The dead-letter stream keeps about this many entries (approximate trim).
 DEAD_MAXLEN = 100_000
 _COPIED = (b"id", b"body", b"deadline", b"reply_to")
 
 
-def dead_fields(entry_id: bytes, fields: Mapping[bytes, bytes] | None, reason: str, deliveries: int,
-                consumer: str) -> dict[bytes, Any]:
+def dead_fields(
+    entry_id: bytes,
+    fields: Mapping[bytes, bytes] | None,
+    reason: str,
+    deliveries: int,
+    consumer: str,
+) -> dict[bytes, Any]:
     """What a dead letter holds: the request's own fields plus why and when."""
     out: dict[bytes, Any] = {k: v for k, v in (fields or {}).items() if k in _COPIED}
-    out.update({b"entry": entry_id, b"reason": reason, b"deliveries": deliveries, b"consumer": consumer,
-                b"dead_ms": int(time.time() * 1000)})
+    out.update(
+        {
+            b"entry": entry_id,
+            b"reason": reason,
+            b"deliveries": deliveries,
+            b"consumer": consumer,
+            b"dead_ms": int(time.time() * 1000),
+        }
+    )
     return out
 
 
@@ -54,9 +74,17 @@ class DeadLetter:
         def text(name: bytes) -> str:
             return fields.get(name, b"").decode(errors="replace")
 
-        return cls(dead_id.decode(), text(b"id"), text(b"entry"), text(b"reason"),
-                   int(text(b"deliveries") or 0), text(b"consumer"), int(text(b"dead_ms") or 0),
-                   len(fields.get(b"body", b"")), fields)
+        return cls(
+            dead_id.decode(),
+            text(b"id"),
+            text(b"entry"),
+            text(b"reason"),
+            int(text(b"deliveries") or 0),
+            text(b"consumer"),
+            int(text(b"dead_ms") or 0),
+            len(fields.get(b"body", b"")),
+            fields,
+        )
 
 
 def list_dead(client: redis.Redis, keys: QueueKeys, count: int = 100) -> list[DeadLetter]:

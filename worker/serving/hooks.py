@@ -39,8 +39,12 @@ class Hooks:
             self.tracing.read(entries, items)
         return items
 
-    def infer(self, batch: list[Request], live: ModelRuntime,
-              compute: Callable[[list[Request]], list[Answer]]) -> list[Answer]:
+    def infer(
+        self,
+        batch: list[Request],
+        live: ModelRuntime,
+        compute: Callable[[list[Request]], list[Answer]],
+    ) -> list[Answer]:
         """One batch's answers: the canary's when it is due and succeeds, else ``compute``'s (the live model)."""
         shadow, tracing = self.shadow, self.tracing
         version = live.version

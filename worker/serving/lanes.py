@@ -62,7 +62,9 @@ def favoured_order(read_no: int) -> tuple[int, ...]:
     return _ORDERS[_CYCLE[read_no % len(_CYCLE)]]
 
 
-def pick(order: Sequence[int], candidates: Sequence[list[Entry]], count: int) -> tuple[list[Entry], list[int]]:
+def pick(
+    order: Sequence[int], candidates: Sequence[list[Entry]], count: int
+) -> tuple[list[Entry], list[int]]:
     """Take up to ``count`` entries from ``candidates`` (one list per lane, each consumed) in ``order``.
 
     Returns the entries and, in step, each one's lane. Pure: what is left in
@@ -112,29 +114,44 @@ class LaneReader:
         """Entries read and not handed out yet (pending on this consumer)."""
         return len(self.held[0]) + len(self.held[1]) + len(self.held[2])
 
-    def read(self, client: redis.Redis, consumer: str, count: int,
-             block: int | None) -> tuple[list[Entry], list[int] | None]:
+    def read(
+        self, client: redis.Redis, consumer: str, count: int, block: int | None
+    ) -> tuple[list[Entry], list[int] | None]:
         """One read of up to ``count`` entries; ``block`` ms as XREADGROUP takes it (None: do not block)."""
         wanted = [stream for lane, stream in enumerate(self.streams) if not self.held[lane]]
         if self.holding:
             block = None  # something is ready now
-        pipe = client.pipeline(transaction=False)  # one round trip; replies in the client's own XREADGROUP form
+        pipe = client.pipeline(
+            transaction=False
+        )  # one round trip; replies in the client's own XREADGROUP form
         if wanted:
             pipe.xreadgroup(GROUP, consumer, dict.fromkeys(wanted, ">"), count=count, block=block)
         pipe.exists(self.cancels_key)
         *response, cancels = pipe.execute()
         return self.take(response[0] if response else None, cancels, count)
 
-    def read_behind(self, behind: BehindRead | None, consumer: str,
-                    count: int) -> tuple[list[Entry], list[int] | None]:
+    def read_behind(
+        self, behind: BehindRead | None, consumer: str, count: int
+    ) -> tuple[list[Entry], list[int] | None]:
         """:meth:`read`, not blocking, with ``behind``'s unsent reply call after it in one write (behind.py).
 
         Nothing (``[]``) where no call waits to go out or entries are held.
         """
         if behind is None or not behind.unsent or self.holding:
             return [], None
-        packed = pack_command(["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count, "STREAMS", *self.streams,
-                               *(">" * len(self.streams))]) + pack_command(["EXISTS", self.cancels_key])
+        packed = pack_command(
+            [
+                "XREADGROUP",
+                "GROUP",
+                GROUP,
+                consumer,
+                "COUNT",
+                count,
+                "STREAMS",
+                *self.streams,
+                *(">" * len(self.streams)),
+            ]
+        ) + pack_command(["EXISTS", self.cancels_key])
         response, cancels = behind.send_with(packed, 2)
         return self.take(response, cancels, count)
 
@@ -144,7 +161,9 @@ class LaneReader:
         self.reads += 1
         self.cancels = bool(cancels)
         found = _by_stream(response)
-        if not self.holding and (not found or (len(found) == 1 and self._lane_of[found[0][0]] == NORMAL)):
+        if not self.holding and (
+            not found or (len(found) == 1 and self._lane_of[found[0][0]] == NORMAL)
+        ):
             entries = found[0][1] if found else []
             self.taken[NORMAL] += len(entries)
             return entries, None

@@ -39,8 +39,16 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.keys import model_key
 
-__all__ = ["ModelWatcher", "NoPreviousVersion", "Published", "mark_served", "model_key", "publish", "read_published",
-           "rollback"]
+__all__ = [
+    "ModelWatcher",
+    "NoPreviousVersion",
+    "Published",
+    "mark_served",
+    "model_key",
+    "publish",
+    "read_published",
+    "rollback",
+]
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +126,15 @@ class Published:
             seq, updated = int(d.get("seq", "0")), int(d.get("updated_ms", "0"))
         except ValueError:
             return None
-        return cls(d["model"], d["version"], seq, d.get("previous_model", ""), d.get("previous_version", ""), updated,
-                   d.get("served_version", ""))
+        return cls(
+            d["model"],
+            d["version"],
+            seq,
+            d.get("previous_model", ""),
+            d.get("previous_version", ""),
+            updated,
+            d.get("served_version", ""),
+        )
 
 
 def read_published(client: redis.Redis, keys: QueueKeys) -> Published | None:
@@ -139,8 +154,13 @@ def _run(client: redis.Redis, keys: QueueKeys, *args: str) -> Published:
     return published
 
 
-def publish(client: redis.Redis, keys: QueueKeys, model: str, version: str,
-            serving: tuple[str, str] = ("", "")) -> Published:
+def publish(
+    client: redis.Redis,
+    keys: QueueKeys,
+    model: str,
+    version: str,
+    serving: tuple[str, str] = ("", ""),
+) -> Published:
     """Make (model, version) the fleet's current one. ``serving`` is the pair the live
     workers run, recorded as the previous one on a first publish (for rollback)."""
     return _run(client, keys, "publish", model, version, str(int(time.time() * 1000)), *serving)
@@ -153,8 +173,11 @@ def rollback(client: redis.Redis, keys: QueueKeys) -> Published:
 
 def mark_served(client: redis.Redis, keys: QueueKeys, published: Published) -> bool:
     """Record that a worker serves ``published`` (if it is still the published version)."""
-    return bool(client.register_script(SERVED_SCRIPT)(keys=[model_key(keys)],
-                                                       args=[published.model, published.version]))
+    return bool(
+        client.register_script(SERVED_SCRIPT)(
+            keys=[model_key(keys)], args=[published.model, published.version]
+        )
+    )
 
 
 Loader = Callable[[WorkerSettings], object]
@@ -163,8 +186,14 @@ Loader = Callable[[WorkerSettings], object]
 class ModelWatcher:
     """One worker's side of a swap: notice, load in the background, hand over when current."""
 
-    def __init__(self, client: redis.Redis, keys: QueueKeys, settings: WorkerSettings, load: Loader,
-                 seen_seq: int = 0) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: QueueKeys,
+        settings: WorkerSettings,
+        load: Loader,
+        seen_seq: int = 0,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.settings = settings
@@ -186,10 +215,15 @@ class ModelWatcher:
         if published.version == serving_version:
             return None
         self._loading = published
-        log.info("model %s version %s published (seq %d): loading it in the background",
-                 self.keys.name, published.version, published.seq)
-        threading.Thread(target=self._load, args=(published,), name=f"swap-{published.version}",
-                         daemon=True).start()
+        log.info(
+            "model %s version %s published (seq %d): loading it in the background",
+            self.keys.name,
+            published.version,
+            published.seq,
+        )
+        threading.Thread(
+            target=self._load, args=(published,), name=f"swap-{published.version}", daemon=True
+        ).start()
         return published
 
     def _load(self, published: Published) -> None:
@@ -213,18 +247,33 @@ class ModelWatcher:
         published, outcome = done
         if isinstance(outcome, Exception):
             self.error = f"version {published.version}: {outcome}"
-            log.error("model %s: loading version %s failed, still serving the old one: %s",
-                      self.keys.name, published.version, outcome)
+            log.error(
+                "model %s: loading version %s failed, still serving the old one: %s",
+                self.keys.name,
+                published.version,
+                outcome,
+            )
             return "failed", published, outcome
         current = read_published(self.client, self.keys)
         if current is None or current.version != published.version:
-            log.info("model %s: version %s is no longer current (now %s): dropped", self.keys.name,
-                     published.version, current.version if current else "none")
+            log.info(
+                "model %s: version %s is no longer current (now %s): dropped",
+                self.keys.name,
+                published.version,
+                current.version if current else "none",
+            )
             self.seen_seq = min(self.seen_seq, (current.seq - 1) if current else self.seen_seq)
             return "stale", published, outcome
         self.error = ""
         try:
             mark_served(self.client, self.keys, published)
-        except redis.exceptions.RedisError as exc:  # the switch goes ahead; only the rollback target is late
-            log.warning("model %s: cannot record version %s as served: %s", self.keys.name, published.version, exc)
+        except (
+            redis.exceptions.RedisError
+        ) as exc:  # the switch goes ahead; only the rollback target is late
+            log.warning(
+                "model %s: cannot record version %s as served: %s",
+                self.keys.name,
+                published.version,
+                exc,
+            )
         return "ok", published, outcome

@@ -23,8 +23,18 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.serving.alerts import Alert
 from inferfleet.worker.serving.batching import Request
-from inferfleet.worker.serving.cache import ResultCache, copy_outputs, input_digest, split_duplicates
-from inferfleet.worker.serving.validation import ConsistencyLog, check_outputs, non_finite, top_score
+from inferfleet.worker.serving.cache import (
+    ResultCache,
+    copy_outputs,
+    input_digest,
+    split_duplicates,
+)
+from inferfleet.worker.serving.validation import (
+    ConsistencyLog,
+    check_outputs,
+    non_finite,
+    top_score,
+)
 
 __all__ = ["CacheRound", "NonFiniteOutput", "ResultPolicy"]
 
@@ -36,10 +46,17 @@ class NonFiniteOutput(ValueError):
 class ResultPolicy:
     """One worker's result cache and result checks."""
 
-    def __init__(self, settings: WorkerSettings, keys: QueueKeys, client: redis.Redis | None) -> None:
-        self.cache = (ResultCache(settings.cache_size, keys, client, settings.fleet_cache_ttl_s)
-                      if settings.cache_size else None)
-        self.consistency = ConsistencyLog(settings.consistency_tol) if settings.consistency_tol > 0 else None
+    def __init__(
+        self, settings: WorkerSettings, keys: QueueKeys, client: redis.Redis | None
+    ) -> None:
+        self.cache = (
+            ResultCache(settings.cache_size, keys, client, settings.fleet_cache_ttl_s)
+            if settings.cache_size
+            else None
+        )
+        self.consistency = (
+            ConsistencyLog(settings.consistency_tol) if settings.consistency_tol > 0 else None
+        )
         self.min_confidence = settings.min_confidence
         self.nan_guard = settings.nan_guard
         self.consumer = settings.consumer
@@ -75,7 +92,9 @@ class ResultPolicy:
             return result
         if suspicious:
             for finding in check_outputs(result, self.min_confidence, self.nan_guard):
-                self.alerts.append(Alert(finding.kind, finding.detail, self.consumer, version, req.rid))
+                self.alerts.append(
+                    Alert(finding.kind, finding.detail, self.consumer, version, req.rid)
+                )
                 if finding.kind == "non_finite":
                     return NonFiniteOutput(finding.detail)
         digest = req.extra.get("digest")
@@ -83,7 +102,9 @@ class ResultPolicy:
             if self.consistency is not None:
                 differs = self.consistency.check(digest, result)
                 if differs is not None:
-                    self.alerts.append(Alert(differs.kind, differs.detail, self.consumer, version, req.rid))
+                    self.alerts.append(
+                        Alert(differs.kind, differs.detail, self.consumer, version, req.rid)
+                    )
             if self.cache is not None:
                 self._to_store.append((digest, copy_outputs(result)))
         return result
@@ -99,8 +120,12 @@ class ResultPolicy:
         if self.cache is None:
             return {}
         s = self.cache.stats
-        return {"cache_hits": s.local_hits + s.fleet_hits + s.batch_hits, "cache_misses": s.misses,
-                "cache_hit_rate": round(s.hit_rate, 4), "cache_entries": len(self.cache.local)}
+        return {
+            "cache_hits": s.local_hits + s.fleet_hits + s.batch_hits,
+            "cache_misses": s.misses,
+            "cache_hit_rate": round(s.hit_rate, 4),
+            "cache_entries": len(self.cache.local),
+        }
 
     def take_alerts(self) -> list[Alert]:
         """This round's alerts, forgotten here (the consumer publishes them)."""
@@ -126,10 +151,14 @@ class CacheRound:
     def __init__(self, results: ResultPolicy, counters: Counters) -> None:
         self.results = results
         self.counters = counters
-        self._computed: dict[bytes, tuple[Any, float, int]] = {}  # digest -> (result, infer_ms, rows) this round
+        self._computed: dict[
+            bytes, tuple[Any, float, int]
+        ] = {}  # digest -> (result, infer_ms, rows) this round
         self._duplicates: list[tuple[Request, Request]] = []  # (duplicate, the request it repeats)
 
-    def start(self, requests: list[Request], version: str) -> tuple[list[Request], list[tuple[Request, Any]]]:
+    def start(
+        self, requests: list[Request], version: str
+    ) -> tuple[list[Request], list[tuple[Request, Any]]]:
         """The requests to compute, and the cache hits as (request, outputs).
 
         Duplicates of another request of the round are kept back, answered
@@ -159,7 +188,9 @@ class CacheRound:
         self._duplicates = [(misses[i], misses[j]) for i, j in dupes]
         return [misses[i] for i in unique], hits
 
-    def remember(self, batch: list[Request], results: list[Any], infer_ms: float, rows: int) -> None:
+    def remember(
+        self, batch: list[Request], results: list[Any], infer_ms: float, rows: int
+    ) -> None:
         """Keep a computed batch's results for the duplicates of its requests."""
         if self.results.keyed:
             for req, res in zip(batch, results):

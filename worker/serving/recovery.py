@@ -53,7 +53,11 @@ def dead_consumers(client: redis.Redis, keys: QueueKeys, me: str) -> list[str]:
     except redis.exceptions.ResponseError:  # no group yet
         return []
     live = {beat.consumer for beat in read_heartbeats(client, keys)} | {me}
-    return [_name(c["name"]) for c in consumers if int(c["pending"]) > 0 and _name(c["name"]) not in live]
+    return [
+        _name(c["name"])
+        for c in consumers
+        if int(c["pending"]) > 0 and _name(c["name"]) not in live
+    ]
 
 
 def _fields_of(client: redis.Redis, keys: QueueKeys, ids: list[bytes]) -> dict[bytes, Any]:
@@ -69,8 +73,9 @@ def _suspects(client: redis.Redis, keys: QueueKeys, rows: list[dict]) -> list[De
     return [(eid, fields.get(eid), count) for eid, count in counts.items()]
 
 
-def claim_from(client: redis.Redis, keys: QueueKeys, dead: str, me: str, min_idle_ms: int,
-               count: int) -> list[Delivery]:
+def claim_from(
+    client: redis.Redis, keys: QueueKeys, dead: str, me: str, min_idle_ms: int, count: int
+) -> list[Delivery]:
     """Take over up to ``count`` of ``dead``'s entries idle at least ``min_idle_ms``.
 
     Claimed with JUSTID, which leaves delivery counts alone: a count goes up
@@ -78,22 +83,32 @@ def claim_from(client: redis.Redis, keys: QueueKeys, dead: str, me: str, min_idl
     requests that merely shared a batch with a crashing one are not blamed.
     XCLAIM's own idle check makes two claimers racing safe.
     """
-    rows = client.xpending_range(keys.requests, GROUP, min="-", max="+", count=count,
-                                 consumername=dead, idle=min_idle_ms)
+    rows = client.xpending_range(
+        keys.requests, GROUP, min="-", max="+", count=count, consumername=dead, idle=min_idle_ms
+    )
     if not rows:
         return []
-    claimed = set(client.xclaim(keys.requests, GROUP, me, min_idle_ms,
-                                [row["message_id"] for row in rows], justid=True))
+    claimed = set(
+        client.xclaim(
+            keys.requests, GROUP, me, min_idle_ms, [row["message_id"] for row in rows], justid=True
+        )
+    )
     return _suspects(client, keys, [row for row in rows if row["message_id"] in claimed])
 
 
-def own_pending(client: redis.Redis, keys: QueueKeys, me: str, count: int = 100_000) -> list[Delivery]:
+def own_pending(
+    client: redis.Redis, keys: QueueKeys, me: str, count: int = 100_000
+) -> list[Delivery]:
     """This consumer's pending entries (after a restart or a reply lost in a reconnect)."""
-    rows = client.xpending_range(keys.requests, GROUP, min="-", max="+", count=count, consumername=me)
+    rows = client.xpending_range(
+        keys.requests, GROUP, min="-", max="+", count=count, consumername=me
+    )
     return _suspects(client, keys, rows) if rows else []
 
 
-def start_attempt(client: redis.Redis, keys: QueueKeys, me: str, entry_id: bytes, counted: bool = True) -> bool:
+def start_attempt(
+    client: redis.Redis, keys: QueueKeys, me: str, entry_id: bytes, counted: bool = True
+) -> bool:
     """Count one more delivery of ``entry_id`` (XCLAIM to ourselves) before computing it;
     with ``counted`` False only make sure it is still ours (JUSTID: the count stays).
 
@@ -117,16 +132,24 @@ class Recovery:
     connection). Housekeeping runs every ``housekeeping_s``.
     """
 
-    def __init__(self, client: redis.Redis, keys: QueueKeys, settings: WorkerSettings, metrics: Counters) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: QueueKeys, settings: WorkerSettings, metrics: Counters
+    ) -> None:
         self.redis = client
         self.keys = keys
         self.settings = settings
-        self.metrics = metrics  # the consumer's counters: the queue depth reaches Prometheus through them
+        self.metrics = (
+            metrics  # the consumer's counters: the queue depth reaches Prometheus through them
+        )
         self.suspects: list[Delivery] = []  # replayed or taken over: computed one at a time
         self.replay_own = True  # first thing after start or reconnect
         self._next_housekeeping = 0.0
-        self._started = False  # the first replay (of a previous process's entries) counts deliveries
-        self._retries: set[bytes] = set()  # suspects replayed for our own trouble: no delivery counted
+        self._started = (
+            False  # the first replay (of a previous process's entries) counts deliveries
+        )
+        self._retries: set[bytes] = (
+            set()
+        )  # suspects replayed for our own trouble: no delivery counted
 
     def replay_own_pending(self) -> None:
         """Replay what this consumer name holds but never answered (a restart or a lost reply).
@@ -134,13 +157,22 @@ class Recovery:
         After the first replay of this process, a replay is this process's own
         retry: its entries are computed again without counting a delivery.
         """
-        owed = {entry_id for entry_id, _, _ in self.suspects if entry_id not in self._retries}  # taken over, not
-        self.suspects = own_pending(self.redis, self.keys, self.settings.consumer)  # started yet: they still count
-        self._retries = {entry_id for entry_id, _, _ in self.suspects} - owed if self._started else set()
+        owed = {
+            entry_id for entry_id, _, _ in self.suspects if entry_id not in self._retries
+        }  # taken over, not
+        self.suspects = own_pending(
+            self.redis, self.keys, self.settings.consumer
+        )  # started yet: they still count
+        self._retries = (
+            {entry_id for entry_id, _, _ in self.suspects} - owed if self._started else set()
+        )
         if self.suspects:
-            log.info("replaying %d pending entries of consumer %s, one at a time%s",
-                     len(self.suspects), self.settings.consumer,
-                     " (our own retry: no delivery counted)" if self._started else "")
+            log.info(
+                "replaying %d pending entries of consumer %s, one at a time%s",
+                len(self.suspects),
+                self.settings.consumer,
+                " (our own retry: no delivery counted)" if self._started else "",
+            )
         self._started = True
         self.replay_own = False
 
@@ -202,11 +234,21 @@ class Recovery:
     def reclaim(self) -> None:
         """Take over the pending entries of consumers whose heartbeat has lapsed."""
         for dead in dead_consumers(self.redis, self.keys, self.settings.consumer):
-            taken = claim_from(self.redis, self.keys, dead, self.settings.consumer,
-                               int(self.settings.claim_idle_s * 1000), self.settings.max_batch_rows * 4)
+            taken = claim_from(
+                self.redis,
+                self.keys,
+                dead,
+                self.settings.consumer,
+                int(self.settings.claim_idle_s * 1000),
+                self.settings.max_batch_rows * 4,
+            )
             if taken:
-                log.warning("consumer %s took over %d entries of %s (no heartbeat)",
-                            self.settings.consumer, len(taken), dead)
+                log.warning(
+                    "consumer %s took over %d entries of %s (no heartbeat)",
+                    self.settings.consumer,
+                    len(taken),
+                    dead,
+                )
                 self.suspects.extend(taken)
                 return
 

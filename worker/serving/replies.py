@@ -135,8 +135,14 @@ class ReplyWriter:
     switches models.
     """
 
-    def __init__(self, client: redis.Redis, keys: QueueKeys, reply_ttl_s: int, model_meta: tuple[str, str],
-                 counters: Counters) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: QueueKeys,
+        reply_ttl_s: int,
+        model_meta: tuple[str, str],
+        counters: Counters,
+    ) -> None:
         self.redis = client
         self.keys = keys
         self.reply_ttl_ms = reply_ttl_s * 1000
@@ -144,8 +150,12 @@ class ReplyWriter:
         self.counters = counters
         self._script = client.register_script(REPLY_SCRIPT)
         # the script's call packed by hand (a Columns batch) where the client is one plain Redis
-        self._direct = isinstance(client, redis.Redis) and getattr(client, "connection", None) is None
-        self.behind: BehindRead | None = None  # Columns calls held for the next read (send_behind_reads)
+        self._direct = (
+            isinstance(client, redis.Redis) and getattr(client, "connection", None) is None
+        )
+        self.behind: BehindRead | None = (
+            None  # Columns calls held for the next read (send_behind_reads)
+        )
 
     def load(self) -> None:
         """Load the script now (at start: a missing permission shows before the first reply)."""
@@ -167,12 +177,16 @@ class ReplyWriter:
         expected = sum(1 for a in answers if a.payload) - len(failed)
         if pushed < expected:
             self.counters.replies_skipped(expected - pushed)
-            log.info("%d replies skipped: those requests were already answered by another consumer",
-                     expected - pushed)
+            log.info(
+                "%d replies skipped: those requests were already answered by another consumer",
+                expected - pushed,
+            )
         if failed:
             self._reply_elsewhere([answers[i] for i in failed])
 
-    def write_columns(self, cols: Columns, template: ReplyTemplate, outputs: np.ndarray, infer_ms: float) -> None:
+    def write_columns(
+        self, cols: Columns, template: ReplyTemplate, outputs: np.ndarray, infer_ms: float
+    ) -> None:
         """Reply ok to every request of ``cols`` and XACK it, in one script call packed from ``template``.
 
         ``outputs`` holds every request's rows in order, each request's part
@@ -184,15 +198,34 @@ class ReplyWriter:
         data, size = outputs.tobytes(), template.nbytes
         waits = cols.picked_ms - np.array(cols.enqueued_ms(), dtype=np.float64)
         if not self._direct:  # Redis Cluster: redis-py routes the script call to the stream's node
-            self.write([Answer(entry_id, key.decode("ascii"), template.encode(
-                rid.decode("ascii"), data[i * size:(i + 1) * size], float(waits[i]), tail), True,
-                rid=rid.decode("ascii")) for i, (entry_id, rid, key)
-                in enumerate(zip(cols.entry_ids, cols.rids, cols.reply_keys))])
+            self.write(
+                [
+                    Answer(
+                        entry_id,
+                        key.decode("ascii"),
+                        template.encode(
+                            rid.decode("ascii"),
+                            data[i * size : (i + 1) * size],
+                            float(waits[i]),
+                            tail,
+                        ),
+                        True,
+                        rid=rid.decode("ascii"),
+                    )
+                    for i, (entry_id, rid, key) in enumerate(
+                        zip(cols.entry_ids, cols.rids, cols.reply_keys)
+                    )
+                ]
+            )
             return
-        packed = self._packed_call(cols.reply_keys, _packed_pairs(cols, template, tail, data,
-                                                                  ReplyTemplate.queued_bytes(waits)))
+        packed = self._packed_call(
+            cols.reply_keys,
+            _packed_pairs(cols, template, tail, data, ReplyTemplate.queued_bytes(waits)),
+        )
         if self.behind is not None:  # goes out with the next read (behind.py)
-            self.behind.hold(packed, lambda pushed, failed: self._columns_done(cols, pushed, failed))
+            self.behind.hold(
+                packed, lambda pushed, failed: self._columns_done(cols, pushed, failed)
+            )
             return
         pushed, failed = self._call_packed(packed)
         self._columns_done(cols, int(pushed), [int(i) for i in failed])
@@ -221,20 +254,42 @@ class ReplyWriter:
         self.counters.replied_ok(len(cols) - len(failed))
         if pushed < len(cols) - len(failed):
             self.counters.replies_skipped(len(cols) - len(failed) - pushed)
-            log.info("%d replies skipped: those requests were already answered by another consumer",
-                     len(cols) - len(failed) - pushed)
+            log.info(
+                "%d replies skipped: those requests were already answered by another consumer",
+                len(cols) - len(failed) - pushed,
+            )
         if failed:
-            self._reply_elsewhere([Answer(cols.entry_ids[i], cols.reply_keys[i].decode("ascii"), None, True,
-                                          rid=cols.rids[i].decode("ascii")) for i in failed])
+            self._reply_elsewhere(
+                [
+                    Answer(
+                        cols.entry_ids[i],
+                        cols.reply_keys[i].decode("ascii"),
+                        None,
+                        True,
+                        rid=cols.rids[i].decode("ascii"),
+                    )
+                    for i in failed
+                ]
+            )
 
     def _packed_call(self, reply_keys: list[bytes], packed_args: bytes) -> bytes:
         """The reply script's EVALSHA over ``reply_keys`` and the RESP-packed (entry id, payload) pairs."""
         count = len(reply_keys)
         head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%b\r\n%b%b" % (
-            3 * count + 6, self._script.sha.encode("ascii"), _bulk(b"%d" % (count + 1)),
-            _bulk(self.keys.requests.encode()))
-        return b"".join((head, _bulks(reply_keys), _bulk(GROUP.encode()), _bulk(b"%d" % self.reply_ttl_ms),
-                         packed_args))
+            3 * count + 6,
+            self._script.sha.encode("ascii"),
+            _bulk(b"%d" % (count + 1)),
+            _bulk(self.keys.requests.encode()),
+        )
+        return b"".join(
+            (
+                head,
+                _bulks(reply_keys),
+                _bulk(GROUP.encode()),
+                _bulk(b"%d" % self.reply_ttl_ms),
+                packed_args,
+            )
+        )
 
     def _call_packed(self, packed: bytes) -> Any:
         """Send a packed EVALSHA of the reply script and return its answer (loading the script if Redis lost it)."""
@@ -270,12 +325,21 @@ class ReplyWriter:
         and if even that fails, acknowledge without a reply (logged) rather than loop."""
         retry = []
         for a in answers:
-            log.error("entry %s: reply key %s holds a non-list value", a.entry_id.decode(), a.reply_key)
+            log.error(
+                "entry %s: reply key %s holds a non-list value", a.entry_id.decode(), a.reply_key
+            )
             default = self.keys.reply(a.rid) if a.rid else None
             if a.rid and default and default != a.reply_key:
                 message = f"reply key {a.reply_key} holds a value that is not a list"
-                retry.append(Answer(a.entry_id, default, encode_reply_error(
-                    a.rid, "bad_request", message, self.model_meta), rid=a.rid, code="bad_request"))
+                retry.append(
+                    Answer(
+                        a.entry_id,
+                        default,
+                        encode_reply_error(a.rid, "bad_request", message, self.model_meta),
+                        rid=a.rid,
+                        code="bad_request",
+                    )
+                )
             else:
                 retry.append(Answer(a.entry_id, None, None))
         _, failed = self._run_script(retry)
@@ -289,10 +353,14 @@ class ReplyWriter:
         if log.isEnabledFor(logging.DEBUG):
             for a in answers:
                 if a.payload and not a.ok:
-                    log.debug("request %s answered %s", a.rid, a.code, extra={"request_ids": [a.rid]})
+                    log.debug(
+                        "request %s answered %s", a.rid, a.code, extra={"request_ids": [a.rid]}
+                    )
 
 
-def _packed_pairs(cols: Columns, template: ReplyTemplate, tail: bytes, data: bytes, queued: bytes) -> bytes:
+def _packed_pairs(
+    cols: Columns, template: ReplyTemplate, tail: bytes, data: bytes, queued: bytes
+) -> bytes:
     """The script's (entry id, reply) arguments of a Columns batch as RESP bulk strings, in one join."""
     size = template.nbytes
     around = {}  # id length -> the reply's fixed parts, the first with the reply's RESP header before it
@@ -301,8 +369,8 @@ def _packed_pairs(cols: Columns, template: ReplyTemplate, tail: bytes, data: byt
         reply_length = len(head) + length + len(rest[0]) + size + len(rest[1]) + 8 + len(rest[2])
         around[length] = (b"\r\n$%d\r\n" % reply_length + head, rest[0], rest[1], rest[2] + b"\r\n")
     id_heads = {length: b"$%d\r\n" % length for length in set(map(len, cols.entry_ids))}
-    datas = [data[i:i + size] for i in range(0, len(data), size)]
-    waits = [queued[i:i + 8] for i in range(0, len(queued), 8)]
+    datas = [data[i : i + size] for i in range(0, len(data), size)]
+    waits = [queued[i : i + 8] for i in range(0, len(queued), 8)]
     pieces: list[bytes] = []
     extend = pieces.extend
     if len(around) == 1:  # one id length: the usual batch
@@ -346,7 +414,9 @@ class BatchEncoder:
         self.general = general
         self._templates: dict[tuple[np.dtype, tuple[int, ...]], ReplyTemplate | None] = {}
 
-    def encode(self, batch: Sequence[Any], results: Sequence[Any], infer_ms: float, batch_rows: int) -> list[Answer]:
+    def encode(
+        self, batch: Sequence[Any], results: Sequence[Any], infer_ms: float, batch_rows: int
+    ) -> list[Answer]:
         """The answers to ``batch`` (Requests) given each one's result (outputs or an exception)."""
         tail: bytes | None = None
         answers = []
@@ -356,7 +426,9 @@ class BatchEncoder:
                 answers.append(self.general(self.model_meta, req, result, infer_ms, batch_rows))
                 continue
             tail = tail or ReplyTemplate.batch_tail(infer_ms, batch_rows)
-            payload = template.encode(req.rid, result.tobytes(), max(0.0, req.picked_ms - req.enqueued_ms), tail)
+            payload = template.encode(
+                req.rid, result.tobytes(), max(0.0, req.picked_ms - req.enqueued_ms), tail
+            )
             answers.append(Answer(req.entry_id, req.reply_key, payload, True, rid=req.rid))
         return answers
 
@@ -375,6 +447,7 @@ class BatchEncoder:
             return None
         try:
             return ReplyTemplate(self.model_meta, dtype, shape)
-        except ProtocolError:  # a dtype the contract does not carry: the general encoder answers model_error
+        except (
+            ProtocolError
+        ):  # a dtype the contract does not carry: the general encoder answers model_error
             return None
-

@@ -33,8 +33,17 @@ from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.keys import shadow_key, shadow_pair_key, shadow_pairs_key
 from inferfleet.worker.serving.comparison import PairStats, Thresholds
 
-__all__ = ["ACTIVE", "Candidate", "end_candidate", "flush_stats", "publish_candidate", "read_candidate",
-           "read_pairs", "set_canary", "shadow_key"]
+__all__ = [
+    "ACTIVE",
+    "Candidate",
+    "end_candidate",
+    "flush_stats",
+    "publish_candidate",
+    "read_candidate",
+    "read_pairs",
+    "set_canary",
+    "shadow_key",
+]
 
 #: States in which workers keep the candidate loaded.
 ACTIVE = ("shadow", "canary")
@@ -97,10 +106,17 @@ class Candidate:
         if not d.get("model") or not d.get("version"):
             return None
         try:
-            return cls(d["model"], d["version"], int(d.get("seq", "0")), d.get("state", "stopped"),
-                       min(max(float(d.get("sample", "0.1")), 0.0), 1.0),
-                       min(max(float(d.get("canary", "0")), 0.0), 100.0),
-                       Thresholds.from_fields(d), d.get("reason", ""), int(d.get("updated_ms", "0")))
+            return cls(
+                d["model"],
+                d["version"],
+                int(d.get("seq", "0")),
+                d.get("state", "stopped"),
+                min(max(float(d.get("sample", "0.1")), 0.0), 1.0),
+                min(max(float(d.get("canary", "0")), 0.0), 100.0),
+                Thresholds.from_fields(d),
+                d.get("reason", ""),
+                int(d.get("updated_ms", "0")),
+            )
         except ValueError:
             return None
 
@@ -110,19 +126,37 @@ def read_candidate(client: redis.Redis, keys: QueueKeys) -> Candidate | None:
     return Candidate.from_hash(client.hgetall(shadow_key(keys)))
 
 
-def publish_candidate(client: redis.Redis, keys: QueueKeys, model: str, version: str, sample: float,
-                      canary: float, thresholds: Thresholds) -> Candidate:
+def publish_candidate(
+    client: redis.Redis,
+    keys: QueueKeys,
+    model: str,
+    version: str,
+    sample: float,
+    canary: float,
+    thresholds: Thresholds,
+) -> Candidate:
     """Publish a candidate (replacing any other); its earlier comparisons are cleared."""
-    stale = [k for k in client.smembers(shadow_pairs_key(keys)) if k.decode(errors="replace").endswith(f">{version}")]
+    stale = [
+        k
+        for k in client.smembers(shadow_pairs_key(keys))
+        if k.decode(errors="replace").endswith(f">{version}")
+    ]
     pipe = client.pipeline(transaction=True)
     if stale:
         pipe.delete(*stale)
         pipe.srem(shadow_pairs_key(keys), *stale)
     pipe.delete(shadow_key(keys))
     pipe.execute()
-    fields = {"model": model, "version": version, "sample": repr(float(sample)), "canary": repr(float(canary)),
-              "state": "canary" if canary > 0 else "shadow", "reason": "", "updated_ms": str(_now_ms()),
-              **thresholds.fields()}
+    fields = {
+        "model": model,
+        "version": version,
+        "sample": repr(float(sample)),
+        "canary": repr(float(canary)),
+        "state": "canary" if canary > 0 else "shadow",
+        "reason": "",
+        "updated_ms": str(_now_ms()),
+        **thresholds.fields(),
+    }
     seq = int(time.time() * 1000)  # grows across publishes, also after the hash was deleted
     client.hset(shadow_key(keys), mapping={**fields, "seq": str(seq)})
     found = read_candidate(client, keys)
@@ -135,34 +169,49 @@ def set_canary(client: redis.Redis, keys: QueueKeys, percent: float) -> Candidat
     current = read_candidate(client, keys)
     if current is None or not current.active:
         return None
-    client.hset(shadow_key(keys), mapping={"canary": repr(float(percent)), "updated_ms": str(_now_ms()),
-                                           "state": "canary" if percent > 0 else "shadow"})
+    client.hset(
+        shadow_key(keys),
+        mapping={
+            "canary": repr(float(percent)),
+            "updated_ms": str(_now_ms()),
+            "state": "canary" if percent > 0 else "shadow",
+        },
+    )
     return read_candidate(client, keys)
 
 
-def end_candidate(client: redis.Redis, keys: QueueKeys, state: str, reason: str, seq: int | None = None) -> bool:
+def end_candidate(
+    client: redis.Redis, keys: QueueKeys, state: str, reason: str, seq: int | None = None
+) -> bool:
     """Move an active candidate to ``state`` (promoted, stopped, rolled_back); False if none was active."""
-    ended = client.register_script(END_SCRIPT)(keys=[shadow_key(keys)],
-                                               args=[state, reason, str(_now_ms()), "" if seq is None else str(seq)])
+    ended = client.register_script(END_SCRIPT)(
+        keys=[shadow_key(keys)],
+        args=[state, reason, str(_now_ms()), "" if seq is None else str(seq)],
+    )
     return bool(ended)
 
 
-def flush_stats(client: redis.Redis, keys: QueueKeys, live: str, candidate: str, stats: PairStats) -> PairStats:
+def flush_stats(
+    client: redis.Redis, keys: QueueKeys, live: str, candidate: str, stats: PairStats
+) -> PairStats:
     """Add a worker's totals to the fleet's for (live, candidate); return the fleet's."""
     args: list[str] = []
     for name, value in stats.fields().items():
         args += [name, repr(float(value)), "max" if name in PairStats.MAXIMA else "sum"]
-    flat = client.register_script(FLUSH_SCRIPT)(keys=[shadow_pair_key(keys, live, candidate), shadow_pairs_key(keys)],
-                                                args=args)
+    flat = client.register_script(FLUSH_SCRIPT)(
+        keys=[shadow_pair_key(keys, live, candidate), shadow_pairs_key(keys)], args=args
+    )
     return PairStats.from_fields(_text(dict(zip(flat[::2], flat[1::2]))))
 
 
-def read_pairs(client: redis.Redis, keys: QueueKeys, candidate: str | None = None) -> list[tuple[str, str, PairStats]]:
+def read_pairs(
+    client: redis.Redis, keys: QueueKeys, candidate: str | None = None
+) -> list[tuple[str, str, PairStats]]:
     """(live, candidate, fleet totals) of every pair compared (of ``candidate`` only, if given)."""
     base = shadow_pair_key(keys, "", "")[:-1]  # PREFIX:{NAME}:shadow:
     found = []
     for raw in sorted(client.smembers(shadow_pairs_key(keys))):
-        live, _, cand = raw.decode(errors="replace")[len(base):].partition(">")
+        live, _, cand = raw.decode(errors="replace")[len(base) :].partition(">")
         if candidate is None or cand == candidate:
             found.append((live, cand, PairStats.from_fields(_text(client.hgetall(raw)))))
     return found

@@ -24,7 +24,9 @@ class RowLimit:
 
     def __init__(self, max_rows: int, recover_after: int = RECOVER_AFTER) -> None:
         if max_rows < 1 or recover_after < 1:
-            raise ValueError(f"max_rows and recover_after must be at least 1, not {max_rows} and {recover_after}")
+            raise ValueError(
+                f"max_rows and recover_after must be at least 1, not {max_rows} and {recover_after}"
+            )
         self.max_rows = max_rows
         self.recover_after = recover_after
         self.rows = max_rows

@@ -73,12 +73,22 @@ class EvenShare:
 class ShadowRunner:
     """The candidate beside one consumer's live model; see the module docstring."""
 
-    def __init__(self, client: redis.Redis, keys: QueueKeys, settings: WorkerSettings, load: Loader,
-                 counters: Counters, alert: Callable[[list[Alert]], None], encode: Encode,
-                 canary_allowed: bool = True) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: QueueKeys,
+        settings: WorkerSettings,
+        load: Loader,
+        counters: Counters,
+        alert: Callable[[list[Alert]], None],
+        encode: Encode,
+        canary_allowed: bool = True,
+    ) -> None:
         self.client, self.keys, self.settings, self.load = client, keys, settings, load
         self.counters, self.alert, self.encode = counters, alert, encode
-        self.canary_allowed = canary_allowed  # False with a result cache: its entries name the live version
+        self.canary_allowed = (
+            canary_allowed  # False with a result cache: its entries name the live version
+        )
         self.ready = False  # a candidate is loaded and active: the consumer's one test per batch
         self.spec: Candidate | None = None  # the candidate loaded (or loading)
         self.runtime: ModelRuntime | None = None
@@ -88,17 +98,26 @@ class ShadowRunner:
         self._lock = threading.Lock()
         self._sample, self._canary = EvenShare(), EvenShare()
         self._pending: list[tuple[list[Request], list[Any], bool]] = []
-        self._stats: dict[str, PairStats] = {}  # live version -> this worker's totals since the last flush
+        self._stats: dict[
+            str, PairStats
+        ] = {}  # live version -> this worker's totals since the last flush
         self._alerted = 0  # the seq whose divergence this worker has seen alerted
-        self._refused_seq: int | None = None  # the seq whose shadow Redis refused a command of (-1: no candidate)
+        self._refused_seq: int | None = (
+            None  # the seq whose shadow Redis refused a command of (-1: no candidate)
+        )
 
     # -- the hot path: one test per batch while nothing is loaded ----------------
 
     def canary_due(self) -> bool:
         """Should the candidate answer the next batch?"""
         spec = self.spec
-        return (self.ready and spec is not None and spec.canary > 0 and self.canary_allowed
-                and self._canary.due(spec.canary / 100.0))
+        return (
+            self.ready
+            and spec is not None
+            and spec.canary > 0
+            and self.canary_allowed
+            and self._canary.due(spec.canary / 100.0)
+        )
 
     def canary(self, batch: list[Request], live_version: str) -> list[Answer] | None:
         """The candidate's answers to ``batch``, or None if it failed (then the live model computes it)."""
@@ -115,8 +134,12 @@ class ShadowRunner:
             problem = f"{type(exc).__name__}: {exc}"
         if problem:
             stats.canary_failed += len(batch)
-            log.warning("canary %s failed on a batch of %d requests (%s): answered by the live model",
-                        self.spec.version, len(batch), problem)
+            log.warning(
+                "canary %s failed on a batch of %d requests (%s): answered by the live model",
+                self.spec.version,
+                len(batch),
+                problem,
+            )
             return None
         infer_ms = (time.perf_counter() - started) * 1000.0
         self.counters.batch_computed(batch, sum(rows), infer_ms / 1000.0)
@@ -128,7 +151,9 @@ class ShadowRunner:
         """A live batch was computed: keep it for the candidate if it is in the sample."""
         spec = self.spec
         if self.ready and spec is not None and spec.canary == 0 and self._sample.due(spec.sample):
-            kept = [(req, res) for req, res in zip(batch, results) if not isinstance(res, Exception)]
+            kept = [
+                (req, res) for req, res in zip(batch, results) if not isinstance(res, Exception)
+            ]
             if kept:
                 self._pending.append(([r for r, _ in kept], [res for _, res in kept], False))
 
@@ -141,7 +166,9 @@ class ShadowRunner:
             except Exception as exc:  # noqa: BLE001 - the shadow must never stop the live loop
                 log.warning("shadow comparison failed: %s: %s", type(exc).__name__, exc)
 
-    def _compare(self, batch: list[Request], results: list[Any], canary: bool, live: ModelRuntime) -> None:
+    def _compare(
+        self, batch: list[Request], results: list[Any], canary: bool, live: ModelRuntime
+    ) -> None:
         assert self.runtime is not None and self.spec is not None
         other = live if canary else self.runtime
         stats = self._stats_for(live.version)
@@ -152,7 +179,9 @@ class ShadowRunner:
         except Exception as exc:  # noqa: BLE001 - counted: the candidate raised on these requests
             if not canary:
                 stats.candidate_errors += len(batch)
-            log.info("shadow: %s raised on a batch of %d requests: %s", other.version, len(batch), exc)
+            log.info(
+                "shadow: %s raised on a batch of %d requests: %s", other.version, len(batch), exc
+            )
             return
         other_ms = (time.perf_counter() - started) * 1000.0
         stats.batches += 1
@@ -183,19 +212,29 @@ class ShadowRunner:
         """Stop this worker's shadow (or canary) of the candidate and alert ``shadow_failed``, once per candidate."""
         spec = self.spec
         seq = -1 if spec is None else spec.seq
-        if spec is None or self._refused_seq == seq:  # no candidate to stop, or stopped already: log it once
+        if (
+            spec is None or self._refused_seq == seq
+        ):  # no candidate to stop, or stopped already: log it once
             if self._refused_seq != seq:
                 log.warning("model %s: Redis refused a shadow command (%s)", self.keys.name, exc)
             self._refused_seq = seq
             return
         self._refused_seq = seq
-        self.ready, self.runtime, self.encoder, self._pending, self._stats = False, None, None, [], {}
+        self.ready, self.runtime, self.encoder, self._pending, self._stats = (
+            False,
+            None,
+            None,
+            [],
+            {},
+        )
         self.error = f"version {spec.version}: Redis refused a shadow command ({exc}); shadow stopped on this worker"
         log.error("model %s: %s; serving the live model only", self.keys.name, self.error)
         try:
             self.alert([Alert("shadow_failed", self.error, self.settings.consumer, spec.version)])
         except redis.exceptions.RedisError as alert_exc:
-            log.warning("model %s: the shadow_failed alert was not published: %s", self.keys.name, alert_exc)
+            log.warning(
+                "model %s: the shadow_failed alert was not published: %s", self.keys.name, alert_exc
+            )
 
     def _follow(self, live: ModelRuntime) -> None:
         """Flush and judge this worker's comparisons, then follow the shadow hash."""
@@ -203,12 +242,24 @@ class ShadowRunner:
         self._flush()
         current = read_candidate(self.client, self.keys)
         if current is None or not current.active or current.version == live.version:
-            if self.spec is not None:  # loaded, or loading (then the copy is dropped when it arrives)
+            if (
+                self.spec is not None
+            ):  # loaded, or loading (then the copy is dropped when it arrives)
                 self._unload(current)
             return
-        if self.spec is None or self.spec.seq != current.seq or self.spec.version != current.version:
-            if self.spec is not None and self.spec.version == current.version and self.runtime is not None:
-                self.spec = current  # same model, new settings (canary share, thresholds): keep it loaded
+        if (
+            self.spec is None
+            or self.spec.seq != current.seq
+            or self.spec.version != current.version
+        ):
+            if (
+                self.spec is not None
+                and self.spec.version == current.version
+                and self.runtime is not None
+            ):
+                self.spec = (
+                    current  # same model, new settings (canary share, thresholds): keep it loaded
+                )
                 return
             self._start_load(current, live)
         elif self.spec != current:
@@ -218,10 +269,20 @@ class ShadowRunner:
         if self.runtime is not None:
             self._unload(candidate)
         self.spec, self.error = candidate, ""
-        log.info("model %s: candidate version %s published: loading it beside %s (sample %g, canary %g%%)",
-                 self.keys.name, candidate.version, live.version, candidate.sample, candidate.canary)
-        threading.Thread(target=self._load, args=(candidate, live.device), name=f"shadow-{candidate.version}",
-                         daemon=True).start()
+        log.info(
+            "model %s: candidate version %s published: loading it beside %s (sample %g, canary %g%%)",
+            self.keys.name,
+            candidate.version,
+            live.version,
+            candidate.sample,
+            candidate.canary,
+        )
+        threading.Thread(
+            target=self._load,
+            args=(candidate, live.device),
+            name=f"shadow-{candidate.version}",
+            daemon=True,
+        ).start()
 
     def _load(self, candidate: Candidate, device: Any) -> None:
         settings = replace(self.settings, model=candidate.model, model_version=candidate.version)
@@ -231,7 +292,11 @@ class ShadowRunner:
                 raise ModelLoadError(f"no room for the candidate: {problem}")
             outcome: object = self.load(settings)
         except Exception as exc:  # noqa: BLE001 - any load failure keeps only the live model
-            outcome = exc if isinstance(exc, ModelLoadError) else ModelLoadError(f"{type(exc).__name__}: {exc}")
+            outcome = (
+                exc
+                if isinstance(exc, ModelLoadError)
+                else ModelLoadError(f"{type(exc).__name__}: {exc}")
+            )
         with self._lock:
             self._done = (candidate, outcome)
 
@@ -246,18 +311,31 @@ class ShadowRunner:
         if isinstance(outcome, ModelRuntime):
             self.runtime, self.ready = outcome, True
             self.encoder = BatchEncoder(outcome.model_meta, self.encode)
-            log.info("model %s: candidate %s loaded; shadowing %g of batches, canary %g%%", self.keys.name,
-                     candidate.version, candidate.sample, candidate.canary)
+            log.info(
+                "model %s: candidate %s loaded; shadowing %g of batches, canary %g%%",
+                self.keys.name,
+                candidate.version,
+                candidate.sample,
+                candidate.canary,
+            )
             return
         self.error = f"version {candidate.version}: {outcome}"
-        log.error("model %s: the candidate %s failed to load, serving the live model only: %s",
-                  self.keys.name, candidate.version, outcome)
+        log.error(
+            "model %s: the candidate %s failed to load, serving the live model only: %s",
+            self.keys.name,
+            candidate.version,
+            outcome,
+        )
         self.alert([Alert("shadow_failed", self.error, self.settings.consumer, candidate.version)])
 
     def _unload(self, now: Candidate | None) -> None:
         assert self.spec is not None
-        log.info("model %s: candidate %s unloaded (%s)", self.keys.name, self.spec.version,
-                 now.state if now else "no candidate")
+        log.info(
+            "model %s: candidate %s unloaded (%s)",
+            self.keys.name,
+            self.spec.version,
+            now.state if now else "no candidate",
+        )
         self.ready, self.runtime, self.encoder, self.spec = False, None, None, None
         self._pending = []
 
@@ -276,16 +354,26 @@ class ShadowRunner:
         if spec.state == "canary":
             reason = rollback_reason(totals, spec.thresholds)
             if reason and end_candidate(self.client, self.keys, "rolled_back", reason, spec.seq):
-                log.error("model %s: canary %s rolled back: %s", self.keys.name, spec.version, reason)
+                log.error(
+                    "model %s: canary %s rolled back: %s", self.keys.name, spec.version, reason
+                )
                 self.ready = False  # at once here; the other workers unload it at their next poll
                 self.alert([Alert("canary_rollback", reason, self.settings.consumer, spec.version)])
             return
         reasons = verdict(totals, spec.thresholds)
-        if totals.compared >= spec.thresholds.min_compared and reasons and self._alerted != spec.seq:
+        if (
+            totals.compared >= spec.thresholds.min_compared
+            and reasons
+            and self._alerted != spec.seq
+        ):
             self._alerted = spec.seq
             if self.client.hsetnx(self._alert_flag(), str(spec.seq), "1"):
-                detail = f"candidate {spec.version} diverges from {live_version}: " + "; ".join(reasons)
-                self.alert([Alert("shadow_divergence", detail, self.settings.consumer, spec.version)])
+                detail = f"candidate {spec.version} diverges from {live_version}: " + "; ".join(
+                    reasons
+                )
+                self.alert(
+                    [Alert("shadow_divergence", detail, self.settings.consumer, spec.version)]
+                )
 
     def _alert_flag(self) -> str:
         return shadow_alerted_key(self.keys)
@@ -295,7 +383,9 @@ class ShadowRunner:
         spec = self.spec
         if spec is None:
             return {"shadow": "", "shadow_error": self.error}
-        state = "loaded" if self.ready else ("off" if self.runtime is not None else
-                                             ("failed" if self.error else "loading"))
+        state = (
+            "loaded"
+            if self.ready
+            else ("off" if self.runtime is not None else ("failed" if self.error else "loading"))
+        )
         return {"shadow": f"{spec.version} {state}", "shadow_error": self.error}
-

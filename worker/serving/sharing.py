@@ -38,9 +38,16 @@ __all__ = ["REFUSALS", "Cancelled", "FleetLimits", "LaneWork", "load_library", "
 log = logging.getLogger(__name__)
 
 #: The worker check's verdicts: code and message.
-REFUSALS = {1: ("rate_limited", "the entry's tenant is over its quota and the entry bypassed the admission check"),
-            2: ("overloaded", "the queue is over its fleet-wide backlog limit and the entry bypassed the "
-                              "admission check")}
+REFUSALS = {
+    1: (
+        "rate_limited",
+        "the entry's tenant is over its quota and the entry bypassed the admission check",
+    ),
+    2: (
+        "overloaded",
+        "the queue is over its fleet-wide backlog limit and the entry bypassed the admission check",
+    ),
+}
 
 
 def load_library(client: redis.Redis) -> None:
@@ -55,7 +62,11 @@ def take_cancels(client: redis.Redis, keys: QueueKeys, rids: Sequence[str]) -> s
     round_ = Round()
     round_.command(("ZMSCORE", cancels_key(keys), *rids))
     now_ms = time.time() * 1000
-    marked = [rid for rid, score in zip(rids, run(client, round_)[0]) if score is not None and float(score) > now_ms]
+    marked = [
+        rid
+        for rid, score in zip(rids, run(client, round_)[0])
+        if score is not None and float(score) > now_ms
+    ]
     if marked:
         client.zrem(cancels_key(keys), *marked)
     return set(marked)
@@ -74,7 +85,9 @@ class FleetLimits:
         self.active = False
         self.stamp: bytes | None = None
         self.quota_tenants: set[str] = set()
-        self.refused: dict[tuple[str, str], int] = {}  # (tenant label, code) -> entries refused here
+        self.refused: dict[
+            tuple[str, str], int
+        ] = {}  # (tenant label, code) -> entries refused here
 
     def refresh(self, client: redis.Redis) -> None:
         """Read the limits in force (at housekeeping): one HGETALL of a small hash."""
@@ -88,7 +101,9 @@ class FleetLimits:
         any other tenant, ``-`` for none."""
         return tenant if tenant in self.quota_tenants else "*" if tenant else "-"
 
-    def check(self, client: redis.Redis, entries: Sequence[tuple[bytes, Any]]) -> dict[int, tuple[str, str]]:
+    def check(
+        self, client: redis.Redis, entries: Sequence[tuple[bytes, Any]]
+    ) -> dict[int, tuple[str, str]]:
         """(code, message) for each position of ``entries`` refused; checks only unstamped entries."""
         unstamped: list[int] = []
         tenants: list[str] = []
@@ -98,7 +113,9 @@ class FleetLimits:
                 tenants.append(_tenant_of(fields))
         if not unstamped:
             return {}
-        verdicts = client.fcall("inferfleet_check", 5 + len(tenants), *check_keys(self.keys, tenants), *tenants)
+        verdicts = client.fcall(
+            "inferfleet_check", 5 + len(tenants), *check_keys(self.keys, tenants), *tenants
+        )
         refused = {}
         for index, tenant, verdict in zip(unstamped, tenants, verdicts):
             if int(verdict):
@@ -106,14 +123,18 @@ class FleetLimits:
                 label = (self.label(tenant), refused[index][0])
                 self.refused[label] = self.refused.get(label, 0) + 1
         if refused:
-            log.info("%d of %d entries refused by the fleet-wide limits", len(refused), len(entries))
+            log.info(
+                "%d of %d entries refused by the fleet-wide limits", len(refused), len(entries)
+            )
         return refused
 
 
 class Cancelled(Exception):
     """The result of a request whose cancel mark a round took: answered ``cancelled``, never computed."""
 
-    def __init__(self, message: str = "cancelled by the producer before a worker computed it") -> None:
+    def __init__(
+        self, message: str = "cancelled by the producer before a worker computed it"
+    ) -> None:
         super().__init__(message)
 
 
@@ -139,20 +160,35 @@ class LaneWork:
     normal lane in use every call is the one the consumer made before lanes.
     """
 
-    def __init__(self, client: redis.Redis, keys: QueueKeys, settings: WorkerSettings, counters: Counters,
-                 replies: ReplyWriter, recovery: Recovery) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: QueueKeys,
+        settings: WorkerSettings,
+        counters: Counters,
+        replies: ReplyWriter,
+        recovery: Recovery,
+    ) -> None:
         self.redis = client
         self.keys = keys
         views = {lane: lane_view(keys, lane) for lane in (0, 2)}
         self.depths = {lane: _LaneDepth() for lane in views}
-        self.writers = [ReplyWriter(client, views[0], settings.reply_ttl_s, replies.model_meta, counters), replies,
-                        ReplyWriter(client, views[2], settings.reply_ttl_s, replies.model_meta, counters)]
-        self.recoveries = [Recovery(client, views[0], settings, cast(Counters, self.depths[0])), recovery,
-                           Recovery(client, views[2], settings, cast(Counters, self.depths[2]))]
+        self.writers = [
+            ReplyWriter(client, views[0], settings.reply_ttl_s, replies.model_meta, counters),
+            replies,
+            ReplyWriter(client, views[2], settings.reply_ttl_s, replies.model_meta, counters),
+        ]
+        self.recoveries = [
+            Recovery(client, views[0], settings, cast(Counters, self.depths[0])),
+            recovery,
+            Recovery(client, views[2], settings, cast(Counters, self.depths[2])),
+        ]
         self.limits = FleetLimits(keys)
         self.counters = counters
         self._taken = [0, 0, 0]  # entries read per lane at the last housekeeping
-        self.tagged = False  # set once an entry of another lane was read: answers then carry their lane
+        self.tagged = (
+            False  # set once an entry of another lane was read: answers then carry their lane
+        )
         self._cancels = True  # whether cancel marks existed right after the last read (read_said)
 
     def prepare(self) -> None:
@@ -201,8 +237,10 @@ class LaneWork:
         if self._cancels:  # expired marks go (the key itself expires with its last one)
             self.redis.zremrangebyscore(cancels_key(self.keys), "-inf", int(time.time() * 1000))
         metrics = self.counters.metrics
-        metrics.lanes([now - before for now, before in zip(taken, self._taken)],
-                      {"high": self.depths[0].lag, "low": self.depths[2].lag})
+        metrics.lanes(
+            [now - before for now, before in zip(taken, self._taken)],
+            {"high": self.depths[0].lag, "low": self.depths[2].lag},
+        )
         self._taken = list(taken)
         for (tenant, code), count in self.limits.refused.items():
             metrics.tenant_refused(tenant, code, count)
@@ -210,8 +248,13 @@ class LaneWork:
 
     # -- answers --
 
-    def after_read(self, intake: Intake, entries: Sequence[tuple[bytes, Any]], items: list[Any],
-                   lanes: Sequence[int] | None) -> None:
+    def after_read(
+        self,
+        intake: Intake,
+        entries: Sequence[tuple[bytes, Any]],
+        items: list[Any],
+        lanes: Sequence[int] | None,
+    ) -> None:
         """Give each item of a read its entry's lane; refuse those over the fleet-wide limits."""
         if lanes is not None:
             self.tagged = True
@@ -247,8 +290,9 @@ class LaneWork:
             if mine:
                 self.writers[lane].write(mine)
 
-    def refuse_over_limits(self, intake: Intake, entries: Sequence[tuple[bytes, Any]],
-                           items: list[Request | Answer]) -> None:
+    def refuse_over_limits(
+        self, intake: Intake, entries: Sequence[tuple[bytes, Any]], items: list[Request | Answer]
+    ) -> None:
         """Replace the items of entries refused by the fleet-wide limits with their refusal."""
         positions = [i for i, item in enumerate(items) if isinstance(item, Request)]
         chosen = [(entries[i][0], _as_dict(entries[i][1])) for i in positions]
@@ -267,8 +311,9 @@ class LaneWork:
     def take_cancels(self, rids: Sequence[str]) -> set[str]:
         return take_cancels(self.redis, self.keys, rids)
 
-    def drop_cancelled(self, requests: list[Request], answers: list[Answer],
-                       cancelled: Callable[[Request], Answer]) -> list[Request]:
+    def drop_cancelled(
+        self, requests: list[Request], answers: list[Answer], cancelled: Callable[[Request], Answer]
+    ) -> list[Request]:
         """The requests not marked cancelled; the marked ones are answered (``cancelled``: their
         answer) in ``answers``. One round trip for the whole round."""
         marked = self.take_cancels([req.rid for req in requests])

@@ -48,8 +48,16 @@ from inferfleet.worker.serving.intake import Answer, Intake
 from inferfleet.worker.serving.replies import Encode, ReplyWriter
 from inferfleet.worker.serving.sharing import NORMAL
 
-__all__ = ["CARRIED", "FORWARD_SCRIPT", "Forward", "ForwardEncoder", "ForwardWriter", "StageConsumer", "StageIntake",
-           "stage_label"]
+__all__ = [
+    "CARRIED",
+    "FORWARD_SCRIPT",
+    "Forward",
+    "ForwardEncoder",
+    "ForwardWriter",
+    "StageConsumer",
+    "StageIntake",
+    "stage_label",
+]
 
 log = logging.getLogger(__name__)
 
@@ -132,21 +140,32 @@ class StageIntake(Intake):
     version: bytes = b""
     carry: bool = False
 
-    def admit_fast(self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float) -> Request | Answer:
+    def admit_fast(
+        self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float
+    ) -> Request | Answer:
         return self._stage(entry_id, fields, super().admit_fast(entry_id, fields, now_ms))
 
-    def admit(self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float) -> Request | Answer:
+    def admit(
+        self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float
+    ) -> Request | Answer:
         return self._stage(entry_id, fields, super().admit(entry_id, fields, now_ms))
 
-    def _stage(self, entry_id: bytes, fields: Mapping[bytes, bytes] | None,
-               admitted: Request | Answer) -> Request | Answer:
+    def _stage(
+        self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, admitted: Request | Answer
+    ) -> Request | Answer:
         if not isinstance(admitted, Request) or not fields:
             return admitted
         if self.version and fields.get(b"version") != self.version:
             seen = fields.get(b"version", b"none")
-            return self.refuse_entry(entry_id, fields, "model_error", (
-                f"pipeline version changed while the request was in flight (this stage serves "
-                f"{self.version.decode()}, its activations came from {seen.decode(errors='replace')}): retry"))
+            return self.refuse_entry(
+                entry_id,
+                fields,
+                "model_error",
+                (
+                    f"pipeline version changed while the request was in flight (this stage serves "
+                    f"{self.version.decode()}, its activations came from {seen.decode(errors='replace')}): retry"
+                ),
+            )
         if self.carry:
             admitted.extra = {name: fields[name] for name in CARRIED if name in fields}
         return admitted
@@ -160,8 +179,9 @@ class ForwardEncoder:
         self.general = general
         self.version = model_meta[1].encode()
 
-    def encode(self, batch: Sequence[Request], results: Sequence[Any], infer_ms: float,
-               batch_rows: int) -> list[Answer]:
+    def encode(
+        self, batch: Sequence[Request], results: Sequence[Any], infer_ms: float, batch_rows: int
+    ) -> list[Answer]:
         answers: list[Answer] = []
         for req, result in zip(batch, results):
             if not isinstance(result, Exception):
@@ -184,8 +204,15 @@ class ForwardEncoder:
 class ForwardWriter(ReplyWriter):
     """A :class:`ReplyWriter` whose script also forwards: :data:`FORWARD_SCRIPT` for every round."""
 
-    def __init__(self, client: redis.Redis, keys: QueueKeys, reply_ttl_s: int, model_meta: tuple[str, str],
-                 counters: Counters, next_stream: str) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: QueueKeys,
+        reply_ttl_s: int,
+        model_meta: tuple[str, str],
+        counters: Counters,
+        next_stream: str,
+    ) -> None:
         super().__init__(client, keys, reply_ttl_s, model_meta, counters)
         self.next_stream = next_stream
         self._forward = client.register_script(FORWARD_SCRIPT)
@@ -215,12 +242,19 @@ class StageConsumer(Consumer):
     """A :class:`Consumer` of one stage: its stream (``settings.queue_keys``), and for every stage but
     the last a forwarding encoder and writer. Its metrics are labelled :func:`stage_label`."""
 
-    def __init__(self, settings: WorkerSettings, runtime: ModelRuntime, client: redis.Redis,
-                 **collaborators: Any) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        runtime: ModelRuntime,
+        client: redis.Redis,
+        **collaborators: Any,
+    ) -> None:
         if settings.stage is None or runtime.pipeline is None:
             raise ConfigError("a stage consumer needs --stage and a split (--pipeline DIR)")
         if "counters" not in collaborators:
-            collaborators["counters"] = Counters(worker_metrics(stage_label(settings), settings.metrics_port))
+            collaborators["counters"] = Counters(
+                worker_metrics(stage_label(settings), settings.metrics_port)
+            )
         super().__init__(settings, runtime, client, **collaborators)
         self._fit(runtime)
 
@@ -228,11 +262,21 @@ class StageConsumer(Consumer):
         stage, manifest = self.settings.stage or 0, runtime.pipeline
         assert manifest is not None
         last = stage == manifest.last
-        if self.settings.cache_size and not last:  # a cache hit answers at once: only the last stage may
-            raise ConfigError(f"--cache-size caches replies: use it on the last stage ({manifest.last}) only")
-        self.intake = StageIntake(self.keys, self.settings.limits, runtime.model_meta, runtime.input_spec,
-                                  runtime.accepts_params, version=runtime.version.encode() if stage else b"",
-                                  carry=not last)
+        if (
+            self.settings.cache_size and not last
+        ):  # a cache hit answers at once: only the last stage may
+            raise ConfigError(
+                f"--cache-size caches replies: use it on the last stage ({manifest.last}) only"
+            )
+        self.intake = StageIntake(
+            self.keys,
+            self.settings.limits,
+            runtime.model_meta,
+            runtime.input_spec,
+            runtime.accepts_params,
+            version=runtime.version.encode() if stage else b"",
+            carry=not last,
+        )
         args = (self.redis, self.keys, self.settings.reply_ttl_s, runtime.model_meta, self.counters)
         # a stage answers through its own encoder and writer: never the columnar path, which
         # replies straight from a template (stage 0 reads the queue's own request stream)
@@ -241,12 +285,20 @@ class StageConsumer(Consumer):
             self.replies = ReplyWriter(*args)
         else:
             self.computer.encoder = ForwardEncoder(runtime.model_meta, encode_answer)  # type: ignore[assignment]
-            self.replies = ForwardWriter(*args, StageKeys(self.keys.name, self.keys.prefix, stage=stage + 1).requests)
+            self.replies = ForwardWriter(
+                *args, StageKeys(self.keys.name, self.keys.prefix, stage=stage + 1).requests
+            )
         self.computer.replies = self.replies
         self.work.writers[NORMAL] = self.replies  # a stage stream has one lane: the normal one
-        log.info("consumer %s: stage %d of %d of %s version %s, %s", self.settings.consumer, stage,
-                 manifest.last + 1, self.settings.name, runtime.version,
-                 "answering" if last else f"forwarding to stage {stage + 1}")
+        log.info(
+            "consumer %s: stage %d of %d of %s version %s, %s",
+            self.settings.consumer,
+            stage,
+            manifest.last + 1,
+            self.settings.name,
+            runtime.version,
+            "answering" if last else f"forwarding to stage {stage + 1}",
+        )
 
     def switch_runtime(self, new: ModelRuntime, source: str) -> None:
         """Switch to the same stage of another split (a hot swap)."""

@@ -62,10 +62,17 @@ class Tracing:
         from opentelemetry import trace
         from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-        self._trace, self._Link, self._Span, self._Context = trace, Link, NonRecordingSpan, SpanContext
+        self._trace, self._Link, self._Span, self._Context = (
+            trace,
+            Link,
+            NonRecordingSpan,
+            SpanContext,
+        )
         self._Flags, self._consumer_kind = TraceFlags, SpanKind.CONSUMER
         self.tracer, self.name, self.provider = tracer, name, provider
-        self._batches: list[tuple[list[Request], int, int, str]] = []  # (batch, start ns, end ns, version)
+        self._batches: list[
+            tuple[list[Request], int, int, str]
+        ] = []  # (batch, start ns, end ns, version)
 
     def flush(self) -> None:
         """Export every span made so far (the SDK's processors batch them)."""
@@ -81,7 +88,9 @@ class Tracing:
         """Keep each request's ``traceparent`` (in ``request.extra``) from its entry's fields."""
         for (_, fields), item in zip(entries, items):
             if isinstance(item, Request) and fields:
-                raw = (fields if isinstance(fields, dict) else fields_of(fields) or {}).get(b"traceparent")
+                raw = (fields if isinstance(fields, dict) else fields_of(fields) or {}).get(
+                    b"traceparent"
+                )
                 if raw is not None:
                     item.extra["traceparent"] = raw
 
@@ -107,39 +116,60 @@ class Tracing:
         parsed = parse_traceparent(req.extra.get("traceparent"))
         if parsed is None:
             return None
-        ctx = self._Context(parsed[0], parsed[1], is_remote=True, trace_flags=self._Flags(parsed[2]))
+        ctx = self._Context(
+            parsed[0], parsed[1], is_remote=True, trace_flags=self._Flags(parsed[2])
+        )
         return self._trace.set_span_in_context(self._Span(ctx))
 
-    def _spans(self, batch: list[Request], start: int, stop: int, version: str, replied: int) -> None:
-        attrs = {"inferfleet.queue": self.name, "inferfleet.batch.rows": sum(r.rows for r in batch),
-                 "inferfleet.batch.requests": len(batch), "inferfleet.model.version": version}
+    def _spans(
+        self, batch: list[Request], start: int, stop: int, version: str, replied: int
+    ) -> None:
+        attrs = {
+            "inferfleet.queue": self.name,
+            "inferfleet.batch.rows": sum(r.rows for r in batch),
+            "inferfleet.batch.requests": len(batch),
+            "inferfleet.model.version": version,
+        }
         batch_span = self.tracer.start_span("inferfleet.batch", start_time=start, attributes=attrs)
         links = []
         for req in batch:
-            request_ctx = self._request_spans(req, batch_span.get_span_context(), attrs, (start, stop, replied))
+            request_ctx = self._request_spans(
+                req, batch_span.get_span_context(), attrs, (start, stop, replied)
+            )
             links.append(self._Link(request_ctx))
         for link in links:
             batch_span.add_link(link.context)
         batch_span.end(end_time=stop)
 
-    def _request_spans(self, req: Request, batch_ctx: Any, attrs: dict, times: tuple[int, int, int]) -> Any:
+    def _request_spans(
+        self, req: Request, batch_ctx: Any, attrs: dict, times: tuple[int, int, int]
+    ) -> Any:
         start, stop, replied = times
         picked, enqueued = int(req.picked_ms * _MS), int(req.enqueued_ms) * _MS
-        span = self.tracer.start_span("inferfleet.request", context=self._parent(req), kind=self._consumer_kind,
-                                      start_time=min(enqueued, picked),
-                                      attributes={"inferfleet.queue": self.name, "inferfleet.request.id": req.rid,
-                                                  "inferfleet.model.version": attrs["inferfleet.model.version"]})
+        span = self.tracer.start_span(
+            "inferfleet.request",
+            context=self._parent(req),
+            kind=self._consumer_kind,
+            start_time=min(enqueued, picked),
+            attributes={
+                "inferfleet.queue": self.name,
+                "inferfleet.request.id": req.rid,
+                "inferfleet.model.version": attrs["inferfleet.model.version"],
+            },
+        )
         if not span.is_recording():  # not sampled: its children would not be either
             span.end(end_time=replied)
             return span.get_span_context()
         inside = self._trace.set_span_in_context(span)
         for name, begin, end, extra, links in (
-                ("inferfleet.queue_wait", enqueued, picked, {}, None),
-                ("inferfleet.batch_formation", picked, start, {}, None),
-                ("inferfleet.forward", start, stop, attrs, [self._Link(batch_ctx)]),
-                ("inferfleet.reply", stop, replied, {}, None)):
-            child = self.tracer.start_span(name, context=inside, start_time=min(begin, end), attributes=extra,
-                                           links=links)
+            ("inferfleet.queue_wait", enqueued, picked, {}, None),
+            ("inferfleet.batch_formation", picked, start, {}, None),
+            ("inferfleet.forward", start, stop, attrs, [self._Link(batch_ctx)]),
+            ("inferfleet.reply", stop, replied, {}, None),
+        ):
+            child = self.tracer.start_span(
+                name, context=inside, start_time=min(begin, end), attributes=extra, links=links
+            )
             child.end(end_time=end)
         span.end(end_time=replied)
         return span.get_span_context()
@@ -151,7 +181,9 @@ def _enabled(env: dict[str, str]) -> bool:
     exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if exporter:
         return exporter != "none"
-    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
 
 
 def _exporter(kind: str) -> Any:
@@ -166,7 +198,9 @@ def _exporter(kind: str) -> Any:
     return OTLPSpanExporter()
 
 
-def tracing_from_env(queue: str, env: dict[str, str] | None = None, exporter: Any = None) -> Tracing | None:
+def tracing_from_env(
+    queue: str, env: dict[str, str] | None = None, exporter: Any = None
+) -> Tracing | None:
     """A :class:`Tracing` when the environment asks for one (or ``exporter`` is given), else None.
 
     A missing package or a bad setting is logged once and leaves tracing off.
@@ -180,9 +214,14 @@ def tracing_from_env(queue: str, env: dict[str, str] | None = None, exporter: An
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         kind = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower().split(",")[0]
-        provider = TracerProvider(resource=Resource.create({"service.name": env.get("OTEL_SERVICE_NAME")
-                                                            or "inferfleet-worker"}))
-        provider.add_span_processor(BatchSpanProcessor(exporter if exporter is not None else _exporter(kind)))
+        provider = TracerProvider(
+            resource=Resource.create(
+                {"service.name": env.get("OTEL_SERVICE_NAME") or "inferfleet-worker"}
+            )
+        )
+        provider.add_span_processor(
+            BatchSpanProcessor(exporter if exporter is not None else _exporter(kind))
+        )
     except (ImportError, ValueError) as exc:
         log.error("tracing is configured but off: %s (install inferfleet[otel])", exc)
         return None

@@ -22,7 +22,14 @@ import numpy as np
 
 from inferfleet.worker.serving.cache import copy_outputs
 
-__all__ = ["ConsistencyLog", "Finding", "check_outputs", "max_difference", "non_finite", "top_score"]
+__all__ = [
+    "ConsistencyLog",
+    "Finding",
+    "check_outputs",
+    "max_difference",
+    "non_finite",
+    "top_score",
+]
 
 #: Alert kinds raised by result checks (``swap_failed`` comes from inferfleet.worker.serving.lifecycle).
 KINDS = ("low_confidence", "non_finite", "inconsistent", "swap_failed")
@@ -70,7 +77,9 @@ def top_score(outputs: Any) -> float | None:
     return None
 
 
-def check_outputs(outputs: Any, min_confidence: float = 0.0, nan_guard: bool = True) -> list[Finding]:
+def check_outputs(
+    outputs: Any, min_confidence: float = 0.0, nan_guard: bool = True
+) -> list[Finding]:
     """The findings for one request's outputs (non_finite first: it is an error)."""
     findings = []
     if nan_guard:
@@ -80,7 +89,9 @@ def check_outputs(outputs: Any, min_confidence: float = 0.0, nan_guard: bool = T
     if min_confidence > 0:
         score = top_score(outputs)
         if score is not None and score < min_confidence:
-            findings.append(Finding("low_confidence", f"top score {score:.4g} is below {min_confidence:g}"))
+            findings.append(
+                Finding("low_confidence", f"top score {score:.4g} is below {min_confidence:g}")
+            )
     return findings
 
 
@@ -122,8 +133,10 @@ class ConsistencyLog:
         self._seen.move_to_end(digest)
         diff = max_difference(before, outputs)
         if diff > self.tolerance:
-            return Finding("inconsistent", f"identical inputs gave outputs {diff:.4g} apart "
-                                           f"(tolerance {self.tolerance:g})")
+            return Finding(
+                "inconsistent",
+                f"identical inputs gave outputs {diff:.4g} apart (tolerance {self.tolerance:g})",
+            )
         return None
 
     def clear(self) -> None:
