@@ -58,50 +58,28 @@ def model_error_message(exc: BaseException, limit: int = 2000) -> str:
     head = cause.split(":", 1)[0]
     if not (head.endswith(("Error", "Exception")) and " " not in head):
         cause = f"{type(exc).__name__}: {cause}" if cause else type(exc).__name__
-    return cause if len(cause) <= limit else "..." + cause[-(limit - 3) :]
+    return cause if len(cause) <= limit else "..." + cause[-(limit - 3):]
 
 
-def encode_answer(
-    meta: tuple[str, str], req: Request, result: Any, infer_ms: float, batch_rows: int
-) -> Answer:
+def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
     """The answer to ``req``: its outputs, or ``model_error`` for an exception or outputs the
     contract cannot carry. ``meta`` (name, version) names the model that computed it."""
-    timing = {
-        "queued_ms": max(0.0, req.picked_ms - req.enqueued_ms),
-        "infer_ms": infer_ms,
-        "batch_rows": batch_rows,
-    }
+    timing = {"queued_ms": max(0.0, req.picked_ms - req.enqueued_ms),
+              "infer_ms": infer_ms, "batch_rows": batch_rows}
     if not isinstance(result, Exception):
         try:
-            return Answer(
-                req.entry_id,
-                req.reply_key,
-                encode_reply_ok(req.rid, result, meta, timing),
-                True,
-                rid=req.rid,
-                lane=req.lane,
-            )
+            return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True,
+                          rid=req.rid, lane=req.lane)
         except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
             result = exc
     if type(result).__name__ == "Cancelled":  # serving.sharing.Cancelled: its cancel mark was taken
-        return Answer(
-            req.entry_id,
-            req.reply_key,
-            encode_reply_error(req.rid, "cancelled", str(result), meta, timing),
-            rid=req.rid,
-            code="cancelled",
-            lane=req.lane,
-        )
+        return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "cancelled", str(result), meta, timing),
+                      rid=req.rid, code="cancelled", lane=req.lane)
     message = model_error_message(result)
     log.warning("request %s: model error: %s", req.rid, clip(message))
-    return Answer(
-        req.entry_id,
-        req.reply_key,
-        encode_reply_error(req.rid, "model_error", message, meta, timing),
-        rid=req.rid,
-        code="model_error",
-        lane=req.lane,
-    )
+    return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
+                  rid=req.rid, code="model_error", lane=req.lane)
+
 
 
 class BatchComputer:
@@ -111,16 +89,8 @@ class BatchComputer:
     counters and row limit; :meth:`use` switches it to another model.
     """
 
-    def __init__(
-        self,
-        settings: WorkerSettings,
-        runtime: ModelRuntime,
-        results: ResultPolicy,
-        cache_round: CacheRound,
-        replies: ReplyWriter,
-        counters: Counters,
-        row_limit: RowLimit,
-    ) -> None:
+    def __init__(self, settings: WorkerSettings, runtime: ModelRuntime, results: ResultPolicy,
+                 cache_round: CacheRound, replies: ReplyWriter, counters: Counters, row_limit: RowLimit) -> None:
         self.consumer = settings.consumer
         self.empty_cache_every = settings.empty_cache_every
         self.results = results
@@ -161,11 +131,8 @@ class BatchComputer:
                 outputs = self.runtime.predict(cols.inputs, {})
             except Exception as exc:  # noqa: BLE001 - isolated request by request below
                 return self._infer_batch(cols.requests(), exc)
-            template = (
-                self.encoder.template(outputs.dtype, (cols.rows_each,) + outputs.shape[1:])
-                if type(outputs) is np.ndarray and outputs.shape[:1] == (cols.rows,)
-                else None
-            )
+            template = self.encoder.template(outputs.dtype, (cols.rows_each,) + outputs.shape[1:]) \
+                if type(outputs) is np.ndarray and outputs.shape[:1] == (cols.rows,) else None
             if template is None or self.results.batch_suspicious(outputs):
                 return self._infer_batch(cols.requests(), outputs)
             infer_s = time.perf_counter() - started
@@ -187,12 +154,9 @@ class BatchComputer:
                     if isinstance(computed, Exception):
                         raise computed
                     outputs = computed
-                elif (
-                    self.runtime.per_request
-                ):  # the handler decodes, collates and splits (docs/handlers.md)
-                    outputs = self.runtime.predict_requests(
-                        [r.inputs for r in part], [r.rows for r in part], part[0].params
-                    )
+                elif self.runtime.per_request:  # the handler decodes, collates and splits (docs/handlers.md)
+                    outputs = self.runtime.predict_requests([r.inputs for r in part], [r.rows for r in part],
+                                                            part[0].params)
                 else:
                     outputs = self.runtime.predict(concat_inputs(part), part[0].params)
             except Exception as exc:
@@ -201,35 +165,22 @@ class BatchComputer:
                 elif is_device_broken(exc):  # no retry, no reply, no ack: the process must exit
                     raise DeviceBroken(self.consumer, exc) from exc
                 raise
-            parts = (
-                outputs
-                if self.runtime.per_request
-                else split_outputs(outputs, [r.rows for r in part])
-            )
+            parts = outputs if self.runtime.per_request else split_outputs(outputs, [r.rows for r in part])
             suspicious = suspicious or self.results.batch_suspicious(outputs)
             return parts
 
-        answered = predict_isolated(
-            batch, self.guard(predict) if self.guard is not None else predict
-        )
+        answered = predict_isolated(batch, self.guard(predict) if self.guard is not None else predict)
         version = self.runtime.version
-        results = [
-            self.results.review(req, res, version, suspicious) for req, res in zip(batch, answered)
-        ]
+        results = [self.results.review(req, res, version, suspicious) for req, res in zip(batch, answered)]
         infer_ms = (time.perf_counter() - started) * 1000.0
-        self._batch_done(
-            rows_total,
-            infer_ms / 1000.0,
-            lambda: [(r.picked_ms - r.enqueued_ms) / 1000.0 for r in batch],
-        )
+        self._batch_done(rows_total, infer_ms / 1000.0, lambda: [(r.picked_ms - r.enqueued_ms) / 1000.0
+                                                                 for r in batch])
         if self.on_computed is not None:  # the shadow keeps a sample of the live batches
             self.on_computed(batch, results)
         self.cache_round.remember(batch, results, infer_ms, rows_total)
         return self.encoder.encode(batch, results, infer_ms, rows_total)
 
-    def _batch_done(
-        self, rows: int, infer_s: float, queue_waits_s: Callable[[], list[float]]
-    ) -> None:
+    def _batch_done(self, rows: int, infer_s: float, queue_waits_s: Callable[[], list[float]]) -> None:
         """After every forward pass: the row limit, memory hygiene, the counters, a debug line."""
         if self.row_limit.batch_computed():
             log.info("consumer %s: row limit raised to %d", self.consumer, self.row_limit.rows)
@@ -244,10 +195,5 @@ class BatchComputer:
         self.runtime.release_memory()
         before = self.row_limit.rows
         if self.row_limit.out_of_memory(rows):
-            log.warning(
-                "consumer %s: out of memory on %d rows; row limit %d -> %d",
-                self.consumer,
-                rows,
-                before,
-                self.row_limit.rows,
-            )
+            log.warning("consumer %s: out of memory on %d rows; row limit %d -> %d",
+                        self.consumer, rows, before, self.row_limit.rows)
