@@ -64,6 +64,8 @@ __all__ = [
     "unpack",
     "workers_group",
     "is_request_id",
+    "all_request_ids",
+    "REQUEST_ID_PATTERN",
     "shown",
     "is_tenant",
     "BodyTemplate",
@@ -103,7 +105,13 @@ _TENSOR_KEYS = frozenset({"dtype", "shape", "data"})
 _BODY_KEYS = frozenset({"inputs", "params"})
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
-_RID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
+#: A request id, the contract's one rule for it: 1 to 128 bytes of A-Z a-z 0-9 . _ : -.
+#: Every check of ids (one id, or many joined by newlines) is built from this pattern.
+REQUEST_ID_PATTERN = r"[A-Za-z0-9._:-]{1,128}"
+_RID_RE = re.compile(f"{REQUEST_ID_PATTERN}\\Z".encode())
+# Ids joined by newlines (which no valid id holds), each one followed by its newline.
+_JOINED_RIDS_RE = re.compile(f"(?:{REQUEST_ID_PATTERN}\n)*\\Z".encode())
+_JOINED_RIDS_STR_RE = re.compile(f"(?:{REQUEST_ID_PATTERN}\n)*\\Z")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
 #: Tenant names (contract 1.1): 1 to 64 printable ASCII characters of this set.
 _TENANT_RE = re.compile(rb"[A-Za-z0-9._:@-]{1,64}\Z")
@@ -172,6 +180,21 @@ def is_tenant(raw: bytes) -> bool:
 def is_request_id(raw: bytes) -> bool:
     """Whether ``raw`` is a valid request id (the check :func:`validate_request_id` makes)."""
     return _RID_RE.match(raw) is not None
+
+
+def all_request_ids(rids: Sequence[bytes]) -> bool:
+    """Whether every item of ``rids`` passes :func:`is_request_id`, in one pass over all of them.
+
+    The ids are joined by newlines and matched once; counting the newlines is what makes this
+    the same rule: an id that holds a newline of its own would otherwise pass as two valid ids.
+    """
+    if not rids:
+        return True
+    try:
+        joined = b"\n".join(rids) + b"\n"
+    except TypeError:  # an item that is not bytes-like
+        return False
+    return joined.count(b"\n") == len(rids) and _JOINED_RIDS_RE.match(joined) is not None
 
 
 def validate_request_id(rid: str | bytes) -> str:
@@ -1168,15 +1191,11 @@ def lazy_replies(raws: Sequence[bytes]) -> list[Reply]:
     return out
 
 
-_RIDS_RE = re.compile(r"(?:[A-Za-z0-9._:-]{1,128}\n)*\Z")
-
-
 def validate_request_ids(rids: Sequence[str | bytes]) -> list[str]:
-    """:func:`validate_request_id` of each id, as one regular expression over them all where it can."""
+    """:func:`validate_request_id` of each id: one match over them all when all are valid str."""
     if set(map(type, rids)) <= {str}:
         joined = "\n".join([*rids, ""])  # type: ignore[list-item]
-        if joined.count("\n") == len(rids) and _RIDS_RE.match(
-            joined
-        ):  # no id with a newline of its own
+        # The newline count rules out an id with a newline of its own (see all_request_ids).
+        if joined.count("\n") == len(rids) and _JOINED_RIDS_STR_RE.match(joined):
             return list(rids)  # type: ignore[arg-type]
     return [validate_request_id(rid) for rid in rids]

@@ -241,3 +241,32 @@ def test_columns_read_ahead_count_as_held_not_as_lost(
     assert not consumer.recovery.replay_own
     drain(consumer)
     assert [redis_client.llen(keys.reply(f"r{i}")) for i in range(8)] == [1] * 8
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        ["ab\ncd"],  # alone
+        ["r0", "ab\ncd", "r1"],  # among valid ids
+        ["r0", "ab\ncd", "\n", "r1"],  # beside another invalid id
+    ],
+)
+def test_an_id_with_a_newline_is_refused_whatever_else_is_in_its_read(
+    redis_url, redis_client, models_dir, read
+):
+    """Such an id is no request id: acknowledged, never answered, while its batch-mates are."""
+    consumer = consumer_on(redis_url, str(models_dir / "affine.pt"))
+    keys = consumer.keys
+    body = encode_body(np.ones((1, 16), np.float32))
+    redis_client.xadd(keys.requests, {"id": "warm", "body": body})
+    drain(consumer)  # the general path learns the body template: the next read is columnar
+    for rid in read:
+        redis_client.xadd(keys.requests, {"id": rid, "body": body})
+    drain(consumer)
+    consumer.replies.settle()
+    valid = [rid for rid in read if "\n" not in rid]
+    replies = [decode_reply(redis_client.lpop(keys.reply(rid))) for rid in valid]
+    assert [reply.ok for reply in replies] == [True] * len(valid)
+    written = set(redis_client.scan_iter(match=keys.reply("*")))
+    assert written == {keys.reply("warm").encode()}
+    assert redis_client.xpending(keys.requests, GROUP)["pending"] == 0

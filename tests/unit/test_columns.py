@@ -107,6 +107,10 @@ rids = st.one_of(
     st.from_regex(rb"[A-Za-z0-9._:-]{1,12}", fullmatch=True),
     st.binary(max_size=6),
     st.just(b"x" * 129),
+    st.just(b"x" * 128),
+    st.just(b"ab\ncd"),  # two valid ids joined: one invalid id, whatever its batch-mates
+    st.just(b"ab\n"),
+    st.just("é".encode()),
 )
 bodies = st.one_of(
     st.builds(

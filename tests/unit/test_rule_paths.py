@@ -1,0 +1,91 @@
+"""Each wire rule's fast path against its general definition, on the same generated inputs.
+
+The request-id rule has a general check (one id: ``is_request_id``, ``validate_request_id``)
+and fast ones built from the same pattern (many ids joined by newlines: ``all_request_ids``,
+``validate_request_ids``, the columnar admission's per-read check). Edge cases come first: a
+newline inside an id (``ab\\ncd`` reads as two valid ids once joined), 128 and 129 bytes, empty,
+non-ASCII, and reads that mix valid and invalid ids.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import (
+    REQUEST_ID_PATTERN,
+    Limits,
+    all_request_ids,
+    is_request_id,
+    validate_request_id,
+    validate_request_ids,
+)
+from inferfleet.worker.serving.batching import Request
+from inferfleet.worker.serving.columns import admit_read
+from inferfleet.worker.serving.intake import Intake
+from tests.unit.test_columns import BODY, KEYS, MODEL, NOW_MS, same, unpacked, warmed
+
+EDGES = [b"ab\ncd", b"ab\n", b"\nab", b"\n", b"", b"x" * 128, b"x" * 129, "é".encode(), b"a b"]
+
+ids = st.one_of(
+    st.sampled_from(EDGES),
+    st.from_regex(REQUEST_ID_PATTERN.encode(), fullmatch=True),
+    st.binary(max_size=8),
+    st.lists(st.from_regex(rb"[a-z]{1,4}", fullmatch=True), min_size=2, max_size=3).map(b"\n".join),
+)
+reads = st.lists(ids, max_size=12)
+
+
+def _general(rid: bytes) -> bool:
+    try:
+        validate_request_id(rid)
+    except ProtocolError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("rid", EDGES)
+def test_the_edge_cases_are_decided_by_the_contract(rid: bytes) -> None:
+    assert is_request_id(rid) is (rid == b"x" * 128)
+    assert all_request_ids([rid]) is (rid == b"x" * 128)
+    assert all_request_ids([b"ok", rid, b"fine"]) is (rid == b"x" * 128)
+
+
+@settings(max_examples=500, deadline=None)
+@given(read=reads)
+@example(read=[b"ab\ncd"])
+@example(read=[b"ok", b"ab\ncd"])
+@example(read=[b"ab\ncd", b"\n"])
+def test_the_joined_check_agrees_with_the_one_id_check(read: list[bytes]) -> None:
+    each = [is_request_id(rid) for rid in read]
+    assert each == [_general(rid) for rid in read]
+    assert all_request_ids(read) is all(each)
+
+
+@settings(max_examples=300, deadline=None)
+@given(read=reads)
+@example(read=[b"ab\ncd"])
+def test_the_sdks_many_ids_check_agrees_with_its_one_id_check(read: list[bytes]) -> None:
+    texts = [rid.decode("utf-8", "replace") for rid in read]
+    each = [_general(text.encode()) for text in texts]
+    if all(each):
+        assert validate_request_ids(texts) == texts
+    else:
+        with pytest.raises(ProtocolError):
+            validate_request_ids(texts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(read=st.lists(ids, min_size=1, max_size=8))
+@example(read=[b"ab\ncd"])
+@example(read=[b"ok", b"ab\ncd", b"fine"])
+@example(read=[b"ab\ncd", b"\n"])
+def test_the_columnar_admission_answers_each_id_as_the_general_intake(read: list[bytes]) -> None:
+    raw = [[b"1700000000%03d-0" % i, [b"id", rid, b"body", BODY]] for i, rid in enumerate(read)]
+    got = unpacked(admit_read(warmed(), raw, NOW_MS))
+    general = Intake(KEYS, Limits(), MODEL)
+    for (entry_id, _), rid in zip(raw, read):
+        same(got[entry_id], general.admit(entry_id, {b"id": rid, b"body": BODY}, NOW_MS))
+        assert isinstance(got[entry_id], Request) is is_request_id(rid)
