@@ -65,6 +65,10 @@ __all__ = [
     "workers_group",
     "is_request_id",
     "all_request_ids",
+    "MAX_DEADLINE_DIGITS",
+    "is_deadline",
+    "is_expired",
+    "deadline_open",
     "REQUEST_ID_PATTERN",
     "shown",
     "is_tenant",
@@ -589,10 +593,34 @@ def parse_entry(fields: Mapping[bytes, bytes]) -> Envelope:
         raise
 
 
+#: A deadline is decimal unix epoch milliseconds of at most this many digits.
+MAX_DEADLINE_DIGITS = 16
+
+
+def is_deadline(raw: bytes) -> bool:
+    """Whether ``raw`` is a well-formed ``deadline`` field: the contract's one rule for it."""
+    return raw.isdigit() and len(raw) <= MAX_DEADLINE_DIGITS
+
+
+def is_expired(deadline_ms: int, now_ms: float) -> bool:
+    """Whether a request with this deadline, picked up at ``now_ms``, is answered ``expired``."""
+    return now_ms > deadline_ms
+
+
+def deadline_open(raw: object, now_ms: float) -> bool:
+    """Whether ``raw`` is a well-formed deadline not yet passed: what the fast paths admit.
+
+    Anything else (malformed, expired, not bytes) goes to the general path, which answers it.
+    """
+    if raw.__class__ is not bytes:
+        return False
+    return is_deadline(raw) and not is_expired(int(raw), now_ms)  # type: ignore[arg-type]
+
+
 def _parse_deadline(raw: bytes | None) -> int | None:
     if raw is None:
         return None
-    if not raw.isdigit() or len(raw) > 16:
+    if not is_deadline(raw):
         raise ProtocolError(f"deadline must be decimal unix epoch milliseconds, got {raw[:32]!r}")
     return int(raw)
 

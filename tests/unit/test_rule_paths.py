@@ -5,6 +5,9 @@ and fast ones built from the same pattern (many ids joined by newlines: ``all_re
 ``validate_request_ids``, the columnar admission's per-read check). Edge cases come first: a
 newline inside an id (``ab\\ncd`` reads as two valid ids once joined), 128 and 129 bytes, empty,
 non-ASCII, and reads that mix valid and invalid ids.
+
+The deadline rule likewise: ``deadline_open`` (the fast paths' test) against the envelope's
+parse and ``is_expired``, on malformed, 16- and 17-digit and just-passed deadlines.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from inferfleet.producer.protocol import (
     REQUEST_ID_PATTERN,
     Limits,
     all_request_ids,
+    deadline_open,
+    is_expired,
     is_request_id,
+    parse_entry,
     validate_request_id,
     validate_request_ids,
 )
@@ -89,3 +95,52 @@ def test_the_columnar_admission_answers_each_id_as_the_general_intake(read: list
     for (entry_id, _), rid in zip(raw, read):
         same(got[entry_id], general.admit(entry_id, {b"id": rid, b"body": BODY}, NOW_MS))
         assert isinstance(got[entry_id], Request) is is_request_id(rid)
+
+
+NOW = 1_700_000_000_500
+DEADLINE_EDGES = [
+    b"",
+    b"-1",
+    b" 1700000000600",
+    b"1700000000600 ",
+    b"17000000006.0",
+    "\u0661\u0667".encode(),  # Arabic-Indic digits: not decimal ASCII
+    b"1" * 16,
+    b"1" * 17,
+    b"0" * 16 + b"1",
+    str(NOW).encode(),
+    str(NOW - 1).encode(),
+    str(NOW + 1).encode(),
+]
+deadlines = st.one_of(
+    st.sampled_from(DEADLINE_EDGES),
+    st.integers(NOW - 10, NOW + 10).map(lambda ms: str(ms).encode()),
+    st.from_regex(rb"[0-9]{1,18}", fullmatch=True),
+    st.binary(max_size=18),
+)
+
+
+def _general_deadline_open(raw: bytes, now_ms: float) -> bool:
+    """What the general path decides: a parsed deadline that has not passed."""
+    try:
+        envelope = parse_entry({b"id": b"r1", b"body": b"\x80", b"deadline": raw})
+    except ProtocolError:
+        return False
+    return envelope.deadline_ms is not None and not is_expired(envelope.deadline_ms, now_ms)
+
+
+@settings(max_examples=500, deadline=None)
+@given(raw=deadlines, now_ms=st.sampled_from([NOW, NOW + 0.5, float(NOW - 1)]))
+@example(raw=str(NOW).encode(), now_ms=NOW)
+@example(raw=b"1" * 17, now_ms=NOW)
+def test_the_fast_deadline_check_agrees_with_the_envelopes(raw: bytes, now_ms: float) -> None:
+    assert deadline_open(raw, now_ms) is _general_deadline_open(raw, now_ms)
+
+
+@settings(max_examples=150, deadline=None)
+@given(raw=deadlines)
+def test_the_columnar_admission_decides_each_deadline_as_the_general_intake(raw: bytes) -> None:
+    fields = {b"id": b"r1", b"body": BODY, b"deadline": raw}
+    entry = [b"1700000000001-0", [part for pair in fields.items() for part in pair]]
+    got = unpacked(admit_read(warmed(), [entry], NOW_MS))
+    same(got[entry[0]], Intake(KEYS, Limits(), MODEL).admit(entry[0], fields, NOW_MS))

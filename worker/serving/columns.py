@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from inferfleet.producer.protocol import all_request_ids, is_request_id
+from inferfleet.producer.protocol import all_request_ids, deadline_open, is_request_id
 from inferfleet.worker.serving.batching import Request
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
 
@@ -270,12 +270,7 @@ def _extra_verdict(intake: Intake, extra: tuple, now_ms: float) -> bytes | bool 
         return False
     values = dict(zip(names, extra[1::2]))
     deadline = values.get(b"deadline")
-    if deadline is not None and not (
-        deadline.__class__ is bytes
-        and deadline.isdigit()
-        and len(deadline) <= 16
-        and now_ms <= int(deadline)
-    ):
+    if deadline is not None and not deadline_open(deadline, now_ms):
         return False  # malformed or expired: answered by the general path
     reply_to = values.get(b"reply_to")
     if reply_to is None:

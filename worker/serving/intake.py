@@ -17,9 +17,11 @@ from inferfleet.producer.protocol import (
     BodyTemplate,
     Limits,
     QueueKeys,
+    deadline_open,
     decode_body,
     encode_reply_error,
     entry_time_ms,
+    is_expired,
     is_request_id,
     is_tenant,
     parse_entry,
@@ -148,8 +150,7 @@ class Intake:
         if tenant is not None and not (isinstance(tenant, bytes) and is_tenant(tenant)):
             return None  # the general path refuses it
         deadline = fields.get(b"deadline")
-        if deadline is not None and not (isinstance(deadline, bytes) and deadline.isdigit() and len(deadline) <= 16
-                                         and now_ms <= int(deadline)):
+        if deadline is not None and not deadline_open(deadline, now_ms):
             return None  # malformed or expired: the general path answers it
         return Request(entry_id, rid.decode("ascii"), reply_key, inputs, {}, template.rows, signature,
                        int(entry_id[:entry_id.index(b"-")]), now_ms)
@@ -191,7 +192,7 @@ class Intake:
             return self._refuse(entry_id, env.rid, default_key, "bad_request",
                                 f"reply_to must be a key under {self.keys.inbox_prefix!r}")
         reply_key = env.reply_to or default_key
-        if env.deadline_ms is not None and now_ms > env.deadline_ms:
+        if env.deadline_ms is not None and is_expired(env.deadline_ms, now_ms):
             return self._refuse(entry_id, env.rid, reply_key, "expired",
                                 f"picked up {now_ms - env.deadline_ms:.0f} ms after its deadline")
         if len(env.body) > self.limits.max_body_bytes:
