@@ -108,3 +108,15 @@ def test_thresholds_are_validated_and_read_back() -> None:
     t = Thresholds(min_agreement=0.9, min_compared=7)
     assert Thresholds.from_fields(t.fields()) == t
     assert Thresholds.from_fields({"min_compared": "x"}) == Thresholds()
+
+
+def test_the_shadow_commands_defaults_are_the_thresholds_dataclass() -> None:
+    from dataclasses import fields as dataclass_fields
+
+    from inferfleet.worker.cli.rollout import shadow
+
+    options = {param.name: param for param in shadow.params}
+    for field in dataclass_fields(Thresholds):
+        option = options[field.name]
+        assert option.default == field.default, field.name
+        assert type(option.type("7")) is type(field.default), field.name  # int stays int

@@ -6,16 +6,29 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from inferfleet.worker.cli.lifecycle import VERSION_RE, check_model, serving_pair, wait_for
 from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
+from inferfleet.worker.serving.comparison import Thresholds
+
+#: The comparison options' defaults: the dataclass is their one source.
+_THRESHOLDS = Thresholds()
 
 __all__ = ["shadow"]
 
 _D = "INFERFLEET_SHADOW_"
+
+
+def _threshold_option(name: str, help: str) -> Callable[[Callable], Callable]:
+    """A comparison option whose type, default and env var come from :class:`Thresholds`."""
+    default = getattr(_THRESHOLDS, name)
+    flag = "--" + name.replace("_", "-")
+    env = _env(name.upper())
+    return click.option(flag, type=type(default), default=default, show_default=True, **env, help=help)
 
 
 def _env(name: str) -> dict[str, Any]:
@@ -166,18 +179,30 @@ def _wait_loaded(client: Any, shard_list: list, version: str, timeout_s: float) 
 @click.option("--stop", is_flag=True, help="Unload the candidate from every worker.")
 @click.option("--check/--no-check", default=True, show_default=True, **_env("CHECK"),
               help="Load the candidate here first, so a broken file never reaches the fleet.")
-@click.option("--min-agreement", type=float, default=0.99, show_default=True, **_env("MIN_AGREEMENT"),
-              help="Least share of rows whose top-1 class (or decision) agrees.")
-@click.option("--max-rel-error", type=float, default=1e-3, show_default=True, **_env("MAX_REL_ERROR"),
-              help="Largest relative error of any request (over its largest live output).")
-@click.option("--min-rank-corr", type=float, default=0.95, show_default=True, **_env("MIN_RANK_CORR"),
-              help="Least mean Spearman correlation of the scores.")
-@click.option("--decision-threshold", type=float, default=0.5, show_default=True, **_env("DECISION_THRESHOLD"),
-              help="Decision threshold of one-score outputs, for agreement.")
-@click.option("--max-error-rate", type=float, default=0.01, show_default=True, **_env("MAX_ERROR_RATE"),
-              help="Largest share of requests the candidate may fail (raise, NaN/Inf); a canary over it rolls back.")
-@click.option("--min-compared", type=int, default=100, show_default=True, **_env("MIN_COMPARED"),
-              help="Requests compared before a promotion, a divergence alert or a rollback on divergence.")
+@_threshold_option(
+    "min_agreement",
+    "Least share of rows whose top-1 class (or decision) agrees.",
+)
+@_threshold_option(
+    "max_rel_error",
+    "Largest relative error of any request (over its largest live output).",
+)
+@_threshold_option(
+    "min_rank_corr",
+    "Least mean Spearman correlation of the scores.",
+)
+@_threshold_option(
+    "decision_threshold",
+    "Decision threshold of one-score outputs, for agreement.",
+)
+@_threshold_option(
+    "max_error_rate",
+    "Largest share of requests the candidate may fail (raise, NaN/Inf); a canary over it rolls back.",
+)
+@_threshold_option(
+    "min_compared",
+    "Requests compared before a promotion, a divergence alert or a rollback on divergence.",
+)
 @click.option("--wait-s", type=float, default=60.0, show_default=True, **_env("WAIT_S"),
               help="Wait this long for every live worker to load the candidate (--model), or for "
                    "--min-compared requests compared and every worker to switch (--promote); exit status 1 "
@@ -198,7 +223,6 @@ def shadow(queue: QueueConfig, model: str | None, version: str | None, sample: f
     """
     import redis
 
-    from inferfleet.worker.serving.comparison import Thresholds
 
     actions = [model is not None, report, promote, stop, canary is not None and model is None]
     if sum(actions) != 1:

@@ -44,7 +44,9 @@ __all__ = [
 class Thresholds:
     """What a candidate must meet to be promoted, and what rolls a canary back.
 
-    ``min_compared`` requests must have been compared before either decision.
+    ``min_compared`` requests must have been compared before either decision: at 100, one
+    stray row or one failed request alone can neither refuse a candidate (0.99 agreement) nor
+    roll a canary back (0.01 error rate); docs/operations.md says more.
     """
 
     min_agreement: float = 0.99
@@ -52,7 +54,7 @@ class Thresholds:
     min_rank_corr: float = 0.95
     decision_threshold: float = 0.5
     max_error_rate: float = 0.01
-    min_compared: int = 20
+    min_compared: int = 100
 
     def __post_init__(self) -> None:
         for name, low, high in (
