@@ -894,6 +894,21 @@ class AsyncProducer(ProducerBase):
             rids += sent
         return rids
 
+    async def results(
+        self, request_ids: Sequence[str], timeout_s: float = 30.0, *, raise_errors: bool = False
+    ) -> list[Reply]:
+        """Collect the replies to ``request_ids`` in order (see Producer.results)."""
+        scan = self._reply_scan(request_ids)
+        deadline = time.monotonic() + timeout_s
+        while scan.missing:
+            round_ = Round()
+            scan.queue(round_, min(_WAIT_S, deadline - time.monotonic()))
+            with translate_errors():
+                scan.take(await arun(self.redis, round_), raise_errors)
+            if scan.missing and time.monotonic() > deadline:
+                raise self._replies_missing(scan, len(request_ids), timeout_s)
+        return scan.replies()
+
     async def map(
         self,
         inputs: Iterable[Any],
