@@ -169,3 +169,16 @@ def test_async_results(redis_url: str, redis_client: redis.Redis, hiredis_only: 
     with BatchWorker(redis_url, ["inferfleet:{q}:requests"], batch=50):
         replies = asyncio.run(main(worker_up=True))
     check(replies, ROWS[:300])
+
+
+def test_async_imap(redis_url: str, redis_client: redis.Redis, hiredis_only: None) -> None:
+    async def main(ordered: bool) -> list:
+        async with AsyncProducer(redis_url, "q") as producer:
+            replies = producer.imap(ROWS[:300], window=50, timeout_s=20, ordered=ordered)
+            return [reply async for reply in replies]
+
+    with BatchWorker(redis_url, ["inferfleet:{q}:requests"], batch=50):
+        unordered = asyncio.run(main(ordered=False))
+        ordered = asyncio.run(main(ordered=True))
+    assert sorted(float(r.outputs[0, 0]) for r in unordered) == [i * 10.0 for i in range(300)]
+    check(ordered, ROWS[:300])
