@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain, count, islice
 from typing import Any
 
@@ -894,6 +894,21 @@ class AsyncProducer(ProducerBase):
             rids += sent
         return rids
 
+    async def results(
+        self, request_ids: Sequence[str], timeout_s: float = 30.0, *, raise_errors: bool = False
+    ) -> list[Reply]:
+        """Collect the replies to ``request_ids`` in order (see Producer.results)."""
+        scan = self._reply_scan(request_ids)
+        deadline = time.monotonic() + timeout_s
+        while scan.missing:
+            round_ = Round()
+            scan.queue(round_, min(_WAIT_S, deadline - time.monotonic()))
+            with translate_errors():
+                scan.take(await arun(self.redis, round_), raise_errors)
+            if scan.missing and time.monotonic() > deadline:
+                raise self._replies_missing(scan, len(request_ids), timeout_s)
+        return scan.replies()
+
     async def map(
         self,
         inputs: Iterable[Any],
@@ -909,17 +924,58 @@ class AsyncProducer(ProducerBase):
         calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
         replies: list[Any] = []
         while calls.active:
-            round_ = Round()
-            await self._check_limits()
-            calls.fill(round_)
-            calls.queue_pops(round_, self._block_keys, _POLL_S)
-            with translate_errors():
-                popped = calls.popped(await arun(self.redis, round_))
+            taken = await self._map_round(calls, timeout_s, raise_errors, None)
             replies += [None] * (calls.sent - len(replies))
-            for index, reply in calls.take(popped, raise_errors):
+            for index, reply in taken:
                 replies[index] = reply
-            calls.check_stall(timeout_s)
         return replies
+
+    async def imap(
+        self,
+        inputs: Iterable[Any],
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float = 30.0,
+        window: int = 2000,
+        deadline_s: float | None = None,
+        raise_errors: bool = False,
+        ordered: bool = False,
+        on_send: Callable[[list[str]], None] | None = None,
+        priority: str = "normal",
+    ) -> AsyncIterator[Reply]:
+        """Like :meth:`map`, but an async iterator of replies as they come (see Producer.imap)."""
+        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
+        ready: dict[int, Reply] = {}
+        next_out = 0
+        while calls.active:
+            for index, reply in await self._map_round(calls, timeout_s, raise_errors, on_send):
+                if ordered:
+                    ready[index] = reply
+                else:
+                    yield reply
+            while ordered and next_out in ready:
+                yield ready.pop(next_out)
+                next_out += 1
+
+    async def _map_round(
+        self,
+        calls: MapRun,
+        timeout_s: float,
+        raise_errors: bool,
+        on_send: Callable[[list[str]], None] | None,
+    ) -> list[tuple[int, Reply]]:
+        """One round trip of map/imap: send what the window allows, wait for and pop replies."""
+        round_ = Round()
+        await self._check_limits()
+        batch = calls.fill(round_)
+        calls.queue_pops(round_, self._block_keys, _POLL_S)
+        if on_send is not None and batch:
+            on_send(batch)
+        with translate_errors():
+            popped = calls.popped(await arun(self.redis, round_))
+        taken = calls.take(popped, raise_errors)
+        calls.check_stall(timeout_s)
+        return taken
 
     async def lag(self) -> int | None:
         """Requests waiting to be picked up (summed over the shards and lanes), or None when Redis cannot tell."""

@@ -152,3 +152,33 @@ def test_async_map(redis_url: str, redis_client: redis.Redis, hiredis_only: None
     with BatchWorker(redis_url, ["inferfleet:{q}:requests"], batch=80):
         replies = asyncio.run(main())
     check(replies, ROWS)
+
+
+def test_async_results(redis_url: str, redis_client: redis.Redis, hiredis_only: None) -> None:
+    async def main(worker_up: bool) -> list:
+        async with AsyncProducer(redis_url, "q") as producer:
+            rids = await producer.submit_many(ROWS[:300], chunk=70)
+            if worker_up:
+                return await producer.results(rids, timeout_s=20)
+            with pytest.raises(errors.ReplyTimeout, match="300 of 300 replies missing"):
+                await producer.results(rids, timeout_s=0.2)
+            return []
+
+    asyncio.run(main(worker_up=False))
+    redis_client.flushall()  # the unanswered requests must not reach the worker below
+    with BatchWorker(redis_url, ["inferfleet:{q}:requests"], batch=50):
+        replies = asyncio.run(main(worker_up=True))
+    check(replies, ROWS[:300])
+
+
+def test_async_imap(redis_url: str, redis_client: redis.Redis, hiredis_only: None) -> None:
+    async def main(ordered: bool) -> list:
+        async with AsyncProducer(redis_url, "q") as producer:
+            replies = producer.imap(ROWS[:300], window=50, timeout_s=20, ordered=ordered)
+            return [reply async for reply in replies]
+
+    with BatchWorker(redis_url, ["inferfleet:{q}:requests"], batch=50):
+        unordered = asyncio.run(main(ordered=False))
+        ordered = asyncio.run(main(ordered=True))
+    assert sorted(float(r.outputs[0, 0]) for r in unordered) == [i * 10.0 for i in range(300)]
+    check(ordered, ROWS[:300])

@@ -1,0 +1,31 @@
+"""Producer and AsyncProducer offer the same public calls with the same signatures (issue 28)."""
+
+from __future__ import annotations
+
+import inspect
+
+from inferfleet import AsyncProducer, Producer
+
+def _public(cls: type) -> dict[str, object]:
+    return {n: m for n, m in vars(cls).items() if callable(m) and not n.startswith("_")}
+
+
+def test_same_public_methods() -> None:
+    assert sorted(_public(Producer)) == sorted(_public(AsyncProducer))
+
+
+def test_same_parameters_and_defaults() -> None:
+    for name, sync in _public(Producer).items():
+        sync_params = inspect.signature(sync).parameters  # type: ignore[arg-type]
+        async_params = inspect.signature(getattr(AsyncProducer, name)).parameters
+        assert [(p.name, p.kind, p.default) for p in sync_params.values()] == [
+            (p.name, p.kind, p.default) for p in async_params.values()
+        ], name
+
+
+def test_async_calls_are_awaited() -> None:
+    for name in _public(Producer):
+        method = getattr(AsyncProducer, name)
+        awaited = inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method)
+        sync = getattr(Producer, name)
+        assert awaited != inspect.iscoroutinefunction(sync), name
