@@ -6,6 +6,7 @@ import inspect
 
 from inferfleet import AsyncProducer, Producer
 
+
 def _public(cls: type) -> dict[str, object]:
     return {n: m for n, m in vars(cls).items() if callable(m) and not n.startswith("_")}
 
