@@ -95,7 +95,7 @@ class Entry:
 def reference_rows(body: bytes) -> np.ndarray | None:
     """The float32[N,16] array if ``body`` is a request affine.pt must answer ok, else None.
 
-    Written from the contract, independently of producer/protocol.py: a map
+    Written from the contract, independently of producer/protocol/: a map
     with ``inputs`` (one TENSOR of float32[N>=1,16]) and optionally empty or
     nil ``params`` (TorchScript models take none); no ext types, string keys.
     """

@@ -90,6 +90,8 @@ def test_the_module_table_names_every_module_of_every_subpackage() -> None:
     for package in SUBPACKAGES:
         on_disk = {p.name for p in (ROOT / "worker" / package).glob("*.py")} - {"__init__.py"}
         assert rows.get(package) == on_disk, package
+    wire = {p.name for p in (ROOT / "producer" / "protocol").glob("*.py")} - {"__init__.py"}
+    assert rows.get("producer/protocol") == wire
 
 
 def test_every_import_between_packages_is_one_the_table_allows() -> None:

@@ -21,13 +21,13 @@ from hypothesis import strategies as st
 from inferfleet.producer.protocol import (
     Limits,
     QueueKeys,
-    ReplyTemplate,
     encode_body,
     encode_reply_ok,
 )
 from inferfleet.worker.serving.batching import Request
 from inferfleet.worker.serving.columns import Columns, admit_read, merge_columns
 from inferfleet.worker.serving.intake import Answer, Intake
+from inferfleet.worker.serving.templates import ReplyTemplate
 
 KEYS = QueueKeys("q")
 MODEL = ("q-model", "v7")
@@ -267,13 +267,16 @@ def test_columns_of_one_signature_are_merged_for_one_batch() -> None:
     infer=st.floats(min_value=0, max_value=1e6),
     rows=st.integers(min_value=0, max_value=1 << 40),
 )
-def test_the_payload_format_writes_the_bytes_of_encode_reply_ok(
+def test_the_payload_parts_write_the_bytes_of_encode_reply_ok(
     rid: str, shape: tuple[int, ...], dtype: str, queued: float, infer: float, rows: int
 ) -> None:
     outputs = np.arange(int(np.prod(shape))).reshape(shape).astype(dtype)
     template = ReplyTemplate(("m%d", "v%s"), outputs.dtype, outputs.shape)
-    fmt, length = template.payload_format(len(rid), ReplyTemplate.batch_tail(infer, rows))
-    got = fmt % (rid.encode(), outputs.tobytes(), ReplyTemplate.queued_bytes(np.array([queued])))
+    tail = ReplyTemplate.batch_tail(infer, rows)
+    head, ok_outputs, model_queued, tail = template.payload_parts(len(rid), tail)
+    wait = ReplyTemplate.queued_bytes(np.array([queued]))
+    got = head + rid.encode() + ok_outputs + outputs.tobytes() + model_queued + wait + tail
+    length = template.reply_length(len(rid), tail)
     want = encode_reply_ok(
         rid,
         outputs,

@@ -17,10 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferfleet.producer.protocol import (
-    BodyTemplate,
     Limits,
     QueueKeys,
-    ReplyTemplate,
     decode_body,
     encode_body,
     encode_reply_ok,
@@ -30,6 +28,7 @@ from inferfleet.worker.serving.batching import Request
 from inferfleet.worker.serving.consumer import encode_answer
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
 from inferfleet.worker.serving.replies import BatchEncoder
+from inferfleet.worker.serving.templates import BodyTemplate, ReplyTemplate
 
 KEYS = QueueKeys("q")
 MODEL = ("q-model", "v7")

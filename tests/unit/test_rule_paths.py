@@ -7,11 +7,15 @@ newline inside an id (``ab\\ncd`` reads as two valid ids once joined), 128 and 1
 non-ASCII, and reads that mix valid and invalid ids.
 
 The deadline rule likewise: ``deadline_open`` (the fast paths' test) against the envelope's
-parse and ``is_expired``, on malformed, 16- and 17-digit and just-passed deadlines.
+parse and ``is_expired``, on malformed, 16- and 17-digit and just-passed deadlines. The
+tenant and ``reply_to`` rules: the template admission (``Intake.admit_fast`` once warmed) and
+the columnar one against the general intake. The reply's layout: the SDK's readers of a reply's
+first bytes (``peek_reply``, ``lazy_replies``) against ``decode_reply``.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -22,16 +26,21 @@ from inferfleet.producer.protocol import (
     Limits,
     all_request_ids,
     deadline_open,
+    decode_reply,
+    encode_reply_error,
+    encode_reply_ok,
     is_expired,
     is_request_id,
+    lazy_replies,
     parse_entry,
+    peek_reply,
     validate_request_id,
     validate_request_ids,
 )
 from inferfleet.worker.serving.batching import Request
 from inferfleet.worker.serving.columns import admit_read
 from inferfleet.worker.serving.intake import Intake
-from tests.unit.test_columns import BODY, KEYS, MODEL, NOW_MS, same, unpacked, warmed
+from tests.unit.test_columns import BODY, INBOX, KEYS, MODEL, NOW_MS, same, unpacked, warmed
 
 EDGES = [b"ab\ncd", b"ab\n", b"\nab", b"\n", b"", b"x" * 128, b"x" * 129, "é".encode(), b"a b"]
 
@@ -144,3 +153,63 @@ def test_the_columnar_admission_decides_each_deadline_as_the_general_intake(raw:
     entry = [b"1700000000001-0", [part for pair in fields.items() for part in pair]]
     got = unpacked(admit_read(warmed(), [entry], NOW_MS))
     same(got[entry[0]], Intake(KEYS, Limits(), MODEL).admit(entry[0], fields, NOW_MS))
+
+
+TENANT_EDGES = [b"", b"t", b"a" * 64, b"a" * 65, b"a b", b"a\n", b"acme@eu", "é".encode(), b"{x}"]
+tenants = st.one_of(st.sampled_from(TENANT_EDGES), st.binary(max_size=66))
+
+
+@settings(max_examples=300, deadline=None)
+@given(tenant=tenants)
+def test_the_template_admission_decides_each_tenant_as_the_general_intake(tenant: bytes) -> None:
+    fields = {b"id": b"r1", b"body": BODY, b"tenant": tenant}
+    entry_id = b"1700000000001-0"
+    fast = warmed().admit_fast(entry_id, fields, NOW_MS)
+    same(fast, Intake(KEYS, Limits(), MODEL).admit(entry_id, fields, NOW_MS))
+
+
+REPLY_TO_EDGES = [INBOX, INBOX + b"x", KEYS.inbox_prefix.encode(), b"elsewhere", b"", "é".encode()]
+reply_tos = st.one_of(st.sampled_from(REPLY_TO_EDGES), st.binary(max_size=40).map(INBOX.__add__))
+
+
+@settings(max_examples=200, deadline=None)
+@given(reply_to=reply_tos)
+def test_every_admission_path_decides_each_reply_to_as_the_general_intake(reply_to: bytes) -> None:
+    fields = {b"id": b"r1", b"body": BODY, b"reply_to": reply_to}
+    entry_id = b"1700000000001-0"
+    general = Intake(KEYS, Limits(), MODEL).admit(entry_id, fields, NOW_MS)
+    same(warmed().admit_fast(entry_id, fields, NOW_MS), general)
+    entry = [entry_id, [part for pair in fields.items() for part in pair]]
+    same(unpacked(admit_read(warmed(), [entry], NOW_MS))[entry_id], general)
+
+
+reply_ids = st.one_of(
+    st.sampled_from(["r", "x" * 31, "x" * 32, "x" * 128, "x" * 255, "x" * 256, "é" * 20]),
+    st.text(min_size=1, max_size=300),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rid=reply_ids, ok=st.booleans(), with_model=st.booleans())
+def test_the_sdks_reply_readers_agree_with_decode_reply(
+    rid: str, ok: bool, with_model: bool
+) -> None:
+    model = ("m", "v1") if with_model or ok else None
+    if ok:
+        raw = encode_reply_ok(rid, np.ones((1, 2), np.float32), ("m", "v1"), {"queued_ms": 1.0})
+    else:
+        raw = encode_reply_error(rid, "model_error", "boom", model)
+    full = decode_reply(raw)
+    # peek_reply reads ids of up to 255 bytes (all the fleet writes); longer ones are decoded.
+    fast = peek_reply(raw)
+    assert fast == (full.id, full.ok) if len(rid.encode()) < 256 else fast in (None, (rid, ok))
+    (lazy,) = lazy_replies([raw])
+    assert (lazy.id, lazy.ok, lazy.error_code, lazy.error_message) == (
+        full.id,
+        full.ok,
+        full.error_code,
+        full.error_message,
+    )
+    assert (lazy.model_name, lazy.timing) == (full.model_name, full.timing)
+    if ok:
+        assert lazy.outputs.tobytes() == full.outputs.tobytes()

@@ -11,7 +11,7 @@ and splits it:
   ``reply_to`` that are fine now (a deadline not yet passed, an inbox the
   intake has already checked), and whose body has the length and the bytes
   outside its tensors' data of a template the intake learnt
-  (:class:`~inferfleet.producer.protocol.BodyTemplate`): gathered into one
+  (:class:`~inferfleet.worker.serving.templates.BodyTemplate`): gathered into one
   :class:`Columns` per template. Their ids are checked by one regular
   expression over the joined ids, their fixed bytes by one numpy comparison
   a run, their tensors decoded by one copy each;

@@ -14,23 +14,24 @@ from dataclasses import dataclass, field
 
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import (
-    BodyTemplate,
     Limits,
     QueueKeys,
     deadline_open,
     decode_body,
+    decode_reply_to,
     encode_reply_error,
     entry_time_ms,
     is_expired,
     is_request_id,
-    is_tenant,
     parse_entry,
     row_count,
+    tenant_ok,
     validate_request_id,
 )
 from inferfleet.worker.logs import clip
 from inferfleet.worker.runtime.signature import RAW_SPECS, describe_spec, spec_fits, spec_of
 from inferfleet.worker.serving.batching import Request, signature_of
+from inferfleet.worker.serving.templates import BodyTemplate
 
 __all__ = ["Answer", "Intake", "fields_of"]
 
@@ -66,14 +67,6 @@ def _readable_rid(fields: Mapping[bytes, bytes] | None) -> str | None:
     try:
         return validate_request_id(fields[b"id"]) if fields else None
     except (KeyError, ProtocolError, TypeError):
-        return None
-
-
-def _readable_reply_to(fields: Mapping[bytes, bytes]) -> str | None:
-    raw = fields.get(b"reply_to")
-    try:
-        return raw.decode("ascii") if isinstance(raw, bytes) else None
-    except UnicodeDecodeError:
         return None
 
 
@@ -146,8 +139,7 @@ class Intake:
             reply_key = self._inboxes.get(fields[b"reply_to"])  # type: ignore[assignment]
             if reply_key is None:
                 return None
-        tenant = fields.get(b"tenant")
-        if tenant is not None and not (isinstance(tenant, bytes) and is_tenant(tenant)):
+        if not tenant_ok(fields):
             return None  # the general path refuses it
         deadline = fields.get(b"deadline")
         if deadline is not None and not deadline_open(deadline, now_ms):
@@ -239,7 +231,7 @@ class Intake:
         rid = _readable_rid(fields)
         if rid is None:
             return Answer(entry_id, None, None)
-        reply_to = _readable_reply_to(fields)
+        reply_to = decode_reply_to(fields.get(b"reply_to"))
         key = reply_to if reply_to and self.keys.is_inbox(reply_to) else self.keys.reply(rid)
         return self._refuse(entry_id, rid, key, code, message)
 

@@ -26,13 +26,14 @@ import numpy as np
 import redis
 
 from inferfleet.producer.errors import ProtocolError
-from inferfleet.producer.protocol import GROUP, QueueKeys, ReplyTemplate, encode_reply_error
+from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error
 from inferfleet.worker.connections import checkout, read_answer
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.serving.behind import BehindRead
 from inferfleet.worker.serving.columns import Columns
 from inferfleet.worker.serving.deadletter import DEAD_MAXLEN
 from inferfleet.worker.serving.intake import Answer
+from inferfleet.worker.serving.templates import QUEUED_SIZE, ReplyTemplate
 
 __all__ = ["REPLY_SCRIPT", "BatchEncoder", "ReplyWriter"]
 
@@ -366,11 +367,11 @@ def _packed_pairs(
     around = {}  # id length -> the reply's fixed parts, the first with the reply's RESP header before it
     for length in set(map(len, cols.rids)):
         head, *rest = template.payload_parts(length, tail)
-        reply_length = len(head) + length + len(rest[0]) + size + len(rest[1]) + 8 + len(rest[2])
+        reply_length = template.reply_length(length, tail)
         around[length] = (b"\r\n$%d\r\n" % reply_length + head, rest[0], rest[1], rest[2] + b"\r\n")
     id_heads = {length: b"$%d\r\n" % length for length in set(map(len, cols.entry_ids))}
     datas = [data[i : i + size] for i in range(0, len(data), size)]
-    waits = [queued[i : i + 8] for i in range(0, len(queued), 8)]
+    waits = [queued[i : i + QUEUED_SIZE] for i in range(0, len(queued), QUEUED_SIZE)]
     pieces: list[bytes] = []
     extend = pieces.extend
     if len(around) == 1:  # one id length: the usual batch
@@ -427,7 +428,7 @@ class BatchEncoder:
                 continue
             tail = tail or ReplyTemplate.batch_tail(infer_ms, batch_rows)
             payload = template.encode(
-                req.rid, result.tobytes(), max(0.0, req.picked_ms - req.enqueued_ms), tail
+                req.rid, result.tobytes(), req.picked_ms - req.enqueued_ms, tail
             )
             answers.append(Answer(req.entry_id, req.reply_key, payload, True, rid=req.rid))
         return answers
