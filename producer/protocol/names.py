@@ -7,13 +7,13 @@
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol.rules import validate_name, validate_prefix
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -28,8 +28,6 @@ __all__ = [
     "shard_for",
     "shard_keys",
     "shard_name",
-    "validate_name",
-    "validate_prefix",
     "workers_group",
 ]
 
@@ -48,28 +46,6 @@ ERROR_CODES = (
     "rate_limited",
     "overloaded",
 )  # the last three: contract 1.1
-
-
-_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
-_PREFIX_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
-
-
-def validate_name(name: str) -> str:
-    """Return ``name`` if it is a valid queue name, else raise ProtocolError."""
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ProtocolError(
-            f"invalid queue name {name!r}: use 1 to 64 characters of A-Z a-z 0-9 . _ -"
-        )
-    return name
-
-
-def validate_prefix(prefix: str) -> str:
-    """Return ``prefix`` if it is a valid key prefix, else raise ProtocolError."""
-    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
-        raise ProtocolError(
-            f"invalid key prefix {prefix!r}: use 1 to 64 characters of A-Z a-z 0-9 . _ : -"
-        )
-    return prefix
 
 
 @dataclass(frozen=True)

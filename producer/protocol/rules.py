@@ -1,6 +1,6 @@
-"""The contract's rules for one request entry's fields, each defined once.
+"""The contract's rules for names and for an entry's fields, each defined once.
 
-A request id, a ``tenant``, a ``deadline`` and a ``reply_to`` are checked
+A queue name, a key prefix, a request id, a ``tenant``, a ``deadline`` and a ``reply_to`` are checked
 in several places: the SDK before it sends, the worker's general admission
 and its fast paths. Each check here is the one definition; the fast ones
 (:func:`all_request_ids`, :func:`deadline_open`, :func:`tenant_ok`) are
@@ -27,6 +27,8 @@ __all__ = [
     "parse_deadline",
     "shown",
     "tenant_ok",
+    "validate_name",
+    "validate_prefix",
     "validate_request_id",
     "validate_request_ids",
 ]
@@ -43,6 +45,8 @@ _JOINED_RIDS_RE = re.compile(f"(?:{REQUEST_ID_PATTERN}\n)*\\Z".encode())
 _JOINED_RIDS_STR_RE = re.compile(f"(?:{REQUEST_ID_PATTERN}\n)*\\Z")
 #: Tenant names (contract 1.1): 1 to 64 printable ASCII characters of this set.
 _TENANT_RE = re.compile(rb"[A-Za-z0-9._:@-]{1,64}\Z")
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
+_PREFIX_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
 
 
 def shown(value: object, limit: int = 64) -> str:
@@ -55,6 +59,27 @@ def shown(value: object, limit: int = 64) -> str:
         return f"{value[:limit]!r}... ({len(value)} long)"
     text = repr(value)
     return text if len(text) <= 4 * limit else f"{text[: 4 * limit]}... ({len(text)} characters)"
+
+
+# --------------------------------------------------------------------------- names
+
+
+def validate_name(name: str) -> str:
+    """Return ``name`` if it is a valid queue name, else raise ProtocolError."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ProtocolError(
+            f"invalid queue name {name!r}: use 1 to 64 characters of A-Z a-z 0-9 . _ -"
+        )
+    return name
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it is a valid key prefix, else raise ProtocolError."""
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise ProtocolError(
+            f"invalid key prefix {prefix!r}: use 1 to 64 characters of A-Z a-z 0-9 . _ : -"
+        )
+    return prefix
 
 
 # --------------------------------------------------------------------------- request ids
