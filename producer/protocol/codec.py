@@ -136,7 +136,8 @@ def encode_tensor(value: Any) -> dict:
     if arr.ndim == 0:
         raise ProtocolError("a tensor needs at least one dimension: shape[0] is the row count")
     arr = np.ascontiguousarray(arr, dtype=DTYPES[name])
-    data = memoryview(arr).cast("B") if arr.size else b""  # type: ignore[arg-type]  # cannot cast empty
+    # an empty array's memoryview cannot be cast
+    data = memoryview(arr).cast("B") if arr.size else b""  # type: ignore[arg-type]
     return {"dtype": name, "shape": list(arr.shape), "data": data}
 
 
@@ -185,7 +186,8 @@ def _decode_tensor(obj: Any, limits: Limits, where: str) -> np.ndarray:
         or not all(type(d) is int and 0 <= d <= limits.max_body_bytes for d in shape)
     ):
         raise ProtocolError(
-            f"{where}: shape must be a list of 1 to {limits.max_ndim} non-negative ints, got {shown(shape)}"
+            f"{where}: shape must be a list of 1 to {limits.max_ndim} non-negative ints, "
+            f"got {shown(shape)}"
         )
     if not isinstance(data, bytes):
         raise ProtocolError(f"{where}: data must be msgpack bin, got {type(data).__name__}")
@@ -221,7 +223,8 @@ def decode_inputs(obj: Any, limits: Limits = DEFAULT_LIMITS, where: str = "input
         by_name = {k: _decode_tensor(v, limits, f"{where}[{shown(k)}]") for k, v in obj.items()}
         arrays, result = list(by_name.values()), by_name
     elif isinstance(obj, (str, bytes)):
-        return obj  # type: ignore[return-value]  # a raw input (version 1.2): one row that a handler decodes
+        # a raw input (version 1.2): one row that a handler decodes
+        return obj  # type: ignore[return-value]
     elif isinstance(obj, list):
         if not 1 <= len(obj) <= limits.max_tensors:
             raise ProtocolError(f"{where}: a list of 1 to {limits.max_tensors} tensors is required")

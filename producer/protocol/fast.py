@@ -50,7 +50,7 @@ class BodyEncoder:
         self._maps: dict[tuple, tuple[bytes, ...] | None] = {}
 
     def encode(self, inputs: Any) -> bytes:
-        """The ``body`` field of a request for ``inputs`` (raises ProtocolError like encode_body)."""
+        """The ``body`` field of a request for ``inputs`` (ProtocolError as encode_body)."""
         if inputs.__class__ is np.ndarray and inputs.flags.c_contiguous:
             key = (inputs.dtype, inputs.shape)
             around = self._around[key] if key in self._around else self._learn(key, inputs)
@@ -130,7 +130,7 @@ def _joined(parts: tuple[bytes, ...], inputs: dict) -> bytes:
 
 
 def peek_reply(raw: bytes) -> tuple[str, bool] | None:
-    """``(id, ok)`` of a reply that starts ``{"id": STR, "ok": BOOL, ...}``, as the fleet writes them.
+    """``(id, ok)`` of a reply that starts ``{"id": STR, "ok": BOOL, ...}``, as the fleet writes.
 
     Reads the msgpack bytes directly; None for any other layout (which
     :func:`decode_reply` then reads in full).

@@ -1,7 +1,7 @@
 """The contract's rules for names and for an entry's fields, each defined once.
 
-A queue name, a key prefix, a request id, a ``tenant``, a ``deadline`` and a ``reply_to`` are checked
-in several places: the SDK before it sends, the worker's general admission
+A queue name, a key prefix, a request id, a ``tenant``, a ``deadline`` and a
+``reply_to`` are checked in several places: the SDK before it sends, the worker's general admission
 and its fast paths. Each check here is the one definition; the fast ones
 (:func:`all_request_ids`, :func:`deadline_open`, :func:`tenant_ok`) are
 built from it, and tests/unit/test_rule_paths.py holds each pair together.

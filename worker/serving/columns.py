@@ -216,7 +216,7 @@ def _uniform(intake: Intake, entries: Sequence[Any], now_ms: float) -> _Group | 
 def _grouped(
     intake: Intake, entries: Sequence[Any], now_ms: float, rest: list[Any]
 ) -> dict[int, _Group]:
-    """Entries that may share a template, grouped by body length; the others are added to ``rest``."""
+    """Entries that may share a template, grouped by body length; the others go to ``rest``."""
     groups: dict[int, _Group] = {}
     verdicts: dict[
         tuple, Any
@@ -264,7 +264,10 @@ def _admit_each(intake: Intake, entries: list[Any], now_ms: float) -> list[Reque
 
 
 def _extra_verdict(intake: Intake, extra: tuple, now_ms: float) -> bytes | bool | None:
-    """The reply key the extra fields ask for (None: the default one), or False: the general path decides."""
+    """The reply key the extra fields ask for (None: the default one).
+
+    False where the general path must decide.
+    """
     names = extra[0::2]
     if len(extra) % 2 or len(set(names)) != len(names) or not _EXTRA_FIELDS.issuperset(names):
         return False
@@ -282,7 +285,10 @@ def _extra_verdict(intake: Intake, extra: tuple, now_ms: float) -> bytes | bool 
 def _columns(
     intake: Intake, length: int, group: _Group, now_ms: float, rest: list[Any]
 ) -> Columns | None:
-    """The group's entries that fit the template of their body length, as Columns; others go to ``rest``."""
+    """The group's entries that fit the template of their body length, as Columns.
+
+    The others go to ``rest``.
+    """
     known = intake.template_for(length)
     if known is None:
         rest.extend(group.entries)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import (
+    Envelope,
     Limits,
     QueueKeys,
     deadline_open,
@@ -110,16 +111,18 @@ class Intake:
         return self._templates.get(length)
 
     def checked_inbox(self, reply_to: bytes) -> str | None:
-        """``reply_to`` as a key if it is an inbox already checked (else None: :meth:`admit` decides)."""
+        """``reply_to`` as a key if it is an inbox already checked (None: :meth:`admit` decides)."""
         return self._inboxes.get(reply_to)
 
-    def admit_fast(self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float) -> Request | Answer:
+    def admit_fast(
+        self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float
+    ) -> Request | Answer:
         """:meth:`admit`, through the fast path when the entry is the common case."""
         if fields:
             body = fields.get(b"body")
             known = self._templates.get(len(body)) if isinstance(body, bytes) else None
-            if known is not None:
-                request = self._admit_known(entry_id, fields, body, known, now_ms)  # type: ignore[arg-type]
+            if known is not None and isinstance(body, bytes):
+                request = self._admit_known(entry_id, fields, body, known, now_ms)
                 if request is not None:
                     return request
         admitted = self.admit(entry_id, fields, now_ms)
@@ -127,8 +130,14 @@ class Intake:
             self._learn(fields[b"body"], admitted)  # type: ignore[index]
         return admitted
 
-    def _admit_known(self, entry_id: bytes, fields: Mapping[bytes, bytes], body: bytes,
-                     known: tuple[BodyTemplate, Hashable], now_ms: float) -> Request | None:
+    def _admit_known(
+        self,
+        entry_id: bytes,
+        fields: Mapping[bytes, bytes],
+        body: bytes,
+        known: tuple[BodyTemplate, Hashable],
+        now_ms: float,
+    ) -> Request | None:
         template, signature = known
         rid = fields.get(b"id")
         inputs = template.inputs_of(body)
@@ -144,8 +153,17 @@ class Intake:
         deadline = fields.get(b"deadline")
         if deadline is not None and not deadline_open(deadline, now_ms):
             return None  # malformed or expired: the general path answers it
-        return Request(entry_id, rid.decode("ascii"), reply_key, inputs, {}, template.rows, signature,
-                       int(entry_id[:entry_id.index(b"-")]), now_ms)
+        return Request(
+            entry_id,
+            rid.decode("ascii"),
+            reply_key,
+            inputs,
+            {},
+            template.rows,
+            signature,
+            int(entry_id[: entry_id.index(b"-")]),
+            now_ms,
+        )
 
     def _learn(self, body: bytes, admitted: Request) -> None:
         template = BodyTemplate.learn(body, admitted.inputs, admitted.params)
@@ -154,42 +172,41 @@ class Intake:
         if admitted.reply_key != self.keys.reply(admitted.rid) and len(self._inboxes) < _INBOXES:
             self._inboxes[admitted.reply_key.encode("ascii")] = admitted.reply_key
 
-    def admit(self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float) -> Request | Answer:
+    def admit(
+        self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float
+    ) -> Request | Answer:
         """Decide what to do with one entry. Never raises: hostile input is answered."""
         try:
             return self._admit(entry_id, fields, now_ms)
         except Exception as exc:  # noqa: BLE001 - a decoder bug must not kill the worker
             # one line, no traceback: a hostile client must not be able to flood the logs
-            log.error("entry %s could not be admitted: %s: %s", entry_id.decode(errors="replace"),
-                      type(exc).__name__, clip(exc))
+            log.error(
+                "entry %s could not be admitted: %s: %s",
+                entry_id.decode(errors="replace"),
+                type(exc).__name__,
+                clip(exc),
+            )
             if not fields:
                 return Answer(entry_id, None, None)
-            return self.refuse_entry(entry_id, fields, "bad_request",
-                                     f"the request could not be decoded: {type(exc).__name__}")
+            return self.refuse_entry(
+                entry_id,
+                fields,
+                "bad_request",
+                f"the request could not be decoded: {type(exc).__name__}",
+            )
 
-    def _admit(self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float) -> Request | Answer:
+    def _admit(
+        self, entry_id: bytes, fields: Mapping[bytes, bytes] | None, now_ms: float
+    ) -> Request | Answer:
         if not fields:
             return Answer(entry_id, None, None)  # deleted while pending: nothing to answer
-        try:
-            env = parse_entry(fields)
-        except ProtocolError as exc:
-            rid = getattr(exc, "rid", None)
-            if rid is None:
-                log.warning("entry %s has no readable request id (%s): acknowledged without reply",
-                            entry_id.decode(errors="replace"), clip(exc))
-                return Answer(entry_id, None, None)
-            return self._refuse(entry_id, rid, self.keys.reply(rid), exc.code, exc.message)
-        default_key = self.keys.reply(env.rid)
-        if env.reply_to is not None and not self.keys.is_inbox(env.reply_to):
-            return self._refuse(entry_id, env.rid, default_key, "bad_request",
-                                f"reply_to must be a key under {self.keys.inbox_prefix!r}")
-        reply_key = env.reply_to or default_key
-        if env.deadline_ms is not None and is_expired(env.deadline_ms, now_ms):
-            return self._refuse(entry_id, env.rid, reply_key, "expired",
-                                f"picked up {now_ms - env.deadline_ms:.0f} ms after its deadline")
-        if len(env.body) > self.limits.max_body_bytes:
-            return self._refuse(entry_id, env.rid, reply_key, "too_large",
-                                f"body is {len(env.body)} bytes, over the limit of {self.limits.max_body_bytes}")
+        env = self._envelope(entry_id, fields)
+        if isinstance(env, Answer):
+            return env
+        reply_key = env.reply_to or self.keys.reply(env.rid)
+        refusal = self._envelope_refusal(env, now_ms)
+        if refusal is not None:
+            return self._refuse(entry_id, env.rid, refusal[0] or reply_key, *refusal[1:])
         try:
             inputs, params = decode_body(env.body, self.limits)
         except ProtocolError as exc:
@@ -200,8 +217,49 @@ class Intake:
         if problem:
             return self._refuse(entry_id, env.rid, reply_key, "bad_request", problem)
         signature = signature_of(inputs, params, "per-request" if self.per_request else spec)
-        return Request(entry_id, env.rid, reply_key, inputs, params, rows, signature,
-                       entry_time_ms(entry_id), now_ms)
+        return Request(
+            entry_id,
+            env.rid,
+            reply_key,
+            inputs,
+            params,
+            rows,
+            signature,
+            entry_time_ms(entry_id),
+            now_ms,
+        )
+
+    def _envelope(self, entry_id: bytes, fields: Mapping[bytes, bytes]) -> Envelope | Answer:
+        """The entry's envelope, or the answer to one that is malformed."""
+        try:
+            return parse_entry(fields)
+        except ProtocolError as exc:
+            rid = getattr(exc, "rid", None)
+            if rid is None:
+                log.warning(
+                    "entry %s has no readable request id (%s): acknowledged without reply",
+                    entry_id.decode(errors="replace"),
+                    clip(exc),
+                )
+                return Answer(entry_id, None, None)
+            return self._refuse(entry_id, rid, self.keys.reply(rid), exc.code, exc.message)
+
+    def _envelope_refusal(self, env: Envelope, now_ms: float) -> tuple[str | None, str, str] | None:
+        """(reply key if not the usual one, code, message) of a well-formed envelope refused."""
+        if env.reply_to is not None and not self.keys.is_inbox(env.reply_to):
+            inbox = self.keys.inbox_prefix
+            return (
+                self.keys.reply(env.rid),
+                "bad_request",
+                f"reply_to must be a key under {inbox!r}",
+            )
+        if env.deadline_ms is not None and is_expired(env.deadline_ms, now_ms):
+            late_ms = now_ms - env.deadline_ms
+            return None, "expired", f"picked up {late_ms:.0f} ms after its deadline"
+        limit = self.limits.max_body_bytes
+        if len(env.body) > limit:
+            return None, "too_large", f"body is {len(env.body)} bytes, over the limit of {limit}"
+        return None
 
     def _misfit(self, spec: Hashable, rows: int, params: dict) -> str | None:
         if rows == 0:
@@ -211,8 +269,10 @@ class Intake:
         if self.per_request:
             return None  # the handler's decode_request checks each request
         if spec in RAW_SPECS:
-            return ("this model takes tensors, not raw text or bytes: serve it with a handler that overrides "
-                    "decode_request (docs/handlers.md)")
+            return (
+                "this model takes tensors, not raw text or bytes: serve it with a handler that "
+                "overrides decode_request (docs/handlers.md)"
+            )
         if self.input_spec is not None and spec != self.input_spec and not self._fits_model(spec):
             return f"the model takes {describe_spec(self.input_spec)}, got {describe_spec(spec)}"
         return None
@@ -226,7 +286,9 @@ class Intake:
                 self._fits[spec] = fits
         return fits
 
-    def refuse_entry(self, entry_id: bytes, fields: Mapping[bytes, bytes], code: str, message: str) -> Answer:
+    def refuse_entry(
+        self, entry_id: bytes, fields: Mapping[bytes, bytes], code: str, message: str
+    ) -> Answer:
         """Answer an entry with ``code`` without decoding its body (dead letters)."""
         rid = _readable_rid(fields)
         if rid is None:
@@ -236,4 +298,6 @@ class Intake:
         return self._refuse(entry_id, rid, key, code, message)
 
     def _refuse(self, entry_id: bytes, rid: str, key: str, code: str, message: str) -> Answer:
-        return Answer(entry_id, key, encode_reply_error(rid, code, message, self.model), rid=rid, code=code)
+        return Answer(
+            entry_id, key, encode_reply_error(rid, code, message, self.model), rid=rid, code=code
+        )

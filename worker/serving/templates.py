@@ -68,7 +68,7 @@ class BodyTemplate:
 
     @classmethod
     def learn(cls, body: bytes, inputs: Inputs, params: dict) -> BodyTemplate | None:
-        """The template of ``body`` (already decoded to ``inputs``, ``params``), or None if it has none."""
+        """The template of ``body`` (decoded to ``inputs``, ``params``), or None if it has none."""
         arrays = _tensors_of(inputs)
         if params or arrays is None:
             return None
@@ -94,7 +94,7 @@ class BodyTemplate:
         return template if template._proved(body, ranges) else None
 
     def _proved(self, body: bytes, ranges: list[tuple[int, int]]) -> bool:
-        """Flip every data byte: the body must decode to exactly the flipped tensors, in this form."""
+        """Flip every data byte: the body must decode to exactly the flipped tensors, as before."""
         flipped = np.frombuffer(body, np.uint8).copy()
         for start, end in ranges:
             flipped[start:end] ^= 0xFF
@@ -128,7 +128,7 @@ class BodyTemplate:
         return fits
 
     def _inputs_of(self, bodies: np.ndarray) -> Inputs:
-        """The inputs of fitting ``bodies`` (uint8 rows), concatenated row-wise, in this template's form."""
+        """The inputs of fitting ``bodies`` (uint8 rows), concatenated row-wise, in this form."""
         arrays = []
         for at, dtype, shape in self.tensors:
             nbytes = int(np.prod(shape)) * dtype.itemsize
@@ -141,7 +141,10 @@ class BodyTemplate:
         return dict(zip(self.names, arrays)) if self.names is not None else arrays
 
     def inputs_many(self, bodies: np.ndarray) -> Inputs:
-        """Every fitting body's inputs (``bodies``: uint8, one a row), concatenated row-wise: one copy a tensor."""
+        """Every fitting body's inputs (``bodies``: uint8, one a row), concatenated row-wise.
+
+        One copy a tensor.
+        """
         return self._inputs_of(bodies)
 
     def inputs_of(self, body: bytes) -> Inputs | None:
@@ -219,7 +222,7 @@ class ReplyTemplate:
         )
 
     def _prove(self, dtype: np.dtype, shape: tuple[int, ...], data: np.ndarray) -> None:
-        """Encode another sample (a long id, other data, wait and tail) both ways: they must agree."""
+        """Encode another sample (long id, other data, wait, tail) both ways: they must agree."""
         rid = "p" * 40
         want = self._sample(rid, data, 7.25, 2.5, 9)
         if self.encode(rid, data.tobytes(), 7.25, self.batch_tail(2.5, 9)) != want:
