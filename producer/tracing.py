@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["TRACEPARENT_RE", "current_traceparent", "traceparent_fields"]
 
-#: A version-00 traceparent: lowercase hex, trace id and span id not all zero (checked by the reader).
+#: A version-00 traceparent: lowercase hex; the reader checks the ids are not all zero.
 TRACEPARENT_RE = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})\Z")
 
 _api: Any = None  # the opentelemetry.trace module, False when it is not installed
@@ -44,6 +44,6 @@ def current_traceparent() -> str | None:
 
 
 def traceparent_fields() -> list[tuple[str, str]]:
-    """``[("traceparent", value)]`` under a current span, else ``[]``: extra entry fields of one call."""
+    """``[("traceparent", value)]`` under a current span, else ``[]``: a call's extra fields."""
     value = current_traceparent()
     return [("traceparent", value)] if value else []

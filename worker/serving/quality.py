@@ -197,7 +197,10 @@ class CacheRound:
                 self._computed[req.extra["digest"]] = (res, infer_ms, rows)
 
     def finish(self) -> list[tuple[Request, Any, float, int]]:
-        """Each duplicate with the result, infer_ms and batch rows of the request it repeats; the round is over."""
+        """Each duplicate with the result, infer_ms and batch rows of the request it repeats.
+
+        The round is over.
+        """
         done = [(dup, *self._computed[first.extra["digest"]]) for dup, first in self._duplicates]
         self._computed.clear()
         self._duplicates = []

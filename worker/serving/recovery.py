@@ -181,7 +181,7 @@ class Recovery:
         return self.suspects.pop(0) if self.suspects else None
 
     def start_attempt(self, entry_id: bytes, delivered: int) -> int | None:
-        """Count a delivery of ``entry_id`` (delivered ``delivered`` times so far) before computing it.
+        """Count a delivery of ``entry_id`` (delivered ``delivered`` times so far), then compute.
 
         Returns the delivery this attempt is (``delivered`` again for our own
         retry, which counts none), or None if the entry is no longer ours.
@@ -193,14 +193,14 @@ class Recovery:
         return delivered + 1 if counted else delivered
 
     def housekeeping_due(self, now: float) -> bool:
-        """True once every ``housekeeping_s`` of ``now`` (a monotonic clock); the next one is scheduled."""
+        """True once every ``housekeeping_s`` of ``now`` (a monotonic clock); schedules the next."""
         if now < self._next_housekeeping:
             return False
         self._next_housekeeping = now + self.settings.housekeeping_s
         return True
 
     def housekeep(self, read_ahead: int) -> None:
-        """Trim the stream, replay orphans, and take over a dead consumer's entries if no suspect waits.
+        """Trim the stream, replay orphans, take over a dead consumer's entries if no suspect waits.
 
         ``read_ahead``: entries the consumer holds read ahead (pending on it, not orphans).
         """

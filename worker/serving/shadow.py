@@ -1,4 +1,4 @@
-"""One worker's side of a shadow or canary: load the candidate beside the live copy, run and compare.
+"""One worker's side of a shadow or canary: the candidate loaded beside the live copy, compared.
 
 The consumer calls four things, each a no-op costing one attribute test per
 batch while no candidate is loaded (``ready`` is False):
@@ -120,7 +120,7 @@ class ShadowRunner:
         )
 
     def canary(self, batch: list[Request], live_version: str) -> list[Answer] | None:
-        """The candidate's answers to ``batch``, or None if it failed (then the live model computes it)."""
+        """The candidate's answers to ``batch``; None if it failed (the live model answers)."""
         assert self.runtime is not None and self.encoder is not None and self.spec is not None
         stats = self._stats_for(live_version)
         rows = [r.rows for r in batch]
@@ -209,7 +209,7 @@ class ShadowRunner:
             self._refused(exc)
 
     def _refused(self, exc: redis.exceptions.ResponseError) -> None:
-        """Stop this worker's shadow (or canary) of the candidate and alert ``shadow_failed``, once per candidate."""
+        """Stop this worker's shadow (or canary) and alert ``shadow_failed``, once per candidate."""
         spec = self.spec
         seq = -1 if spec is None else spec.seq
         if (
@@ -227,7 +227,10 @@ class ShadowRunner:
             [],
             {},
         )
-        self.error = f"version {spec.version}: Redis refused a shadow command ({exc}); shadow stopped on this worker"
+        self.error = (
+            f"version {spec.version}: Redis refused a shadow command ({exc}); "
+            "shadow stopped on this worker"
+        )
         log.error("model %s: %s; serving the live model only", self.keys.name, self.error)
         try:
             self.alert([Alert("shadow_failed", self.error, self.settings.consumer, spec.version)])
@@ -270,7 +273,8 @@ class ShadowRunner:
             self._unload(candidate)
         self.spec, self.error = candidate, ""
         log.info(
-            "model %s: candidate version %s published: loading it beside %s (sample %g, canary %g%%)",
+            "model %s: candidate version %s published: loading it beside %s "
+            "(sample %g, canary %g%%)",
             self.keys.name,
             candidate.version,
             live.version,

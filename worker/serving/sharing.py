@@ -97,14 +97,16 @@ class FleetLimits:
         self.quota_tenants = {name[5:].decode() for name in limits if name.startswith(b"rate:")}
 
     def label(self, tenant: str) -> str:
-        """The metrics label of ``tenant``: itself if it has a quota (at most MAX_TENANTS), ``*`` for
-        any other tenant, ``-`` for none."""
+        """The metrics label of ``tenant``.
+
+        Itself if it has a quota (at most MAX_TENANTS), ``*`` for any other tenant, ``-`` for none.
+        """
         return tenant if tenant in self.quota_tenants else "*" if tenant else "-"
 
     def check(
         self, client: redis.Redis, entries: Sequence[tuple[bytes, Any]]
     ) -> dict[int, tuple[str, str]]:
-        """(code, message) for each position of ``entries`` refused; checks only unstamped entries."""
+        """(code, message) for each position of ``entries`` refused (unstamped entries only)."""
         unstamped: list[int] = []
         tenants: list[str] = []
         for index, (_, fields) in enumerate(entries):
@@ -227,8 +229,11 @@ class LaneWork:
         self._cancels = cancels
 
     def housekeep(self, read_ahead: int, taken: Sequence[int]) -> None:
-        """Every lane's housekeeping (high and low only once their stream has entries), the limits,
-        whether cancel marks exist, and the lane and tenant metrics (``taken``: entries read per lane)."""
+        """Every lane's housekeeping, the limits, the cancel marks and the lane and tenant metrics.
+
+        High and low lanes are kept only once their stream has entries; ``taken`` is the entries
+        read per lane.
+        """
         self.recoveries[NORMAL].housekeep(read_ahead=read_ahead)
         for lane in (0, 2):
             if self.redis.xlen(self.recoveries[lane].keys.requests):
@@ -305,7 +310,7 @@ class LaneWork:
     # -- cancel marks --
 
     def cancels_pending(self) -> bool:
-        """Whether a round must check its requests' cancel marks: the queue had some right after the read."""
+        """Whether a round must check its requests' cancel marks (some existed at the read)."""
         return self._cancels
 
     def take_cancels(self, rids: Sequence[str]) -> set[str]:

@@ -1,4 +1,4 @@
-"""The worker's OpenTelemetry spans: each request's way through queue, batch, forward pass and reply.
+"""The worker's OpenTelemetry spans: a request's way through queue, batch, forward pass, reply.
 
 Tracing is on when the ``otel`` extra (``opentelemetry-sdk``) is installed and
 the standard variables configure an exporter: ``OTEL_TRACES_EXPORTER``
@@ -43,7 +43,10 @@ _MS = 1_000_000  # ns per ms
 
 
 def parse_traceparent(raw: Any) -> tuple[int, int, int] | None:
-    """(trace id, span id, flags) of a valid version-00 ``traceparent``, else None (ignored, as W3C says)."""
+    """(trace id, span id, flags) of a valid version-00 ``traceparent``.
+
+    None otherwise: the field is then ignored, as W3C says.
+    """
     if not isinstance(raw, bytes):
         raw = raw.encode() if isinstance(raw, str) else b""
     match = TRACEPARENT_RE.match(raw)

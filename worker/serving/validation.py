@@ -31,7 +31,7 @@ __all__ = [
     "top_score",
 ]
 
-#: Alert kinds raised by result checks (``swap_failed`` comes from inferfleet.worker.serving.lifecycle).
+#: Alert kinds raised by result checks (``swap_failed`` comes from serving/lifecycle.py).
 KINDS = ("low_confidence", "non_finite", "inconsistent", "swap_failed")
 
 
@@ -60,7 +60,8 @@ def non_finite(outputs: Any) -> str | None:
     for where, arr in _arrays(outputs):
         if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
             nans = int(np.isnan(arr).sum())
-            return f"{where} holds {nans} NaN and {int(arr.size - nans - np.isfinite(arr).sum())} Inf values"
+            infs = int(arr.size - nans - np.isfinite(arr).sum())
+            return f"{where} holds {nans} NaN and {infs} Inf values"
     return None
 
 
