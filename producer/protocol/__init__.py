@@ -57,8 +57,6 @@ from inferfleet.producer.protocol.names import (
     shard_for,
     shard_keys,
     shard_name,
-    validate_name,
-    validate_prefix,
     workers_group,
 )
 from inferfleet.producer.protocol.reply import (
@@ -93,6 +91,8 @@ from inferfleet.producer.protocol.rules import (
     parse_deadline,
     shown,
     tenant_ok,
+    validate_name,
+    validate_prefix,
     validate_request_id,
     validate_request_ids,
 )
