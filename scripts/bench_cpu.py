@@ -284,6 +284,7 @@ _CPU_COLUMNS = {
     "client_us",
     "worker_us",
     "redis_us",
+    "redis_sys_us",
     "redis_xadd_us",
     "rps",
     "drain_rps",
