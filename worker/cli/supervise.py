@@ -20,7 +20,8 @@ from inferfleet.worker.config import WorkerSettings, env_var
 from inferfleet.worker.errors import ConfigError
 from inferfleet.worker.fleet.scaling import POLICY_KINDS, PolicySettings
 from inferfleet.worker.fleet.succession import LeaseHeld
-from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings, resolve_devices
+from inferfleet.worker.fleet.placement import resolve_devices
+from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings
 from inferfleet.worker.signals import on_signals
 
 if TYPE_CHECKING:
@@ -34,12 +35,22 @@ log = logging.getLogger("inferfleet")
 @click.command()
 @worker_options
 @setting_option(PolicySettings, "min_workers", "--min-workers", type=int)
-@click.option("--max-workers", type=int, default=None, show_envvar=True,  # its default depends on --devices
-              envvar=env_var(settings_field(PolicySettings, "max_workers")),
-              help="Most workers (default: one per GPU, or the CPU count).")
-@click.option("--devices", default="auto", show_default=True, show_envvar=True,  # resolved into the field
-              envvar=env_var(settings_field(SupervisorSettings, "devices")),
-              help="auto, cpu, or cuda:0,cuda:1,... (workers are placed round-robin).")
+@click.option(
+    "--max-workers",
+    type=int,
+    default=None,
+    show_envvar=True,  # its default depends on --devices
+    envvar=env_var(settings_field(PolicySettings, "max_workers")),
+    help="Most workers (default: one per GPU, or the CPU count).",
+)
+@click.option(
+    "--devices",
+    default="auto",
+    show_default=True,
+    show_envvar=True,  # resolved into the field
+    envvar=env_var(settings_field(SupervisorSettings, "devices")),
+    help="auto, cpu, or cuda:0,cuda:1,... (workers are placed round-robin).",
+)
 @setting_option(SupervisorSettings, "workers_per_device", "--workers-per-device", type=int)
 @setting_option(PolicySettings, "kind", "--policy", type=click.Choice(POLICY_KINDS))
 @setting_option(PolicySettings, "target_drain_s", "--target-drain-s", type=float)
@@ -51,11 +62,25 @@ log = logging.getLogger("inferfleet")
 @setting_option(SupervisorSettings, "drain_timeout_s", "--drain-timeout-s", type=float)
 @setting_option(SupervisorSettings, "crash_loop_deaths", "--crash-loop-deaths", type=int)
 @setting_option(SupervisorSettings, "crash_loop_window_s", "--crash-loop-window-s", type=float)
-def supervise(log_level: str, log_format: str, min_workers: int, max_workers: int | None, devices: str,
-              workers_per_device: int, policy: str, target_drain_s: float, target_high_wait_s: float,
-              up_cooldown_s: float,
-              down_cooldown_s: float, max_step: int, interval_s: float, drain_timeout_s: float,
-              crash_loop_deaths: int, crash_loop_window_s: float, **options: Any) -> None:
+def supervise(
+    log_level: str,
+    log_format: str,
+    min_workers: int,
+    max_workers: int | None,
+    devices: str,
+    workers_per_device: int,
+    policy: str,
+    target_drain_s: float,
+    target_high_wait_s: float,
+    up_cooldown_s: float,
+    down_cooldown_s: float,
+    max_step: int,
+    interval_s: float,
+    drain_timeout_s: float,
+    crash_loop_deaths: int,
+    crash_loop_window_s: float,
+    **options: Any,
+) -> None:
     """Run and size a fleet of workers for one queue from the stream's lag."""
     setup_logging(log_level, log_format)
     os.environ["INFERFLEET_LOG_LEVEL"] = log_level  # children inherit both
@@ -65,16 +90,26 @@ def supervise(log_level: str, log_format: str, min_workers: int, max_workers: in
         device_list = resolve_devices(devices)
         gpus = [d for d in device_list if d != "cpu"]
         default_max = len(gpus) * workers_per_device if gpus else (os.cpu_count() or 1)
-        policy_settings = PolicySettings(kind=policy, min_workers=min_workers,
-                                         max_workers=max_workers or max(default_max, min_workers),
-                                         target_drain_s=target_drain_s, target_high_wait_s=target_high_wait_s,
-                                         up_cooldown_s=up_cooldown_s,
-                                         down_cooldown_s=down_cooldown_s, max_step=max_step)
-        settings = SupervisorSettings(worker=worker_settings(options), policy=policy_settings,
-                                      devices=tuple(device_list), workers_per_device=workers_per_device,
-                                      interval_s=interval_s, drain_timeout_s=drain_timeout_s,
-                                      crash_loop_deaths=crash_loop_deaths,
-                                      crash_loop_window_s=crash_loop_window_s)
+        policy_settings = PolicySettings(
+            kind=policy,
+            min_workers=min_workers,
+            max_workers=max_workers or max(default_max, min_workers),
+            target_drain_s=target_drain_s,
+            target_high_wait_s=target_high_wait_s,
+            up_cooldown_s=up_cooldown_s,
+            down_cooldown_s=down_cooldown_s,
+            max_step=max_step,
+        )
+        settings = SupervisorSettings(
+            worker=worker_settings(options),
+            policy=policy_settings,
+            devices=tuple(device_list),
+            workers_per_device=workers_per_device,
+            interval_s=interval_s,
+            drain_timeout_s=drain_timeout_s,
+            crash_loop_deaths=crash_loop_deaths,
+            crash_loop_window_s=crash_loop_window_s,
+        )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     _run(settings)
@@ -83,7 +118,9 @@ def supervise(log_level: str, log_format: str, min_workers: int, max_workers: in
 def _run(settings: SupervisorSettings) -> None:
     """Run the fleet until a stop signal, with the host's one /metrics endpoint when asked."""
     stop = threading.Event()
-    metrics = _fleet_metrics(settings.worker)  # before the first child: it sets PROMETHEUS_MULTIPROC_DIR
+    metrics = _fleet_metrics(
+        settings.worker
+    )  # before the first child: it sets PROMETHEUS_MULTIPROC_DIR
     try:
         supervisor = Supervisor(settings, child_main, metrics=metrics)
     except ConfigError as exc:  # a device the supervisor's CUDA_VISIBLE_DEVICES hides
@@ -131,6 +168,12 @@ def _fleet_metrics(template: WorkerSettings) -> FleetMetrics | None:
 def _cover_shards(min_workers: int, shards: int) -> int:
     """Every shard needs a worker: raise --min-workers to --shards, and say so."""
     if min_workers < shards:
-        log.warning("--min-workers %d is fewer than --shards %d: running at least %d workers so that every "
-                    "shard has one (slot i serves shard i mod %d)", min_workers, shards, shards, shards)
+        log.warning(
+            "--min-workers %d is fewer than --shards %d: running at least %d workers so that every "
+            "shard has one (slot i serves shard i mod %d)",
+            min_workers,
+            shards,
+            shards,
+            shards,
+        )
     return max(min_workers, shards)
