@@ -21,8 +21,8 @@ import torch
 
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ConfigError, ModelLoadError
-from inferfleet.worker.fleet.scaling import PolicySettings
 from inferfleet.worker.fleet.placement import child_visible_devices
+from inferfleet.worker.fleet.scaling import PolicySettings
 from inferfleet.worker.fleet.supervisor import Slot, Supervisor, SupervisorSettings
 from inferfleet.worker.runtime import devices
 from inferfleet.worker.runtime.devices import is_device_broken, is_out_of_memory

@@ -18,9 +18,9 @@ from inferfleet.worker.cli.process import setup_logging
 from inferfleet.worker.cli.serving import child_main, worker_options, worker_settings
 from inferfleet.worker.config import WorkerSettings, env_var
 from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.fleet.placement import resolve_devices
 from inferfleet.worker.fleet.scaling import POLICY_KINDS, PolicySettings
 from inferfleet.worker.fleet.succession import LeaseHeld
-from inferfleet.worker.fleet.placement import resolve_devices
 from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings
 from inferfleet.worker.signals import on_signals
 
