@@ -7,7 +7,9 @@
         ├── ConfigError            an invalid setting; the message lists what is allowed
         ├── ModelLoadError         the model cannot be loaded, placed or warmed up
         ├── SplitError             ``inferfleet split`` cannot cut the model as asked
-        └── OutputError            a model output breaks the contract (answered model_error)
+        ├── OutputError            a model output breaks the contract (answered model_error)
+        └── Cancelled              a request whose cancel mark a round took: the result it
+                                   gets in place of outputs (answered cancelled, never computed)
 
     BaseException
     └── DeviceBroken               the device's context is lost (a sticky CUDA error): the
@@ -31,6 +33,7 @@ __all__ = [
     "ModelLoadError",
     "OutputError",
     "SplitError",
+    "Cancelled",
 ]
 
 
@@ -71,3 +74,10 @@ class DeviceBroken(BaseException):
         )
         self.consumer = consumer
         self.cause = cause
+
+
+class Cancelled(WorkerError):
+    """The result of a request whose cancel mark a round took: answered ``cancelled``."""
+
+    def __init__(self, message: str = "cancelled by the producer before a worker computed it"):
+        super().__init__(message)

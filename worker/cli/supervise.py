@@ -69,16 +69,6 @@ def supervise(
     max_workers: int | None,
     devices: str,
     workers_per_device: int,
-    policy: str,
-    target_drain_s: float,
-    target_high_wait_s: float,
-    up_cooldown_s: float,
-    down_cooldown_s: float,
-    max_step: int,
-    interval_s: float,
-    drain_timeout_s: float,
-    crash_loop_deaths: int,
-    crash_loop_window_s: float,
     **options: Any,
 ) -> None:
     """Run and size a fleet of workers for one queue from the stream's lag."""
@@ -90,29 +80,33 @@ def supervise(
         device_list = resolve_devices(devices)
         gpus = [d for d in device_list if d != "cpu"]
         default_max = len(gpus) * workers_per_device if gpus else (os.cpu_count() or 1)
-        policy_settings = PolicySettings(
-            kind=policy,
+        policy = PolicySettings(
+            kind=options.pop("policy"),
             min_workers=min_workers,
             max_workers=max_workers or max(default_max, min_workers),
-            target_drain_s=target_drain_s,
-            target_high_wait_s=target_high_wait_s,
-            up_cooldown_s=up_cooldown_s,
-            down_cooldown_s=down_cooldown_s,
-            max_step=max_step,
+            **{name: options.pop(name) for name in _POLICY_OPTIONS},
         )
         settings = SupervisorSettings(
-            worker=worker_settings(options),
-            policy=policy_settings,
+            policy=policy,
             devices=tuple(device_list),
             workers_per_device=workers_per_device,
-            interval_s=interval_s,
-            drain_timeout_s=drain_timeout_s,
-            crash_loop_deaths=crash_loop_deaths,
-            crash_loop_window_s=crash_loop_window_s,
+            **{name: options.pop(name) for name in _SUPERVISOR_OPTIONS},
+            worker=worker_settings(options),
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     _run(settings)
+
+
+#: The options that are fields of PolicySettings / SupervisorSettings under their own names.
+_POLICY_OPTIONS = (
+    "target_drain_s",
+    "target_high_wait_s",
+    "up_cooldown_s",
+    "down_cooldown_s",
+    "max_step",
+)
+_SUPERVISOR_OPTIONS = ("interval_s", "drain_timeout_s", "crash_loop_deaths", "crash_loop_window_s")
 
 
 def _run(settings: SupervisorSettings) -> None:

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from inferfleet.producer.protocol import encode_reply_error, encode_reply_ok
+from inferfleet.producer.protocol import encode_reply_error, encode_reply_ok, reply_timing
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.counters import Counters
-from inferfleet.worker.errors import DeviceBroken
+from inferfleet.worker.errors import Cancelled, DeviceBroken
 from inferfleet.worker.logs import batch_context, clip
 from inferfleet.worker.runtime.devices import is_device_broken
 from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
@@ -64,15 +64,14 @@ def model_error_message(exc: BaseException, limit: int = 2000) -> str:
 def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
     """The answer to ``req``: its outputs, or ``model_error`` for an exception or outputs the
     contract cannot carry. ``meta`` (name, version) names the model that computed it."""
-    timing = {"queued_ms": max(0.0, req.picked_ms - req.enqueued_ms),
-              "infer_ms": infer_ms, "batch_rows": batch_rows}
+    timing = reply_timing(req.picked_ms - req.enqueued_ms, infer_ms, batch_rows)
     if not isinstance(result, Exception):
         try:
             return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True,
                           rid=req.rid, lane=req.lane)
         except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
             result = exc
-    if type(result).__name__ == "Cancelled":  # serving.sharing.Cancelled: its cancel mark was taken
+    if isinstance(result, Cancelled):  # its cancel mark was taken
         return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "cancelled", str(result), meta, timing),
                       rid=req.rid, code="cancelled", lane=req.lane)
     message = model_error_message(result)

@@ -24,6 +24,7 @@ from inferfleet.producer.protocol import GROUP, QueueKeys
 from inferfleet.producer.sharing import lane_keys
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.counters import Counters
+from inferfleet.worker.errors import Cancelled
 from inferfleet.worker.metrics import worker_metrics
 from inferfleet.worker.runtime.devices import release_device_memory
 from inferfleet.worker.runtime.loading import ModelRuntime
@@ -45,7 +46,7 @@ from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 from inferfleet.worker.serving.recovery import Delivery, Recovery
 from inferfleet.worker.serving.replies import ReplyWriter
 from inferfleet.worker.serving.rowlimit import RowLimit
-from inferfleet.worker.serving.sharing import Cancelled, LaneWork
+from inferfleet.worker.serving.sharing import LaneWork
 
 __all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
 

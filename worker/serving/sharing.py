@@ -27,13 +27,14 @@ from inferfleet.producer.sharing import LIBRARY, cancels_key, check_keys, limits
 from inferfleet.producer.transport import Round, run
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.counters import Counters
+from inferfleet.worker.errors import Cancelled
 from inferfleet.worker.serving.batching import Request
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
 from inferfleet.worker.serving.lanes import NORMAL, lane_view
 from inferfleet.worker.serving.recovery import Delivery, Recovery
 from inferfleet.worker.serving.replies import ReplyWriter
 
-__all__ = ["REFUSALS", "Cancelled", "FleetLimits", "LaneWork", "load_library", "take_cancels"]
+__all__ = ["REFUSALS", "FleetLimits", "LaneWork", "load_library", "take_cancels"]
 
 log = logging.getLogger(__name__)
 
@@ -129,15 +130,6 @@ class FleetLimits:
                 "%d of %d entries refused by the fleet-wide limits", len(refused), len(entries)
             )
         return refused
-
-
-class Cancelled(Exception):
-    """The result of a request whose cancel mark a round took: answered ``cancelled``, never computed."""
-
-    def __init__(
-        self, message: str = "cancelled by the producer before a worker computed it"
-    ) -> None:
-        super().__init__(message)
 
 
 class _LaneDepth:
