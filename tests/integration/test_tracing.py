@@ -38,11 +38,15 @@ def traced(redis_url, redis_client, models_dir):
         device="cpu",
         max_wait_ms=20,
     )
-    consumer = Consumer(settings, load_runtime(settings), redis.Redis.from_url(redis_url))
     exporter = InMemorySpanExporter()
     tracing = tracing_from_env("q", env={}, exporter=exporter)
     assert tracing is not None
-    consumer.hooks = Hooks(tracing=tracing)
+    consumer = Consumer(
+        settings,
+        load_runtime(settings),
+        redis.Redis.from_url(redis_url),
+        hooks=lambda _: Hooks(tracing=tracing),
+    )
     consumer.prepare()
     yield consumer, exporter
     tracing.shutdown()

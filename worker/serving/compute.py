@@ -9,12 +9,14 @@ Two paths through the model, one outcome:
   fail (:func:`~inferfleet.worker.serving.batching.predict_isolated`).
 * :meth:`BatchComputer.infer_columns`, the columnar one: a
   :class:`~inferfleet.worker.serving.columns.Columns` batch computed in one
-  pass and answered straight from a reply template in one script call
+  pass, returned as :class:`ColumnsComputed` for the consumer's writer to
+  answer straight from a reply template in one script call
   (:meth:`~inferfleet.worker.serving.replies.ReplyWriter.write_columns`).
   Whatever is not the happy case (an exception, a suspicious output, outputs
   no template fits) is handed to the general path with what was computed.
 
 Every forward pass also feeds the row limit, memory hygiene and the counters.
+Nothing here writes to Redis: the consumer's writer writes what it returns.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,10 +45,11 @@ from inferfleet.worker.serving.batching import (
 from inferfleet.worker.serving.columns import Columns
 from inferfleet.worker.serving.intake import Answer
 from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
-from inferfleet.worker.serving.replies import BatchEncoder, ReplyWriter
+from inferfleet.worker.serving.replies import BatchEncoder, Encode
 from inferfleet.worker.serving.rowlimit import RowLimit
+from inferfleet.worker.serving.templates import ReplyTemplate
 
-__all__ = ["BatchComputer", "encode_answer", "model_error_message"]
+__all__ = ["BatchComputer", "ColumnsComputed", "EncoderKind", "encode_answer", "model_error_message"]
 
 log = logging.getLogger(__name__)
 
@@ -81,33 +85,60 @@ def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: fl
 
 
 
+@dataclass(frozen=True)
+class ColumnsComputed:
+    """A Columns batch computed on the fast path, its replies to be filled in from ``template``."""
+
+    cols: Columns
+    template: ReplyTemplate
+    outputs: np.ndarray
+    infer_ms: float
+
+
+#: What the computer encodes answers with: (model_meta, the general encoder) -> an encoder.
+EncoderKind = Callable[[tuple[str, str], Encode], Any]
+
+
 class BatchComputer:
     """Runs one consumer's batches through its current model and encodes their answers.
 
-    It shares the consumer's result policy, cache round, reply writer,
-    counters and row limit; :meth:`use` switches it to another model.
+    It shares the consumer's result policy, cache round, counters and row
+    limit; :meth:`use` switches it to another model. ``guard`` wraps the
+    predict function of a batch's bisection (the consumer's cancel-mark
+    recheck); ``on_computed`` is called with each batch computed on the
+    general path and its results (the shadow's sample); ``encoder`` makes the
+    answers' encoder for a model (a pipeline stage forwards instead).
     """
 
-    def __init__(self, settings: WorkerSettings, runtime: ModelRuntime, results: ResultPolicy,
-                 cache_round: CacheRound, replies: ReplyWriter, counters: Counters, row_limit: RowLimit) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        runtime: ModelRuntime,
+        results: ResultPolicy,
+        cache_round: CacheRound,
+        counters: Counters,
+        row_limit: RowLimit,
+        *,
+        guard: Callable[[Any], Any] | None = None,
+        on_computed: Callable[[list[Request], list[Any]], None] | None = None,
+        encoder: EncoderKind = BatchEncoder,
+    ) -> None:
         self.consumer = settings.consumer
         self.empty_cache_every = settings.empty_cache_every
         self.results = results
         self.cache_round = cache_round
-        self.replies = replies
         self.counters = counters
         self.row_limit = row_limit
+        self.guard = guard
+        self.on_computed = on_computed
+        self._encoder_kind = encoder
         self._batch_seq = 0  # numbers batches in the logs (record field ``batch``)
-        #: Called with each batch computed on the general path and its results (serve.py: the shadow's hook).
-        self.on_computed: Callable[[list[Request], list[Any]], None] | None = None
-        #: wraps the predict function of a batch's bisection (the consumer's cancel-mark recheck), or None
-        self.guard: Callable[[Any], Any] | None = None
         self.use(runtime)
 
     def use(self, runtime: ModelRuntime) -> None:
         """Compute with ``runtime`` from the next batch on."""
         self.runtime = runtime
-        self.encoder = BatchEncoder(runtime.model_meta, encode_answer)
+        self.encoder = self._encoder_kind(runtime.model_meta, encode_answer)
 
     def infer(self, batch: list[Request]) -> list[Answer]:
         """Compute one batch; what it logs carries the batch number and its request ids."""
@@ -115,8 +146,8 @@ class BatchComputer:
         with batch_context(self._batch_seq, batch):
             return self._infer_batch(batch)
 
-    def infer_columns(self, cols: Columns) -> list[Answer]:
-        """Compute a Columns batch in one pass and answer it from a reply template.
+    def infer_columns(self, cols: Columns) -> ColumnsComputed | list[Answer]:
+        """Compute a Columns batch in one pass, to be answered from a reply template.
 
         A batch that raises, looks suspicious to the result checks or has
         outputs no template fits leaves the fast path: the general one
@@ -136,8 +167,7 @@ class BatchComputer:
                 return self._infer_batch(cols.requests(), outputs)
             infer_s = time.perf_counter() - started
             self._batch_done(cols.rows, infer_s, cols.queue_waits_s)
-            self.replies.write_columns(cols, template, outputs, infer_s * 1000.0)
-            return []
+            return ColumnsComputed(cols, template, outputs, infer_s * 1000.0)
 
     def _infer_batch(self, batch: list[Request], computed: Any = None) -> list[Answer]:
         """Compute one batch and encode its answers; a batch that raises is bisected so only the

@@ -15,6 +15,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -36,7 +37,12 @@ from inferfleet.worker.serving.batching import (
     form_batches,
 )
 from inferfleet.worker.serving.columns import Columns, admit_read, merge_columns
-from inferfleet.worker.serving.compute import BatchComputer, encode_answer
+from inferfleet.worker.serving.compute import (
+    BatchComputer,
+    ColumnsComputed,
+    EncoderKind,
+    encode_answer,
+)
 from inferfleet.worker.serving.deadletter import dead_fields
 from inferfleet.worker.serving.hooks import Hooks
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
@@ -44,7 +50,7 @@ from inferfleet.worker.serving.lanes import NORMAL, LaneReader
 from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 from inferfleet.worker.serving.recovery import Delivery, Recovery
-from inferfleet.worker.serving.replies import ReplyWriter
+from inferfleet.worker.serving.replies import BatchEncoder, ReplyWriter
 from inferfleet.worker.serving.rowlimit import RowLimit
 from inferfleet.worker.serving.sharing import LaneWork
 
@@ -118,13 +124,16 @@ class Consumer:
 
     Collaborators it does not build: ``counters`` (default: this worker's
     Prometheus series, or none when metrics are off; the heartbeat reads
-    them), ``watcher`` (default none: no hot swaps) and ``model_source``
-    (default ``settings.model``: what the runtime was loaded from).
+    them), ``watcher`` (default none: no hot swaps), ``model_source``
+    (default ``settings.model``: what the runtime was loaded from) and
+    ``hooks`` (default none: no shadow, no tracing), a factory given the
+    consumer because the shadow reads its runtime and writers.
     """
 
     def __init__(self, settings: WorkerSettings, runtime: ModelRuntime, client: redis.Redis, *,
                  counters: Counters | None = None, watcher: ModelWatcher | None = None,
-                 model_source: str | None = None) -> None:
+                 model_source: str | None = None,
+                 hooks: Callable[[Consumer], Hooks] | None = None) -> None:
         self.settings = settings
         self.runtime = runtime
         self.redis = client
@@ -150,17 +159,26 @@ class Consumer:
         self.columnar = not self.results.keyed and not runtime.per_request
         self.recovery = Recovery(client, self.keys, settings, self.counters)
         self.cache_round = CacheRound(self.results, self.counters)
-        self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters)
-        if not self.prefetch:  # a read-ahead thread reads while this one writes: nothing may be held between
-            self.replies.send_behind_reads()
-        self.computer = BatchComputer(settings, runtime, self.results, self.cache_round, self.replies,
-                                      self.counters, self.row_limit)
+        # a read-ahead thread reads while this one writes: nothing may be held between them
+        self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters,
+                                   hold_behind_reads=not self.prefetch)
         self.lanes = LaneReader(self.keys)
         self.work = LaneWork(client, self.keys, settings, self.counters, self.replies, self.recovery)
-        self.computer.guard = self.work.recheck_cancels  # a bisect retry checks the cancel marks again
+        self.computer = self._computer(runtime, BatchEncoder)
         self.watcher = watcher  # follows hot swaps
         self.model_source = settings.model if model_source is None else model_source  # the runtime's file or handler
-        self.hooks: Hooks | None = None  # shadow/canary and tracing, one call per read, batch, round (serve.py)
+        # shadow/canary and tracing, one call per read, batch, round (serve.py)
+        self.hooks: Hooks | None = None if hooks is None else hooks(self)
+
+    def _computer(self, runtime: ModelRuntime, encoder: EncoderKind) -> BatchComputer:
+        """The batch computer for ``runtime``, its answers encoded by ``encoder``."""
+        return BatchComputer(self.settings, runtime, self.results, self.cache_round, self.counters,
+                             self.row_limit, guard=self.work.recheck_cancels,  # a bisect retry rechecks
+                             on_computed=self._computed, encoder=encoder)
+
+    def _computed(self, batch: list[Request], results: list[Any]) -> None:
+        if self.hooks is not None:  # the shadow keeps a sample of the live batches
+            self.hooks.computed(batch, results)
 
     # -- the loop ----------------------------------------------------------
 
@@ -275,7 +293,12 @@ class Consumer:
         fallback: list[Answer] = []
         columns = [item for item in items if isinstance(item, Columns)]
         for cols in merge_columns(columns) if columns else ():
-            fallback.extend(self.computer.infer_columns(cols))  # answered now, unless it left the fast path
+            computed = self.computer.infer_columns(cols)
+            if isinstance(computed, ColumnsComputed):  # answered now, from its reply template
+                self.replies.write_columns(computed.cols, computed.template, computed.outputs,
+                                           computed.infer_ms)
+            else:  # it left the fast path: answered with the rest
+                fallback.extend(computed)
         answers.extend(fallback)
         requests = [item for item in items if isinstance(item, Request)]
         if self.work.cancels_pending() and requests:

@@ -133,7 +133,10 @@ class ReplyWriter:
 
     ``model_meta`` (name, version) names the model in the ``bad_request``
     written when a reply key holds another type; the consumer sets it when it
-    switches models.
+    switches models. ``hold_behind_reads``: hold each Columns round's call
+    until the next read (:mod:`~inferfleet.worker.serving.behind`), only on a
+    plain Redis client (a cluster routes the call itself) and only for a
+    consumer whose reads and writes take turns on one thread.
     """
 
     def __init__(
@@ -143,6 +146,8 @@ class ReplyWriter:
         reply_ttl_s: int,
         model_meta: tuple[str, str],
         counters: Counters,
+        *,
+        hold_behind_reads: bool = False,
     ) -> None:
         self.redis = client
         self.keys = keys
@@ -154,8 +159,10 @@ class ReplyWriter:
         self._direct = (
             isinstance(client, redis.Redis) and getattr(client, "connection", None) is None
         )
-        self.behind: BehindRead | None = (
-            None  # Columns calls held for the next read (send_behind_reads)
+        self.behind = (
+            BehindRead(client, self._call_packed, self.load)
+            if hold_behind_reads and self._direct
+            else None
         )
 
     def load(self) -> None:
@@ -231,17 +238,8 @@ class ReplyWriter:
         pushed, failed = self._call_packed(packed)
         self._columns_done(cols, int(pushed), [int(i) for i in failed])
 
-    def send_behind_reads(self) -> None:
-        """Hold each Columns round's call until the next read (:mod:`~inferfleet.worker.serving.behind`).
-
-        Only on a plain Redis client (a cluster routes the call itself), and
-        only for a consumer whose reads and writes take turns on one thread.
-        """
-        if self._direct:
-            self.behind = BehindRead(self.redis, self._call_packed, self.load)
-
     def settle(self) -> None:
-        """Write the replies held for the next read now (see :meth:`send_behind_reads`)."""
+        """Write the replies held for the next read now (``hold_behind_reads``)."""
         if self.behind is not None:
             self.behind.settle()
 

@@ -77,9 +77,10 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     runtime, seen_seq, source = loaded
     watcher = ModelWatcher(client, settings.queue_keys, settings, load_runtime, seen_seq)
     kind = Consumer if settings.stage is None else StageConsumer  # one stage of a split model
-    consumer = kind(settings, runtime, client, counters=counters, watcher=watcher, model_source=source)
-    hooks = consumer.hooks = Hooks(_shadow_runner(consumer, client), tracing_from_env(settings.name))
-    consumer.computer.on_computed = hooks.computed
+    consumer = kind(settings, runtime, client, counters=counters, watcher=watcher, model_source=source,
+                    hooks=lambda c: Hooks(_shadow_runner(c, client), tracing_from_env(settings.name)))
+    hooks = consumer.hooks
+    assert hooks is not None
     if stop.is_set():
         return consumer
     heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer,

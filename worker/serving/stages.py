@@ -43,9 +43,9 @@ from inferfleet.worker.keys import StageKeys
 from inferfleet.worker.metrics import worker_metrics
 from inferfleet.worker.runtime.loading import ModelRuntime
 from inferfleet.worker.serving.batching import Request
-from inferfleet.worker.serving.consumer import Consumer, encode_answer
+from inferfleet.worker.serving.consumer import Consumer
 from inferfleet.worker.serving.intake import Answer, Intake
-from inferfleet.worker.serving.replies import Encode, ReplyWriter
+from inferfleet.worker.serving.replies import BatchEncoder, Encode, ReplyWriter
 from inferfleet.worker.serving.sharing import NORMAL
 
 __all__ = [
@@ -283,12 +283,12 @@ class StageConsumer(Consumer):
         self.columnar = False
         if last:
             self.replies = ReplyWriter(*args)
+            self.computer = self._computer(runtime, BatchEncoder)
         else:
-            self.computer.encoder = ForwardEncoder(runtime.model_meta, encode_answer)  # type: ignore[assignment]
             self.replies = ForwardWriter(
                 *args, StageKeys(self.keys.name, self.keys.prefix, stage=stage + 1).requests
             )
-        self.computer.replies = self.replies
+            self.computer = self._computer(runtime, ForwardEncoder)
         self.work.writers[NORMAL] = self.replies  # a stage stream has one lane: the normal one
         log.info(
             "consumer %s: stage %d of %d of %s version %s, %s",
