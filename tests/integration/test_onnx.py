@@ -12,8 +12,9 @@ import torch
 from inferfleet.producer import Producer
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
-from inferfleet.worker.runtime.loading import file_version, load_runtime
+from inferfleet.worker.runtime.loading import load_runtime
 from inferfleet.worker.runtime.onnx_backend import load_onnx
+from inferfleet.worker.runtime.readers import file_version
 from scripts.build_models import example_inputs
 from tests.conftest import worker_env
 

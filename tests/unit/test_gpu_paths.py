@@ -26,13 +26,9 @@ from inferfleet.worker.fleet.scaling import PolicySettings
 from inferfleet.worker.fleet.supervisor import Slot, Supervisor, SupervisorSettings
 from inferfleet.worker.runtime import devices
 from inferfleet.worker.runtime.devices import is_device_broken, is_out_of_memory
-from inferfleet.worker.runtime.loading import (
-    ModelRuntime,
-    apply_precision,
-    load_model,
-    load_runtime,
-)
+from inferfleet.worker.runtime.loading import ModelRuntime, apply_precision, load_runtime
 from inferfleet.worker.runtime.modules import ModuleHandler
+from inferfleet.worker.runtime.readers import load_model
 
 # -- 1 and 5: what a device error means ---------------------------------------------------------------
 

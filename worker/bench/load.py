@@ -216,7 +216,8 @@ def _model_example(model_path: str) -> Any:
     import torch
 
     from inferfleet.worker.errors import ModelLoadError
-    from inferfleet.worker.runtime.loading import load_model, resolve_spec
+    from inferfleet.worker.runtime.loading import resolve_spec
+    from inferfleet.worker.runtime.readers import load_model
     from inferfleet.worker.runtime.signature import RAW_SPECS, synthesize
 
     try:

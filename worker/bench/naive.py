@@ -49,7 +49,8 @@ from inferfleet.producer.protocol import (
 )
 from inferfleet.worker.connections import admin_client
 from inferfleet.worker.handler import Handler
-from inferfleet.worker.runtime.loading import load_model, to_numpy
+from inferfleet.worker.runtime.loading import to_numpy
+from inferfleet.worker.runtime.readers import load_model
 from inferfleet.worker.serving.consumer import ensure_group
 from inferfleet.worker.signals import on_signals
 

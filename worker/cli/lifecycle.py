@@ -25,7 +25,7 @@ def check_model(model: str, version: str | None, check: bool, fleet_model: str =
     outputs of the same form from them: its example and the fleet's are run
     through it (:func:`_check_candidate`).
     """
-    from inferfleet.worker.runtime.loading import file_version, is_handler_spec
+    from inferfleet.worker.runtime.readers import file_version, is_handler_spec
 
     if os.path.isdir(model):
         return _check_pipeline(model, version)
@@ -64,7 +64,7 @@ def _load_checked(model: str, failure: str) -> tuple[Any, Any, str]:
     import torch
 
     from inferfleet.worker.errors import ModelLoadError
-    from inferfleet.worker.runtime.loading import load_model
+    from inferfleet.worker.runtime.readers import load_model
 
     try:
         return load_model(model, torch.device("cpu"))
@@ -75,7 +75,7 @@ def _load_checked(model: str, failure: str) -> tuple[Any, Any, str]:
 def _load_fleet_model(fleet_model: str) -> tuple[Any, Any] | None:
     """The (handler, example) of the version the fleet serves, if this machine can load it."""
     from inferfleet.worker.errors import ModelLoadError
-    from inferfleet.worker.runtime.loading import is_handler_spec, load_model
+    from inferfleet.worker.runtime.readers import is_handler_spec, load_model
 
     if not fleet_model or not (is_handler_spec(fleet_model) or os.path.isfile(fleet_model)):
         return None

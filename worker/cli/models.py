@@ -15,7 +15,7 @@ def _module_of(source: str) -> object:
 
     from inferfleet.worker.errors import ModelLoadError
     from inferfleet.worker.runtime.formats import detect_kind
-    from inferfleet.worker.runtime.loading import import_target, is_handler_spec
+    from inferfleet.worker.runtime.readers import import_target, is_handler_spec
 
     if is_handler_spec(source):
         try:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from inferfleet.producer.protocol import encode_body
-from inferfleet.worker.runtime.loading import EXAMPLE_EXTRA_FILE, SPEC_EXTRA_FILE
+from inferfleet.worker.runtime.readers import EXAMPLE_EXTRA_FILE, SPEC_EXTRA_FILE
 from inferfleet.worker.runtime.signature import describe_spec, parse_spec, spec_of
 
 __all__ = ["save_model", "spec_with_dynamic"]

@@ -27,7 +27,7 @@ import torch
 
 from inferfleet.producer.protocol import DTYPES, encode_body
 from inferfleet.worker.errors import SplitError
-from inferfleet.worker.runtime.loading import EXAMPLE_EXTRA_FILE, to_numpy
+from inferfleet.worker.runtime.loading import to_numpy
 from inferfleet.worker.runtime.pipeline import (
     Manifest,
     StageInfo,
@@ -37,6 +37,7 @@ from inferfleet.worker.runtime.pipeline import (
     stage_file,
     write_manifest,
 )
+from inferfleet.worker.runtime.readers import EXAMPLE_EXTRA_FILE
 
 __all__ = ["ATOL", "candidates", "load_splittable", "split_model"]
 
