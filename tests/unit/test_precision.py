@@ -16,7 +16,6 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.handler import Handler
 from inferfleet.worker.runtime.loading import apply_precision, load_runtime
-from inferfleet.worker.runtime.readers import file_version
 from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.onnx_backend import OnnxHandler, int8_weight_kind, quantize_onnx
 from inferfleet.worker.runtime.quantize import (
@@ -25,6 +24,7 @@ from inferfleet.worker.runtime.quantize import (
     quantize_module,
     quantize_weight,
 )
+from inferfleet.worker.runtime.readers import file_version
 from scripts.build_models import example_inputs
 
 KINDS = ["affine", "ctr", "cnn"]
