@@ -1,4 +1,4 @@
-"""scripts/chaos.py's counting on a real redis-server: the 0 lost / 0 duplicated the reliability tests assert."""
+"""benchmarks/chaos.py's counting on a real redis-server: the 0 lost / 0 duplicated the reliability tests assert."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.runtime.loading import file_version, load_runtime
 from inferfleet.worker.runtime.onnx_backend import load_onnx
-from scripts.build_models import example_inputs
 from tests.conftest import worker_env
+from tests.fixtures.build_models import example_inputs
 
 
 def local(path, **settings):

@@ -28,7 +28,7 @@ entries really pending in a stream (a private redis-server; its CPU time from
 * ``plain``: RPUSH + EXPIRE per reply and one XACK for the batch in a
   pipeline, no exactly-once check (the plain worker's commands).
 
-    python scripts/bench_reply_script.py --entries 100000 --batch 256 --runs 3
+    python -m benchmarks.bench_reply_script --entries 100000 --batch 256 --runs 3
 """
 
 from __future__ import annotations
@@ -36,18 +36,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 from pathlib import Path
 
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.callgrind_redis import CallgrindRedis, missing_tools
+from inferfleet.producer.protocol import GROUP
+from inferfleet.worker.embedded import EmbeddedRedis
+from inferfleet.worker.serving.replies import REPLY_SCRIPT
 
-from inferfleet.producer.protocol import GROUP  # noqa: E402
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from inferfleet.worker.serving.replies import REPLY_SCRIPT  # noqa: E402
-from scripts.callgrind_redis import CallgrindRedis, missing_tools  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 STREAM = "inferfleet:{b}:requests"
