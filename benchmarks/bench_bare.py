@@ -27,8 +27,6 @@ from inferfleet.worker.config import PRECISIONS, WorkerSettings
 from inferfleet.worker.runtime.devices import peak_memory_mib
 from inferfleet.worker.runtime.loading import load_runtime
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def rows_per_s(runtime, inputs, seconds: float) -> float:
     runtime.predict(inputs, {})  # warm this size

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import redis
@@ -35,8 +34,6 @@ from benchmarks.callgrind_redis import CallgrindRedis, missing_tools
 from inferfleet import Producer
 from inferfleet.producer.protocol import GROUP, QueueKeys
 from inferfleet.worker.serving.replies import REPLY_SCRIPT
-
-ROOT = Path(__file__).resolve().parent.parent
 
 NAME = "steps"
 KEYS = QueueKeys(NAME)

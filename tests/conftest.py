@@ -74,7 +74,7 @@ def models_dir() -> Path:
     ]
     if not all((MODELS_DIR / name).exists() for name in needed):
         subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "build_models.py"), "--out", str(MODELS_DIR)],
+            [sys.executable, "-m", "tests.fixtures.build_models", "--out", str(MODELS_DIR)],
             check=True,
             cwd=ROOT,
         )
