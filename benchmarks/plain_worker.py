@@ -5,8 +5,12 @@ entry, one forward pass over the concatenated rows, one RPUSH + EXPIRE per
 reply in a pipeline and one XACK for the batch. It has no deadlines, no
 validation, no exactly-once replies and no error isolation: what the fleet
 worker adds is measured against it, on the same stream and the same client.
+The installed ``inferfleet.worker.bench.naive`` is another yardstick: one
+request at a time, the model loaded on the first (``inferfleet bench
+--baseline naive``), the article's unbatched server; this one is batched.
 
-    python -m benchmarks.plain_worker --name bench --model models/affine.pt --redis-url redis://127.0.0.1:6390/0
+    python -m benchmarks.plain_worker --name bench --model models/affine.pt \\
+        --redis-url redis://127.0.0.1:6390/0
 """
 
 from __future__ import annotations
