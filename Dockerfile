@@ -40,8 +40,11 @@ RUN pip install "${REDIS_SPEC}" ".[worker,onnx]" && rm -rf /src/*
 
 WORKDIR /app
 
-COPY scripts/build_models.py ./scripts/build_models.py
-RUN python scripts/build_models.py --out /app/models
+# The example models: tests/fixtures is a package, run with python -m from /app.
+COPY tests/__init__.py ./tests/__init__.py
+COPY tests/fixtures/__init__.py ./tests/fixtures/__init__.py
+COPY tests/fixtures/build_models.py ./tests/fixtures/build_models.py
+RUN python -m tests.fixtures.build_models --out /app/models
 
 # Not root: the worker needs no privileges (its home holds torch's caches).
 RUN useradd --create-home --uid 10001 --user-group inferfleet

@@ -35,5 +35,5 @@ fi
 if [ ! -f models/ctr.pt ] || [ ! -f models/affine.pt2 ] || [ ! -f models/cnn.pt ] || [ ! -f models/affine.pt ] \
    || [ ! -f models/ctr-v2.pt ] || [ ! -f models/features.npz ]; then
   echo "==> building the example models into models/"
-  python scripts/build_models.py --out models >/dev/null
+  python -m tests.fixtures.build_models --out models >/dev/null
 fi

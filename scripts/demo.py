@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +19,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from inferfleet.producer import Producer
+from inferfleet.worker.bench.load import bench_inputs, run_bench
+from inferfleet.worker.embedded import EmbeddedRedis
+from tests.fixtures.build_models import example_inputs
+from tests.fixtures.fleet_procs import start_workers
 
-from inferfleet.producer import Producer  # noqa: E402
-from inferfleet.worker.bench.load import bench_inputs, run_bench  # noqa: E402
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from scripts.build_models import example_inputs  # noqa: E402
-from scripts.fleet_procs import start_workers  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 console = Console()
 

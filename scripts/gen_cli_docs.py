@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write docs/cli.md from the click commands' own help, so the two never disagree.
 
-python scripts/gen_cli_docs.py          # rewrite docs/cli.md
-python scripts/gen_cli_docs.py --check  # exit 1 if docs/cli.md is stale (a test runs this)
+python -m scripts.gen_cli_docs          # rewrite docs/cli.md
+python -m scripts.gen_cli_docs --check  # exit 1 if docs/cli.md is stale (a test runs this)
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from pathlib import Path
 
 import click
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from inferfleet.worker.cli import main as cli
 
-from inferfleet.worker.cli import main as cli  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 HEADER = """# inferfleet command line
 
-Generated from the commands' own `--help` by `python scripts/gen_cli_docs.py`;
+Generated from the commands' own `--help` by `python -m scripts.gen_cli_docs`;
 a test fails when this file is stale. Every option can also be set from the
 environment variable shown beside it (`REDIS_URL` for the Redis URL), but for
 one request's own data (`enqueue --input`, `--param`, `--request-id`), the
@@ -76,7 +75,7 @@ def main() -> None:
     text = render()
     if "--check" in sys.argv:
         if not path.exists() or path.read_text() != text:
-            print("docs/cli.md is stale: run python scripts/gen_cli_docs.py", file=sys.stderr)
+            print("docs/cli.md is stale: run python -m scripts.gen_cli_docs", file=sys.stderr)
             sys.exit(1)
         return
     path.write_text(text)

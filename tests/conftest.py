@@ -60,7 +60,7 @@ def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
 
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
-    """The example models, built once per machine by scripts/build_models.py."""
+    """The example models, built once per machine by tests/fixtures/build_models.py."""
     needed = [
         "affine.pt",
         "affine.pt2",
@@ -74,7 +74,7 @@ def models_dir() -> Path:
     ]
     if not all((MODELS_DIR / name).exists() for name in needed):
         subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "build_models.py"), "--out", str(MODELS_DIR)],
+            [sys.executable, "-m", "tests.fixtures.build_models", "--out", str(MODELS_DIR)],
             check=True,
             cwd=ROOT,
         )
@@ -83,8 +83,8 @@ def models_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def onnx_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """affine/ctr/cnn exported to ONNX (scripts/export_onnx.py), plus ``ctr.int8.onnx``, once per session."""
-    from scripts.export_onnx import export_all
+    """affine/ctr/cnn exported to ONNX (tests/fixtures/export_onnx.py), plus ``ctr.int8.onnx``, once per session."""
+    from tests.fixtures.export_onnx import export_all
 
     out = tmp_path_factory.mktemp("onnx")
     export_all(["affine", "cnn"], str(out))
@@ -207,7 +207,7 @@ def spawn_worker(redis_url: str, redis_client: redis.Redis):
             proc.stderr.close()
 
 
-#: Where the example pipeline is cut: three stages of two residual blocks each (scripts/build_models.py stack).
+#: Where the example pipeline is cut: three stages of two residual blocks each (tests/fixtures/build_models.py stack).
 STACK_SPLIT_AT = ["blocks.2", "blocks.4"]
 
 

@@ -13,7 +13,7 @@ What the files are checked against, never copied from:
 * ``inferfleet.producer.protocol``: the stream name (``QueueKeys(name, prefix).requests``) and the
   consumer group (``GROUP``) that KEDA watches;
 * ``pyproject.toml``: the console script the image's ENTRYPOINT runs;
-* ``scripts/build_models.py``: the models the image builds.
+* ``tests/fixtures/build_models.py``: the models the image builds.
 """
 
 from __future__ import annotations
@@ -237,8 +237,8 @@ def build_steps_problems(instrs: list[tuple[str, str]]) -> list[str]:
         problems.append(
             'no RUN pip install ".[worker,onnx]" (the project, its worker side and ONNX Runtime)'
         )
-    if not any("scripts/build_models.py" in s for s in _copy_sources(instrs)):
-        problems.append("scripts/build_models.py is not copied into the image")
+    if not any("tests/fixtures/build_models.py" in s for s in _copy_sources(instrs)):
+        problems.append("tests/fixtures/build_models.py is not copied into the image")
     return problems
 
 
@@ -261,11 +261,11 @@ def pin_problems(instrs: list[tuple[str, str]], tested: dict[str, str]) -> list[
 
 
 def built_models(instrs: list[tuple[str, str]]) -> set[str]:
-    """Paths of the model files ``RUN python scripts/build_models.py`` writes."""
-    from scripts.build_models import DEFAULT_MODELS
+    """Paths of the model files ``RUN python -m tests.fixtures.build_models`` writes."""
+    from tests.fixtures.build_models import DEFAULT_MODELS
 
     for instr, args in instrs:
-        if instr == "RUN" and "scripts/build_models.py" in args:
+        if instr == "RUN" and "tests.fixtures.build_models" in args:
             words = shlex.split(args)
             out = words[words.index("--out") + 1] if "--out" in words else "models"
             only = (

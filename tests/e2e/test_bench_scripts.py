@@ -1,7 +1,7 @@
 """The issue-12 measurement scripts run as docs/benchmarks.md runs them, on a tiny load.
 
-Their figures are only as good as what they measure: every reply-script
-variant must acknowledge every entry it answers (the script checks nothing is
+Their figures are only as good as what they measure: the reply script and
+each of its yardsticks must acknowledge every entry it answers (the script checks nothing is
 left pending), and an unknown variant is refused rather than measured as
 the default script.
 """
@@ -13,12 +13,12 @@ import sys
 
 from tests.conftest import ROOT
 
-SCRIPT = str(ROOT / "scripts" / "bench_reply_script.py")
+SCRIPT = ["-m", "benchmarks.bench_reply_script"]
 
 
 def test_every_reply_script_variant_answers_and_acknowledges_every_entry():
     done = subprocess.run(
-        [sys.executable, SCRIPT, "--entries", "600", "--batch", "256", "--runs", "1"],
+        [sys.executable, *SCRIPT, "--entries", "600", "--batch", "256", "--runs", "1"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -26,17 +26,7 @@ def test_every_reply_script_variant_answers_and_acknowledges_every_entry():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     measured = {line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()}
-    bases = (
-        "script",
-        "previous",
-        "inline",
-        "grouped",
-        "runs",
-        "pcheck",
-        "xclaim",
-        "pexpire",
-        "no-expire",
-    )
+    bases = ("script", "no-expire")  # the experiments that lost to the script were retired
     assert measured == {*bases, *(f"{base}-inbox" for base in bases), "function", "plain"}
 
 
@@ -47,7 +37,7 @@ def test_callgrind_counts_the_same_instructions_for_the_same_calls():
     done = subprocess.run(
         [
             sys.executable,
-            SCRIPT,
+            *SCRIPT,
             "--callgrind",
             "--entries",
             "512",
@@ -76,7 +66,7 @@ def test_callgrind_counts_the_same_instructions_for_the_same_calls():
 
 def test_an_unknown_variant_is_refused():
     done = subprocess.run(
-        [sys.executable, SCRIPT, "--variants", "script,fastest"],
+        [sys.executable, *SCRIPT, "--variants", "script,fastest"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -92,7 +82,8 @@ def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "bench_cpu.py"),
+            "-m",
+            "benchmarks.bench_cpu",
             "--kind",
             "sdk",
             "--callgrind",
@@ -123,7 +114,7 @@ def test_bench_redis_steps_adds_up_to_what_a_request_costs():
     """Each step of a request in Redis, counted alone: every step is measured, a pop costs more than a
     trivial command, and the reply script's parts each cost more than its bare call."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_redis_steps.py"), "--requests", "512"],
+        [sys.executable, "-m", "benchmarks.bench_redis_steps", "--requests", "512"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -159,7 +150,7 @@ def test_bench_cpu_refuses_callgrind_where_it_would_measure_something_else():
     silently have reported CPU time or nothing."""
     for extra in (["--kind", "drain"], ["--kind", "all"], ["--kind", "sdk", "--commandstats"]):
         done = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--callgrind", *extra],
+            [sys.executable, "-m", "benchmarks.bench_cpu", "--callgrind", *extra],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -175,7 +166,8 @@ def test_bench_cpu_sends_the_requests_in_the_calls_asked_for():
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "bench_cpu.py"),
+            "-m",
+            "benchmarks.bench_cpu",
             "--kind",
             "sdk",
             "--modes",
@@ -204,7 +196,7 @@ def test_bench_cpu_sends_the_requests_in_the_calls_asked_for():
         0 <= figures["redis_sys_us"] <= figures["redis_us"]
     )  # the kernel's part of redis-server's CPU
     refused = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_cpu.py"), "--kind", "sdk", "--calls", "0"],
+        [sys.executable, "-m", "benchmarks.bench_cpu", "--kind", "sdk", "--calls", "0"],
         cwd=ROOT,
         capture_output=True,
         text=True,

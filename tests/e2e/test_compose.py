@@ -34,7 +34,6 @@ import redis
 
 from inferfleet.producer import Producer
 from inferfleet.producer.protocol import GROUP, QueueKeys
-from scripts.build_models import example_inputs
 from tests.ci import skip_unless_ci
 from tests.compose_stack import (
     WHEELHOUSE_VARIABLE,
@@ -44,6 +43,7 @@ from tests.compose_stack import (
     last_json,
     wheel_index,
 )
+from tests.fixtures.build_models import example_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 

@@ -120,7 +120,7 @@ def test_split_cli_prints_the_stages_and_refuses_bad_points(
     done = run_cli(
         "split",
         "--model",
-        "scripts.build_models:stack",
+        "tests.fixtures.build_models:stack",
         "--example",
         str(models_dir / "stack.npy"),
         "--split-at",
@@ -140,7 +140,7 @@ def test_split_cli_prints_the_stages_and_refuses_bad_points(
     bad = run_cli(
         "split",
         "--model",
-        "scripts.build_models:stack",
+        "tests.fixtures.build_models:stack",
         "--example",
         str(models_dir / "stack.npy"),
         "--split-at",

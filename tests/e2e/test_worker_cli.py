@@ -12,8 +12,8 @@ import torch
 
 from inferfleet.producer import Producer
 from inferfleet.producer.protocol import GROUP
-from scripts.build_models import example_inputs
 from tests.conftest import stop_process, worker_env
+from tests.fixtures.build_models import example_inputs
 
 
 def direct(model_path, inputs):

@@ -1,4 +1,4 @@
-"""scripts/chaos.py's counting on a real redis-server: the 0 lost / 0 duplicated the reliability tests assert."""
+"""benchmarks/chaos.py's counting on a real redis-server: the 0 lost / 0 duplicated the reliability tests assert."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import redis
 
+from benchmarks import chaos
 from inferfleet.producer.protocol import GROUP, encode_reply_error, encode_reply_ok
-from scripts import chaos
 
 TIMING = {"queue_ms": 0.0, "infer_ms": 1.0, "batch_rows": 1}
 

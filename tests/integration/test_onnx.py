@@ -15,8 +15,8 @@ from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.runtime.loading import load_runtime
 from inferfleet.worker.runtime.onnx_backend import load_onnx
 from inferfleet.worker.runtime.readers import file_version
-from scripts.build_models import example_inputs
 from tests.conftest import worker_env
+from tests.fixtures.build_models import example_inputs
 
 
 def local(path, **settings):

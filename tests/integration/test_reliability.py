@@ -1,4 +1,4 @@
-"""Nothing lost, nothing answered twice: the chaos scenarios of scripts/chaos.py, asserted.
+"""Nothing lost, nothing answered twice: the chaos scenarios of benchmarks/chaos.py, asserted.
 
 Each scenario runs real supervisors, workers and redis-servers of its own.
 They are slow (10-30 s each) and run in CI with the rest of the suite.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.chaos import scenario_kill, scenario_poison, scenario_redis, scenario_swap
+from benchmarks.chaos import scenario_kill, scenario_poison, scenario_redis, scenario_swap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -14,7 +14,7 @@ from inferfleet.worker.handler import to_device
 from inferfleet.worker.heartbeat import Heartbeat, read_heartbeats
 from inferfleet.worker.runtime.loading import load_runtime
 from inferfleet.worker.serving.consumer import Consumer
-from scripts.build_models import example_inputs
+from tests.fixtures.build_models import example_inputs
 
 
 def runtime(models_dir, kind: str, **settings):

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "architecture.md").read_text()
 SUBPACKAGES = ("serving", "runtime", "fleet", "bench", "cli")
-CHECKED = ("inferfleet", "producer", "worker", "scripts", "tests")
+CHECKED = ("inferfleet", "producer", "worker", "scripts", "benchmarks", "tests")
 
 
 def _table(heading: str) -> list[list[str]]:
@@ -140,3 +140,20 @@ def test_no_function_over_50_lines(side: str) -> None:
                         f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} has {lines} lines"
                     )
     assert too_long == []
+
+
+@pytest.mark.parametrize("row", _table("## The folders around the package"), ids=lambda r: r[0])
+def test_the_folders_around_the_package_hold_what_the_page_names(row: list[str]) -> None:
+    folder = ROOT / row[0].strip("`")
+    spans = re.findall(r"`([\w.]+)`", row[2])  # file names; `.venv` is no file here
+    named = {name for name in spans if not name.startswith(".")}
+    on_disk = {p.name for p in folder.iterdir() if p.is_file()} - {"__init__.py"}
+    assert named & on_disk == on_disk, f"{row[0]} holds files the page does not name"
+    assert named <= on_disk, f"{row[0]} lacks files the page names"
+
+
+@pytest.mark.parametrize("folder", ["scripts", "benchmarks", "tests/fixtures"])
+def test_nothing_outside_the_package_edits_sys_path(folder: str) -> None:
+    files = [p for p in (ROOT / folder).iterdir() if p.is_file()]
+    edits = [p.name for p in files if "sys.path" in p.read_text()]
+    assert edits == [], "run it with python -m from the repository root instead"

@@ -802,8 +802,8 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
     (
         "COPY of an ignored path",
         "dockerfile",
-        edit("COPY worker ./worker", "COPY worker ./worker\nCOPY tests ./tests"),
-        "COPY tests: excluded by .dockerignore",
+        edit("COPY worker ./worker", "COPY worker ./worker\nCOPY tests/unit ./tests/unit"),
+        "COPY tests/unit: excluded by .dockerignore",
     ),
     (
         "entrypoint",
@@ -870,8 +870,8 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
     (
         "models not built",
         "dockerfile",
-        edit("COPY scripts/build_models.py ./scripts/build_models.py\n", ""),
-        "scripts/build_models.py is not copied",
+        edit("COPY tests/fixtures/build_models.py ./tests/fixtures/build_models.py\n", ""),
+        "tests/fixtures/build_models.py is not copied",
     ),
 ]
 

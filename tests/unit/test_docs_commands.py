@@ -2,11 +2,12 @@
 
 The commands are the lines of shell code blocks (fenced ``bash``/``sh``/``console``/plain, or
 indented four spaces) and the inline code spans of the prose that start like a command
-(``inferfleet``, ``python scripts/...``, ``./scripts/...``, ``pip install``, ``docker``,
+(``inferfleet``, ``python -m benchmarks.…``, ``./scripts/...``, ``pip install``, ``docker``,
 ``kubectl``, ``redis-cli``, ``curl``). Each one is checked without running anything:
 
 - ``inferfleet ...``: the subcommand is in the click tree and each option is one of its options;
-- a script: the file exists, and each option is one its argparse or click code declares;
+- a script (``./scripts/x`` or ``python -m benchmarks.x``, ``tests.fixtures.x``, ``scripts.x``):
+  the file exists, and each option is one its argparse or click code declares;
 - ``pip install``: it installs from the checkout (the package is not on PyPI) with extras that
   pyproject.toml defines;
 - ``kubectl apply -f`` and ``docker compose -f``: the files exist.
@@ -37,7 +38,8 @@ from tests.conftest import ROOT
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 #: How a command starts (after a ``$ `` prompt, if any).
-COMMAND = re.compile(r"^(inferfleet |python3? scripts/|\./scripts/|pip install |docker |kubectl |redis-cli |curl |"
+COMMAND = re.compile(r"^(inferfleet |python3? (scripts/|-m (benchmarks|tests\.fixtures|scripts)\.)|\./scripts/|"
+                     r"pip install |docker |kubectl |redis-cli |curl |"
                      r"for |\. \.venv/)")
 _SHELL = {"", "bash", "sh", "shell", "console"}
 _FENCE = re.compile(r"^\s*```(\w*)\s*$")
@@ -52,7 +54,7 @@ _GPU = "needs an NVIDIA GPU"
 RUN_BY: dict[str, str] = {
     r"^README\.md: (\./scripts/setup|\. \.venv/bin/activate)$": _README + "test_the_readme_usage_block_runs_as_written",
     r"^README\.md: (inferfleet (worker --name ctr(-onnx)? |enqueue --name ctr --input models/features\.npz --wait$|"
-    r"result|supervise|status|dead|swap|alerts|bench --spawn)|python scripts/export_onnx\.py)":
+    r"result|supervise|status|dead|swap|alerts|bench --spawn)|python -m tests\.fixtures\.export_onnx)":
         _README + "test_the_readme_usage_block_runs_as_written",
     r"^README\.md: inferfleet (worker --name (ctr|stack) |shadow|bench --name|limit|enqueue --name (ctr|stack) "
     r"--input models/(features\.npz --priority|stack\.npy)|cancel|split)":
@@ -77,7 +79,7 @@ RUN_BY: dict[str, str] = {
     r"^docs/operations\.md: inferfleet alerts ": "tests/integration/test_quality.py::test_alerts_command",
     r"^docs/operations\.md: inferfleet limit --name ctr --(show|clear)":
         "tests/integration/test_sharing.py::test_limit_show_and_clear",
-    r"^docs/operations\.md: (python scripts/build_models\.py|inferfleet split |"
+    r"^docs/operations\.md: (python -m tests\.fixtures\.build_models|inferfleet split |"
     r"inferfleet worker --name stack --pipeline models/stack-split --stage [02]$)":
         "tests/e2e/test_pipeline.py::test_three_stages_answer_like_the_unsplit_model",
     r"^docs/protocol\.md: redis-cli (-x XADD .* id demo-1 |--no-raw BLPOP .*:reply:demo-1')":
@@ -98,13 +100,13 @@ RUN_BY: dict[str, str] = {
     r"^docs/protocol\.md: redis-cli -c -p 7000 ": "tests/integration/test_cluster.py::test_raw_protocol_per_shard",
     r"^docs/protocol\.md: redis-cli (-x )?FCALL ":
         "tests/e2e/test_sharing_cli.py::test_a_raw_client_cancels_a_request_waiting_in_the_queue",
-    r"^docs/reliability\.md: python scripts/chaos\.py kill ":
+    r"^docs/reliability\.md: python -m benchmarks\.chaos kill ":
         _RELIABILITY + "test_sigkill_a_random_worker_every_second_loses_nothing",
-    r"^docs/reliability\.md: python scripts/chaos\.py redis ":
+    r"^docs/reliability\.md: python -m benchmarks\.chaos redis ":
         _RELIABILITY + "test_redis_crash_and_restart_with_aof_loses_no_accepted_request",
-    r"^docs/reliability\.md: python scripts/chaos\.py poison ":
+    r"^docs/reliability\.md: python -m benchmarks\.chaos poison ":
         _RELIABILITY + "test_a_request_that_kills_its_worker_is_dead_lettered_while_others_flow",
-    r"^docs/reliability\.md: python scripts/chaos\.py swap ":
+    r"^docs/reliability\.md: python -m benchmarks\.chaos swap ":
         _RELIABILITY + "test_hot_swaps_while_workers_are_killed_lose_nothing_and_name_their_version",
     r"^README\.md: \./scripts/demo$":
         "tests/e2e/test_demo.py::test_the_demo_runs_as_written_answers_every_request_and_stops_what_it_started",
@@ -116,7 +118,7 @@ RUN_BY: dict[str, str] = {
 EXEMPT: dict[str, str] = {
     r"^README\.md: \./scripts/test$": "how every test here runs: the suite cannot run itself",
     r"^docs/benchmarks\.md: ": _BENCHMARK,
-    r"^docs/metrics\.md: python scripts/bench_metrics\.py ": _BENCHMARK,
+    r"^docs/metrics\.md: python -m benchmarks\.bench_metrics ": _BENCHMARK,
     r"^docs/operations\.md: inferfleet (worker|supervise|enqueue|status|dead list) --name ctr .*--cluster --shards 8":
         _CLUSTER,
     r"^docs/operations\.md: inferfleet worker --name stack --pipeline models/stack-split --stage 1 --device cuda:1$":
@@ -126,6 +128,9 @@ EXEMPT: dict[str, str] = {
     r"^docs/deploy\.md: kubectl ": "needs a Kubernetes cluster; tests/unit/test_deploy.py validates the "
                                    "manifests against its schemas offline",
 }
+
+#: The modules a doc runs with ``python -m`` that are this repository's scripts.
+MODULE_SCRIPT = r"^(benchmarks|tests\.fixtures|scripts)\.\w+$"
 
 #: Compose files the docs show for the reader to write, so not in the repository.
 READER_WRITES = {"docker-compose.model.yml"}
@@ -298,6 +303,8 @@ def check(command: str) -> None:
             check_inferfleet(argv[argv.index("inferfleet") + 1:])
         elif words[:1] and re.match(r"^(\./)?scripts/", words[0]):
             check_script(words)
+        elif words[:1] == ["-m"] and re.match(MODULE_SCRIPT, words[1]):
+            check_script([words[1].replace(".", "/") + ".py", *words[2:]])
         elif argv[:2] == ["pip", "install"]:
             check_pip(argv)
         if argv[:1] in (["kubectl"], ["docker"]):
@@ -310,7 +317,7 @@ def check(command: str) -> None:
 def test_the_docs_have_commands_to_check() -> None:
     texts = [c.text for c in doc_commands()]
     assert "inferfleet shadow --name ctr --promote --force" in texts  # a fenced block
-    assert "python scripts/chaos.py kill --requests 5000" in texts  # an indented block
+    assert "python -m benchmarks.chaos kill --requests 5000" in texts  # an indented block
     assert "pip install -e '.[onnx]'" in texts  # an inline span over two lines
     assert len(texts) > 150
 
@@ -326,8 +333,9 @@ def test_each_command_names_what_exists(command: DocCommand) -> None:
     ("inferfleet worker --name q --model m.pt --batch-rows 4", "has no option --batch-rows"),
     ("inferfleet shadow --name q --promote --forced", "has no option --forced"),
     ("docker compose exec supervisor inferfleet status --nmae ctr", "has no option --nmae"),
-    ("python scripts/export_onnx.py --out models --int4", "has no option --int4"),
+    ("python -m tests.fixtures.export_onnx --out models --int4", "has no option --int4"),
     ("python scripts/nope.py", "does not exist"),
+    ("python -m benchmarks.nope", "does not exist"),
     ("./scripts/nope", "does not exist"),
     ("pip install 'inferfleet[otel]'", "not on PyPI"),
     ("pip install -e '.[otle]'", "no extra ['otle']"),

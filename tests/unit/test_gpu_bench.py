@@ -1,4 +1,4 @@
-"""The pure parts of the prepared GPU benchmark (scripts/gpu_bench.py); the whole run is in
+"""The pure parts of the prepared GPU benchmark (benchmarks/gpu_bench.py); the whole run is in
 tests/e2e/test_gpu_bench.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from scripts.gpu_bench import (
+from benchmarks.gpu_bench import (
     Budget,
     Row,
     Step,

@@ -266,10 +266,10 @@ def test_split_refuses_a_name_that_is_not_a_submodule_naming_the_candidates(tmp_
         SplitError,
         match=r"blocks\.9 is not a submodule.*candidates: embed, blocks, head, blocks\.0",
     ):
-        split_model("scripts.build_models:stack", example, ["blocks.9"], str(tmp_path / "out"))
+        split_model("tests.fixtures.build_models:stack", example, ["blocks.9"], str(tmp_path / "out"))
     with pytest.raises(SplitError, match="names a submodule twice"):
         split_model(
-            "scripts.build_models:stack", example, ["blocks.1", "blocks.1"], str(tmp_path / "out")
+            "tests.fixtures.build_models:stack", example, ["blocks.1", "blocks.1"], str(tmp_path / "out")
         )
     with pytest.raises(SplitError, match=r"give package\.module:callable"):
         split_model("nocolon", example, ["blocks.1"], str(tmp_path / "out"))
@@ -282,7 +282,7 @@ def test_split_refuses_an_out_directory_that_holds_something_else(tmp_path: Path
     (tmp_path / "keep.txt").write_text("mine")
     with pytest.raises(SplitError, match="exists and is not a split"):
         split_model(
-            "scripts.build_models:stack", np.zeros((2, 32), np.float32), ["blocks.1"], str(tmp_path)
+            "tests.fixtures.build_models:stack", np.zeros((2, 32), np.float32), ["blocks.1"], str(tmp_path)
         )
     assert (tmp_path / "keep.txt").read_text() == "mine"
 
@@ -295,7 +295,7 @@ def test_split_refuses_a_point_where_the_graph_cannot_be_cut(tmp_path: Path) -> 
         SplitError, match=r"cannot be cut at embed: torch found 1 stages, not 2.*candidates"
     ):
         split_model(
-            "scripts.build_models:stack",
+            "tests.fixtures.build_models:stack",
             np.zeros((2, 32), np.float32),
             ["embed"],
             str(tmp_path / "o"),

@@ -25,7 +25,7 @@ from inferfleet.worker.runtime.quantize import (
     quantize_weight,
 )
 from inferfleet.worker.runtime.readers import file_version
-from scripts.build_models import example_inputs
+from tests.fixtures.build_models import example_inputs
 
 KINDS = ["affine", "ctr", "cnn"]
 
@@ -44,7 +44,7 @@ def documented_int8_bound() -> float:
     """The int8 accuracy docs/benchmarks.md states ("int8 moves outputs by at most X% of the output
     range", max |int8 - fp32| over max |fp32|), as a fraction: the bound every int8 test holds to, so
     the docs and the tests cannot drift apart. The docs measure 4096 rows of each example model
-    (scripts/accuracy_report.py); the tests' smaller inputs and toy nets stay within it (0.14-0.83%
+    (benchmarks/accuracy_report.py); the tests' smaller inputs and toy nets stay within it (0.14-0.83%
     measured when the bound was tied, from 3%)."""
     match = re.search(r"int8 moves outputs by at most\s+([0-9.]+)%", BENCHMARKS.read_text())
     assert match, "docs/benchmarks.md no longer states the int8 accuracy bound"

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_cli_docs_match_the_commands():
     from scripts.gen_cli_docs import render
 
-    assert (ROOT / "docs" / "cli.md").read_text() == render(), "run python scripts/gen_cli_docs.py"
+    assert (ROOT / "docs" / "cli.md").read_text() == render(), "run python -m scripts.gen_cli_docs"
 
 
 def test_cli_docs_have_every_command_and_subcommand_with_its_options():

@@ -41,7 +41,7 @@ def _module_of(source: str) -> object:
     "save-model",
     epilog="""\b
 Examples:
-  inferfleet save-model scripts.build_models:CTR --example models/features.npz --out ctr-packed.pt2""",
+  inferfleet save-model tests.fixtures.build_models:CTR --example models/features.npz --out ctr-packed.pt2""",
 )
 @click.argument("source")
 @click.option(

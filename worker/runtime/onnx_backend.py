@@ -7,7 +7,7 @@ one-input graph, a list in input order, or a map keyed by input name. A
 one-output graph answers an array, a graph with several answers a map keyed
 by output name. The example request body for warm-up and input checks rides
 in the model's ``metadata_props`` under ``inferfleet_example`` (base64, the
-same body as the TorchScript extra file; ``scripts/export_onnx.py`` writes it).
+same body as the TorchScript extra file; ``tests/fixtures/export_onnx.py`` writes it).
 
 ``--precision int8`` quantizes the graph's MatMul and Gemm weights with
 ``onnxruntime.quantization.quantize_dynamic`` at load (:func:`quantize_onnx`):

@@ -101,7 +101,7 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
 
 
 def _log_peak_memory(consumer: Consumer) -> None:
-    """On a GPU, what torch's allocator held at most (scripts/gpu_bench.py reads this line)."""
+    """On a GPU, what torch's allocator held at most (benchmarks/gpu_bench.py reads this line)."""
     peak = peak_memory_mib(consumer.runtime.device)
     if peak is not None:
         log.info("consumer %s: peak GPU memory %.0f MiB allocated, %.0f MiB reserved on %s",

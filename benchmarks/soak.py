@@ -7,7 +7,7 @@ memory from its heartbeat every half second. Reports the RSS after warm-up
 (the first 5% of requests), at the end, and the growth between them, and
 plots RSS against requests served.
 
-    python scripts/soak.py --model models/affine.pt --requests 1000000 --png docs/img/soak-rss.png
+    python -m benchmarks.soak --model models/affine.pt --requests 1000000 --png docs/img/soak-rss.png
 """
 
 from __future__ import annotations
@@ -23,14 +23,13 @@ from pathlib import Path
 
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from inferfleet.producer import Producer
+from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.bench.load import bench_inputs
+from inferfleet.worker.embedded import EmbeddedRedis
+from inferfleet.worker.heartbeat import read_heartbeats
 
-from inferfleet.producer import Producer  # noqa: E402
-from inferfleet.producer.protocol import QueueKeys  # noqa: E402
-from inferfleet.worker.bench.load import bench_inputs  # noqa: E402
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from inferfleet.worker.heartbeat import read_heartbeats  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def sample(url: str, stop: threading.Event, samples: list[tuple[float, int, float]]) -> None:

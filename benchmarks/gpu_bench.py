@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The prepared GPU benchmark: bare torch loop against the fleet, per model and precision.
 
-``scripts/gpu_bench.sh`` runs it (after installing any wheels carried in
+``benchmarks/gpu_bench.sh`` runs it (after installing any wheels carried in
 ``.gpu/``); it also runs on the CPU (``--device cpu`` and small sizes), which
 is how the test suite keeps it from rotting. Steps, each one independent:
 
@@ -9,7 +9,7 @@ is how the test suite keeps it from rotting. Steps, each one independent:
    (``torch.cuda.is_available()``, its name), redis-server, nvidia-smi; a
    missing piece stops the run here, before anything long;
 2. the example models, built only where missing;
-3. for each model and precision: the bare loop (``scripts/bench_bare.py``,
+3. for each model and precision: the bare loop (``benchmarks/bench_bare.py``,
    best rows/s and torch's peak allocated/reserved memory), then one
    ``inferfleet worker`` with the same threads, device and precision, driven
    by ``inferfleet bench`` closed loop (QPS, p50, p99, mean batch rows); the
@@ -24,8 +24,8 @@ skipped and marked. ``OUT/gpu.md`` is the table for docs/benchmarks.md;
 Exit status: 0 every step passed, 1 some failed (the table marks which),
 2 the preflight failed.
 
-    python scripts/gpu_bench.py --device cuda --out bench-out/gpu
-    python scripts/gpu_bench.py --device cpu --models cnn --precisions fp32 --batches 1,8 --seconds 0.5 \\
+    python -m benchmarks.gpu_bench --device cuda --out bench-out/gpu
+    python -m benchmarks.gpu_bench --device cpu --models cnn --precisions fp32 --batches 1,8 --seconds 0.5 \\
         --requests 300 --concurrency 16 --out /tmp/gpu-cpu
 """
 
@@ -306,7 +306,15 @@ def build_models(models: list[str], out: Path, budget: Budget) -> dict[str, str]
     failed: dict[str, str] = {}
     for model in missing:
         code, _ = run_logged(
-            [sys.executable, "scripts/build_models.py", "--out", "models", "--only", model],
+            [
+                sys.executable,
+                "-m",
+                "tests.fixtures.build_models",
+                "--out",
+                "models",
+                "--only",
+                model,
+            ],
             out / "logs" / f"build-{model}.txt",
             min(300.0, budget.left()),
         )
@@ -319,7 +327,8 @@ def bare_step(args: argparse.Namespace, row: Row, out: Path, budget: Budget) -> 
     limit = min(args.step_timeout_s, budget.left())
     cmd = [
         sys.executable,
-        "scripts/bench_bare.py",
+        "-m",
+        "benchmarks.bench_bare",
         "--model",
         f"models/{row.model}.pt",
         "--device",
@@ -548,7 +557,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
     p.add_argument(
-        "--models", default="cnn,resnet50", help="example models (scripts/build_models.py names)"
+        "--models",
+        default="cnn,resnet50",
+        help="example models (tests/fixtures/build_models.py names)",
     )
     p.add_argument("--precisions", default="fp32,fp16")
     p.add_argument(
@@ -614,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
 def _write(args: argparse.Namespace, info: dict, rows: list[Row], out: Path, budget: Budget) -> int:
     device = ", ".join(info.get("gpus", [])) or args.device
     about = (
-        f"scripts/gpu_bench.py on {device}; torch {info.get('torch')}; {args.threads} torch threads in both; "
+        f"benchmarks/gpu_bench.py on {device}; torch {info.get('torch')}; {args.threads} torch threads in both; "
         f"bare: batches {args.batches}, {args.seconds} s each; fleet: 1 worker, --max-batch-rows "
         f"{args.max_batch_rows}, --prefetch on, closed loop {args.concurrency} in flight; "
         f"{args.budget_s - budget.left():.0f} s in all"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What 8-bit (and 16-bit) costs: each example model at every precision against fp32, as a markdown table.
 
-For affine, ctr and cnn (weights from scripts/build_models.py's seeds) the
+For affine, ctr and cnn (weights from tests/fixtures/build_models.py's seeds) the
 script saves a torch.export program and an ONNX file into a temporary folder,
 loads each through the worker's own runtime (``load_runtime``, one thread,
 CPU) at fp32, bf16, fp16 and int8 (torch) and fp32 and int8 (ONNX Runtime),
@@ -17,7 +17,7 @@ torch fp32:
 * rows/s: single-process throughput at ``--batch`` rows, median of 3 runs
   (the variants of a model interleaved, so ratios come from one run).
 
-    python scripts/accuracy_report.py [--rows 4096] [--batch 64] [--seconds 1] [--only affine,ctr,cnn] [--device cpu]
+    python -m benchmarks.accuracy_report [--rows 4096] [--batch 64] [--seconds 1] [--only affine,ctr,cnn] [--device cpu]
 """
 
 from __future__ import annotations
@@ -33,13 +33,11 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from benchmarks.bench_bare import rows_per_s
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
-from scripts.bench_bare import rows_per_s
-from scripts.build_models import DEFAULT_MODELS, example_inputs, save_export
-from scripts.export_onnx import export_onnx
+from tests.fixtures.build_models import DEFAULT_MODELS, example_inputs, save_export
+from tests.fixtures.export_onnx import export_onnx
 
 #: (label, file suffix, precision); the first is the reference.
 VARIANTS = [

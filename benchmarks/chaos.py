@@ -17,10 +17,10 @@ the version that replied computes: 2x for sim-1, 3x for sim-2), settle_s (the
 wait for that, left out of every recovery time) and recovery time. The tests in
 tests/integration/test_reliability.py run the same functions smaller and assert on them.
 
-    python scripts/chaos.py kill --requests 5000
-    python scripts/chaos.py redis --requests 3000
-    python scripts/chaos.py poison --requests 2000
-    python scripts/chaos.py swap --requests 4000
+    python -m benchmarks.chaos kill --requests 5000
+    python -m benchmarks.chaos redis --requests 3000
+    python -m benchmarks.chaos poison --requests 2000
+    python -m benchmarks.chaos swap --requests 4000
 """
 
 from __future__ import annotations
@@ -41,15 +41,14 @@ from pathlib import Path
 import numpy as np
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from inferfleet.producer import Producer, errors
+from inferfleet.producer.protocol import GROUP, QueueKeys, decode_reply
+from inferfleet.worker.embedded import EmbeddedRedis
+from inferfleet.worker.heartbeat import read_heartbeats
+from inferfleet.worker.serving.lifecycle import publish, rollback
+from tests.fixtures.example_handlers import POISON
 
-from inferfleet.producer import Producer, errors  # noqa: E402
-from inferfleet.producer.protocol import GROUP, QueueKeys, decode_reply  # noqa: E402
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from inferfleet.worker.heartbeat import read_heartbeats  # noqa: E402
-from inferfleet.worker.serving.lifecycle import publish, rollback  # noqa: E402
-from scripts.example_handlers import POISON  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 NAME = "chaos"
 KEYS = QueueKeys(NAME)
@@ -71,7 +70,7 @@ def fleet(
         "--name",
         NAME,
         "--model",
-        f"scripts.example_handlers:{handler}",
+        f"tests.fixtures.example_handlers:{handler}",
         "--max-batch-rows",
         "16",
         "--devices",
@@ -302,7 +301,7 @@ def scenario_poison(requests: int = 2000, workers: int = 2) -> dict:
 
 def scenario_swap(requests: int = 4000, workers: int = 3, kill_every_s: float = 1.0) -> dict:
     """Swap sim-1 -> sim-2, roll back, swap again, while a random worker is SIGKILLed every second."""
-    base = "scripts.example_handlers:SimulatedAccelerator"
+    base = "tests.fixtures.example_handlers:SimulatedAccelerator"
     steps = [
         lambda c: publish(c, KEYS, base + "V2", "sim-2", serving=(base, "sim-1")),
         lambda c: rollback(c, KEYS),

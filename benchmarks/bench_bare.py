@@ -9,7 +9,7 @@ line is JSON: the best size and rate, every size's rate, and on a GPU the
 peak memory torch's allocator held (allocated and reserved, MiB). The
 fleet's throughput is compared against the best of these in docs/benchmarks.md.
 
-    python scripts/bench_bare.py --model models/cnn.pt --threads 1 --batches 1,8,16,32,64,128
+    python -m benchmarks.bench_bare --model models/cnn.pt --threads 1 --batches 1,8,16,32,64,128
 """
 
 from __future__ import annotations
@@ -23,12 +23,9 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from inferfleet.worker.config import PRECISIONS, WorkerSettings  # noqa: E402
-from inferfleet.worker.runtime.devices import peak_memory_mib  # noqa: E402
-from inferfleet.worker.runtime.loading import load_runtime  # noqa: E402
+from inferfleet.worker.config import PRECISIONS, WorkerSettings
+from inferfleet.worker.runtime.devices import peak_memory_mib
+from inferfleet.worker.runtime.loading import load_runtime
 
 
 def rows_per_s(runtime, inputs, seconds: float) -> float:

@@ -6,17 +6,17 @@
 # (the ceiling) against one fleet worker driven by `inferfleet bench`, with the same device,
 # precision and torch threads, and GPU memory sampled during the run (torch's peak allocated
 # and reserved in both, nvidia-smi in the background). Writes $OUT/gpu.md, the table for
-# docs/benchmarks.md's GPU rows, $OUT/results.json and $OUT/logs/. See scripts/gpu_bench.py.
+# docs/benchmarks.md's GPU rows, $OUT/results.json and $OUT/logs/. See benchmarks/gpu_bench.py.
 #
 # A GPU machine with torch but not the rest: put the missing wheels (pip download redis
 # cachetools python-json-logger prometheus-client msgpack click rich) and a redis-server
 # binary in .gpu/ and carry .gpu. Every wheel there is installed (errors shown, not hidden).
 #
-#     OUT=/some/dir bash scripts/gpu_bench.sh                  # on the GPU
-#     bash scripts/gpu_bench.sh --device cpu --models cnn --precisions fp32 --batches 1,8 \
+#     OUT=/some/dir bash benchmarks/gpu_bench.sh                  # on the GPU
+#     bash benchmarks/gpu_bench.sh --device cpu --models cnn --precisions fp32 --batches 1,8 \
 #         --seconds 0.5 --requests cnn=300 --concurrency 16     # the same run, small, on the CPU
 #
-# Extra arguments go to scripts/gpu_bench.py. Exit status: 0 all steps passed, 1 some failed
+# Extra arguments go to benchmarks/gpu_bench.py. Exit status: 0 all steps passed, 1 some failed
 # (marked in the table, the others measured), 2 a preflight check failed (nothing run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,4 +49,4 @@ fi
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 fi
-exec "$PYTHON" scripts/gpu_bench.py --out "$OUT" "$@"
+exec "$PYTHON" -m benchmarks.gpu_bench --out "$OUT" "$@"

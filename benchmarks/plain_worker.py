@@ -1,12 +1,16 @@
-"""A plain batched worker: the yardstick of the per-request cost (scripts/bench_cpu.py).
+"""A plain batched worker: the yardstick of the per-request cost (benchmarks/bench_cpu.py).
 
 About thirty lines of serving: XREADGROUP COUNT N, one msgpack decode per
 entry, one forward pass over the concatenated rows, one RPUSH + EXPIRE per
 reply in a pipeline and one XACK for the batch. It has no deadlines, no
 validation, no exactly-once replies and no error isolation: what the fleet
 worker adds is measured against it, on the same stream and the same client.
+The installed ``inferfleet.worker.bench.naive`` is another yardstick: one
+request at a time, the model loaded on the first (``inferfleet bench
+--baseline naive``), the article's unbatched server; this one is batched.
 
-    python scripts/plain_worker.py --name bench --model models/affine.pt --redis-url redis://127.0.0.1:6390/0
+    python -m benchmarks.plain_worker --name bench --model models/affine.pt \\
+        --redis-url redis://127.0.0.1:6390/0
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 """redis-server's instructions per request, step by step (callgrind; issue "The per-request cost").
 
 Where a request's time in Redis goes, each step measured alone on a private
-redis-server under valgrind (scripts/callgrind_redis.py), so the figures
+redis-server under valgrind (benchmarks/callgrind_redis.py), so the figures
 hold on a busy machine:
 
 * ``xadd``: the SDK's ``submit_many`` (one-row affine inputs, the default deadline);
@@ -17,8 +17,8 @@ hold on a busy machine:
   ``args`` (the call and its arguments, nothing run), ``xack`` (one XACK an
   entry), ``rpush`` (one RPUSH to a new key an entry) and ``rpush-pexpire``.
 
-    python scripts/bench_redis_steps.py --requests 5120
-    python scripts/bench_redis_steps.py --requests 5120 --config stream-node-max-bytes=1024
+    python -m benchmarks.bench_redis_steps --requests 5120
+    python -m benchmarks.bench_redis_steps --requests 5120 --config stream-node-max-bytes=1024
 """
 
 from __future__ import annotations
@@ -26,18 +26,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from inferfleet import Producer  # noqa: E402
-from inferfleet.producer.protocol import GROUP, QueueKeys  # noqa: E402
-from inferfleet.worker.serving.replies import REPLY_SCRIPT  # noqa: E402
-from scripts.callgrind_redis import CallgrindRedis, missing_tools  # noqa: E402
+from benchmarks.callgrind_redis import CallgrindRedis, missing_tools
+from inferfleet import Producer
+from inferfleet.producer.protocol import GROUP, QueueKeys
+from inferfleet.worker.serving.replies import REPLY_SCRIPT
 
 NAME = "steps"
 KEYS = QueueKeys(NAME)

@@ -2,7 +2,7 @@
 
 Three parts, each run ``--runs`` times with its cases interleaved (figures are medians):
 
-* ``latency``: one worker of ``scripts.example_handlers:SimulatedAccelerator``
+* ``latency``: one worker of ``tests.fixtures.example_handlers:SimulatedAccelerator``
   (each batch of up to 32 rows takes BATCH_S = 10 ms of wall time, no CPU) gets
   a normal backlog of ``--backlog`` requests, then ``--interactive`` requests
   one every 10 ms, on the high lane (``lanes``) or on the normal lane like the
@@ -26,7 +26,7 @@ Three parts, each run ``--runs`` times with its cases interleaved (figures are m
   request with no cancel marks, and with one mark of an unrelated id standing
   (so every round looks its requests up).
 
-    python scripts/bench_lanes.py --part all --runs 3
+    python -m benchmarks.bench_lanes --part all --runs 3
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import argparse
 import os
 import signal
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,17 +42,16 @@ from typing import Any
 import numpy as np
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.bench_cpu import NAME, cpu_s, fill, start_worker, wait_drained, wait_joined
+from inferfleet import Producer
+from inferfleet.producer.protocol import QueueKeys, encode_body
+from inferfleet.producer.sharing import cancels_key, limits_key
+from inferfleet.worker.connections import stream_entries, worker_client
+from inferfleet.worker.embedded import EmbeddedRedis
+from inferfleet.worker.serving.lanes import LaneReader
+from inferfleet.worker.serving.sharing import load_library, take_cancels
 
-from inferfleet import Producer  # noqa: E402
-from inferfleet.producer.protocol import QueueKeys, encode_body  # noqa: E402
-from inferfleet.producer.sharing import cancels_key, limits_key  # noqa: E402
-from inferfleet.worker.connections import stream_entries, worker_client  # noqa: E402
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from inferfleet.worker.serving.lanes import LaneReader  # noqa: E402
-from inferfleet.worker.serving.sharing import load_library, take_cancels  # noqa: E402
-from scripts.bench_cpu import NAME, cpu_s, fill, start_worker, wait_drained, wait_joined  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 KEYS = QueueKeys(NAME)
 
@@ -67,7 +65,7 @@ def latency_run(high: bool, args: argparse.Namespace) -> dict[str, float]:
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
         proc = start_worker(
-            "fleet", server.url, "scripts.example_handlers:SimulatedAccelerator", 32, []
+            "fleet", server.url, "tests.fixtures.example_handlers:SimulatedAccelerator", 32, []
         )
         try:
             wait_joined(client, proc, "fleet-0")

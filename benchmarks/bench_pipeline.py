@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pipeline stages against one whole-model worker: resident memory, throughput, latency, CPU a request.
 
-A residual MLP stack (``scripts.build_models.stack``, width 2048 and 8 blocks by default: 268 MB
+A residual MLP stack (``tests.fixtures.build_models.stack``, width 2048 and 8 blocks by default: 268 MB
 of float32 weights) is exported whole and split into S stages of equal cost with ``inferfleet
 split``'s code. On a private redis-server it then measures, for one whole-model worker and for
 an S-stage pipeline (one worker per stage):
@@ -11,8 +11,8 @@ an S-stage pipeline (one worker per stage):
 * latency: sequential one-row requests, one in flight (p50, p99): the cost of the extra hops;
 * worker CPU time per request (user + system of every worker process, over the throughput runs).
 
-    python scripts/bench_pipeline.py [--width 2048] [--depth 8] [--stages 2] [--requests 600] [--runs 3]
-    python scripts/bench_pipeline.py --device cuda     # every stage on one GPU, against the whole model there
+    python -m benchmarks.bench_pipeline [--width 2048] [--depth 8] [--stages 2] [--requests 600] [--runs 3]
+    python -m benchmarks.bench_pipeline --device cuda     # every stage on one GPU, against the whole model there
 """
 
 from __future__ import annotations
@@ -30,14 +30,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from inferfleet.producer import Producer
 from inferfleet.producer.protocol import QueueKeys, encode_body
 from inferfleet.worker.embedded import EmbeddedRedis
 from inferfleet.worker.keys import stage_keys
 from inferfleet.worker.runtime.split import split_model
-from scripts.build_models import EXTRA, stack
+from tests.fixtures.build_models import EXTRA, stack
 
 ROOT = Path(__file__).resolve().parent.parent
 

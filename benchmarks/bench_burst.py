@@ -8,7 +8,7 @@ worker), waits for one warm worker, sends a burst of N requests at once and
 records: time from the burst to the first scale-up, time to drain, peak
 workers, and p50/p99 latency of the burst's requests.
 
-    python scripts/bench_burst.py --burst 6000 --runs 3
+    python -m benchmarks.bench_burst --burst 6000 --runs 3
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from pathlib import Path
 import numpy as np
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from inferfleet.producer import Producer
+from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.embedded import EmbeddedRedis
+from inferfleet.worker.heartbeat import read_heartbeats
 
-from inferfleet.producer import Producer  # noqa: E402
-from inferfleet.producer.protocol import QueueKeys  # noqa: E402
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from inferfleet.worker.heartbeat import read_heartbeats  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 POLICIES = {
     "lag": ["--policy", "lag", "--min-workers", "1", "--max-workers", "8"],
@@ -50,7 +49,7 @@ def supervise(url: str, policy_args: list[str]) -> subprocess.Popen:
         "--name",
         "burst",
         "--model",
-        "scripts.example_handlers:SimulatedAccelerator",
+        "tests.fixtures.example_handlers:SimulatedAccelerator",
         "--max-batch-rows",
         "8",
         "--devices",

@@ -14,40 +14,38 @@ and no tracing: what every worker runs when tracing is off) and "on" (spans
 made for every request, handed to a BatchSpanProcessor whose exporter drops
 them). Reported: worker CPU per request of each mode.
 
-    python scripts/bench_rollout.py --part shadow --model models/cnn.pt --seconds 60
-    python scripts/bench_rollout.py --part tracing --requests 50000 --passes 3
-    python scripts/bench_rollout.py --part tracing --modes none,off --requests 50000 --passes 3
-    python scripts/bench_rollout.py --part tracing --modes off,on --sampler-ratio 0.01
+    python -m benchmarks.bench_rollout --part shadow --model models/cnn.pt --seconds 60
+    python -m benchmarks.bench_rollout --part tracing --requests 50000 --passes 3
+    python -m benchmarks.bench_rollout --part tracing --modes none,off --requests 50000 --passes 3
+    python -m benchmarks.bench_rollout --part tracing --modes off,on --sampler-ratio 0.01
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from inferfleet.producer import Producer
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.connections import worker_client
+from inferfleet.worker.embedded import EmbeddedRedis
+from inferfleet.worker.runtime.loading import load_runtime
+from inferfleet.worker.serving.comparison import Thresholds
+from inferfleet.worker.serving.compute import encode_answer
+from inferfleet.worker.serving.consumer import Consumer
+from inferfleet.worker.serving.hooks import Hooks
+from inferfleet.worker.serving.replies import BatchEncoder
+from inferfleet.worker.serving.rollout import publish_candidate, read_pairs
+from inferfleet.worker.serving.shadow import ShadowRunner
+from inferfleet.worker.serving.tracing import tracing_from_env
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-
-from inferfleet.producer import Producer  # noqa: E402
-from inferfleet.worker.config import WorkerSettings  # noqa: E402
-from inferfleet.worker.connections import worker_client  # noqa: E402
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from inferfleet.worker.runtime.loading import load_runtime  # noqa: E402
-from inferfleet.worker.serving.comparison import Thresholds  # noqa: E402
-from inferfleet.worker.serving.compute import encode_answer  # noqa: E402
-from inferfleet.worker.serving.consumer import Consumer  # noqa: E402
-from inferfleet.worker.serving.hooks import Hooks  # noqa: E402
-from inferfleet.worker.serving.replies import BatchEncoder  # noqa: E402
-from inferfleet.worker.serving.rollout import publish_candidate, read_pairs  # noqa: E402
-from inferfleet.worker.serving.shadow import ShadowRunner  # noqa: E402
-from inferfleet.worker.serving.tracing import tracing_from_env  # noqa: E402
 
 
 def _consumer(server: EmbeddedRedis, model: str, name: str) -> Consumer:

@@ -12,7 +12,7 @@ the median printed as a markdown table:
 * first:  the first request after start against the steady-state p50, beside
           the naive baseline's first request (which pays the model load).
 
-    python scripts/bench_targets.py --runs 3
+    python -m benchmarks.bench_targets --runs 3
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def runs_of(report: dict) -> dict[str, dict]:
 def bare_best(model: str, batches: str) -> dict:
     cmd = [
         sys.executable,
-        str(ROOT / "scripts" / "bench_bare.py"),
+        "-m",
+        "benchmarks.bench_bare",
         "--model",
         model,
         "--threads",

@@ -5,8 +5,8 @@ Starts a private redis-server, ``--workers`` worker processes with
 ``--worker-arg`` options, then runs ``inferfleet bench`` ``--runs`` times and
 prints every run and the median of each figure as a markdown table row.
 
-    python scripts/bench_fleet.py --model models/affine.pt --requests 50000 --runs 5
-    python scripts/bench_fleet.py --model models/ctr.pt --worker-arg=--max-batch-rows=1
+    python -m benchmarks.bench_fleet --model models/affine.pt --requests 50000 --runs 5
+    python -m benchmarks.bench_fleet --model models/ctr.pt --worker-arg=--max-batch-rows=1
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from inferfleet.worker.embedded import EmbeddedRedis
+from tests.fixtures.fleet_procs import start_workers
 
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from scripts.fleet_procs import start_workers  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 FIGURES = ("qps", "p50_ms", "p95_ms", "p99_ms", "mean_batch_rows")
 

@@ -7,8 +7,8 @@ each model's report.md, report.json and report.png under ``--out``/M/, and print
 one markdown table: per model and run, QPS and p99 of the fleet and of the naive
 server, their ratios, and both first-request latencies.
 
-    python scripts/bench_compare.py --out /tmp/compare -n 20000 --concurrency 64
-    python scripts/bench_compare.py --models ctr --rates 500,1000,2000 --worker-arg=--max-batch-rows=32
+    python -m benchmarks.bench_compare --out /tmp/compare -n 20000 --concurrency 64
+    python -m benchmarks.bench_compare --models ctr --rates 500,1000,2000 --worker-arg=--max-batch-rows=32
 """
 
 from __future__ import annotations

@@ -10,28 +10,26 @@ of medians: requests/s, the share answered from a cache (replies whose
 ``timing.batch_rows`` is 0), and the p50/p99 of the server-side time
 (``queued_ms + infer_ms``).
 
-    python scripts/bench_cache.py --model ctr --runs 3
-    python scripts/bench_cache.py --model cnn --distinct 5000 --runs 3
+    python -m benchmarks.bench_cache --model ctr --runs 3
+    python -m benchmarks.bench_cache --model cnn --distinct 5000 --runs 3
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from inferfleet.producer import Producer
+from inferfleet.worker.embedded import EmbeddedRedis
+from tests.fixtures.build_models import example_inputs
+from tests.fixtures.fleet_procs import start_workers
 
-from inferfleet.producer import Producer  # noqa: E402
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from scripts.build_models import example_inputs  # noqa: E402
-from scripts.fleet_procs import start_workers  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CONFIGS = {
     "off": [],

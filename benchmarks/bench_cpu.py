@@ -14,18 +14,18 @@ Two kinds of run, each repeated ``--runs`` times with the targets interleaved
   nothing pending or undelivered. Reported: the worker's and redis-server's
   CPU per request while draining, redis-server's per XADD, and the drain
   rate. Targets: ``fleet`` (``inferfleet worker``) and ``plain``
-  (scripts/plain_worker.py, about thirty lines with none of the guarantees).
+  (benchmarks/plain_worker.py, about thirty lines with none of the guarantees).
 * ``sdk``: N requests through the SDK end to end with one fleet worker
   (``Producer.map``, ``submit_many`` + ``results``, ``AsyncProducer.map``):
   the client's CPU per request beside the worker's and redis-server's (and
   the kernel's part of redis-server's, ``redis_sys_us``), and the requests
   per second.
 
-    python scripts/bench_cpu.py --kind drain --requests 100000 --runs 3
-    python scripts/bench_cpu.py --kind sdk --requests 60000 --runs 3
-    python scripts/bench_cpu.py --model models/ctr.pt --kind sdk   # CTR inputs are made from its example
-    python scripts/bench_cpu.py --kind sdk --commandstats   # and redis-server's time per command
-    python scripts/bench_cpu.py --kind sdk --modes submit_many --calls 12   # 12 calls of 5,000 each
+    python -m benchmarks.bench_cpu --kind drain --requests 100000 --runs 3
+    python -m benchmarks.bench_cpu --kind sdk --requests 60000 --runs 3
+    python -m benchmarks.bench_cpu --model models/ctr.pt --kind sdk   # CTR inputs are made from its example
+    python -m benchmarks.bench_cpu --kind sdk --commandstats   # and redis-server's time per command
+    python -m benchmarks.bench_cpu --kind sdk --modes submit_many --calls 12   # 12 calls of 5,000 each
 """
 
 from __future__ import annotations
@@ -47,14 +47,13 @@ from typing import Any
 
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.callgrind_redis import CallgrindRedis, missing_tools
+from inferfleet import AsyncProducer, Producer
+from inferfleet.producer.protocol import encode_body, workers_group
+from inferfleet.worker.bench.load import bench_inputs
+from inferfleet.worker.embedded import EmbeddedRedis
 
-from inferfleet import AsyncProducer, Producer  # noqa: E402
-from inferfleet.producer.protocol import encode_body, workers_group  # noqa: E402
-from inferfleet.worker.bench.load import bench_inputs  # noqa: E402
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from scripts.callgrind_redis import CallgrindRedis, missing_tools  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 NAME = "cpu"
@@ -76,7 +75,7 @@ def start_worker(
     target: str, url: str, model: str, rows: int, extra: list[str]
 ) -> subprocess.Popen:
     if target == "plain":
-        cmd = [sys.executable, str(ROOT / "scripts" / "plain_worker.py"), "--count", str(rows)]
+        cmd = [sys.executable, "-m", "benchmarks.plain_worker", "--count", str(rows)]
     else:
         cmd = [
             sys.executable,

@@ -9,29 +9,27 @@ is added to its mode. Switching several times a second cancels the drift of
 a shared machine's load, which swamps a few percent when whole runs are
 compared.
 
-    python scripts/bench_metrics.py --requests 100000 --passes 5
+    python -m benchmarks.bench_metrics --requests 100000 --passes 5
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
+import numpy as np
+from prometheus_client import REGISTRY
+
+from inferfleet.producer import Producer
+from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.connections import worker_client
+from inferfleet.worker.embedded import EmbeddedRedis
+from inferfleet.worker.metrics import WorkerMetrics
+from inferfleet.worker.runtime.loading import load_runtime
+from inferfleet.worker.serving.consumer import Consumer
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-from prometheus_client import REGISTRY  # noqa: E402
-
-from inferfleet.producer import Producer  # noqa: E402
-from inferfleet.worker.config import WorkerSettings  # noqa: E402
-from inferfleet.worker.connections import worker_client  # noqa: E402
-from inferfleet.worker.embedded import EmbeddedRedis  # noqa: E402
-from inferfleet.worker.metrics import WorkerMetrics  # noqa: E402
-from inferfleet.worker.runtime.loading import load_runtime  # noqa: E402
-from inferfleet.worker.serving.consumer import Consumer  # noqa: E402
 
 
 def drain(

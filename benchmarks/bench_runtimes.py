@@ -3,14 +3,14 @@
 
 Loads each example model as TorchScript (``models/KIND.pt``, built if
 missing) and as ONNX (exported into a temporary folder by
-scripts/export_onnx.py), fp32 and ``--precision int8``, through the worker's
+tests/fixtures/export_onnx.py), fp32 and ``--precision int8``, through the worker's
 runtime with the same ``--threads``, then times ``ModelRuntime.predict`` on
 one batch in a tight loop. Runs are interleaved (every variant at one size,
 then the next size, ``--runs`` times over), so a noisy neighbour hits all
 variants alike; the table gives the median rows/s and the ratio to
 TorchScript within the same run set.
 
-    python scripts/bench_runtimes.py [--threads 1] [--batches 1,8,64] [--seconds 1] [--runs 3]
+    python -m benchmarks.bench_runtimes [--threads 1] [--batches 1,8,64] [--seconds 1] [--runs 3]
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from benchmarks.bench_bare import rows_per_s
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
-from scripts.bench_bare import rows_per_s
-from scripts.build_models import DEFAULT_MODELS, build, example_inputs
-from scripts.export_onnx import export_onnx
+from tests.fixtures.build_models import DEFAULT_MODELS, build, example_inputs
+from tests.fixtures.export_onnx import export_onnx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: (label, file suffix, precision); the first is the baseline of the ratios.
