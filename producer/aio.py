@@ -80,13 +80,17 @@ class AsyncProducer(ProducerBase):
             await asyncio.sleep(defaults.FULL_POLL_S)
 
     async def _check_limits(self) -> bool:
-        """Whether fleet-wide limits are in force (one EXISTS a second at most; loads the functions once)."""
+        """Whether fleet-wide limits are in force.
+
+        One EXISTS a second at most; loads the functions once.
+        """
         if self._limits_due():
             with translate_errors():
                 in_force = bool(await self.redis.exists(limits_key(self.keys)))
                 if in_force and not self._library_loaded:
                     self._library_loaded = True
-                    try:  # every worker loads it too: a producer user without FUNCTION LOAD does without
+                    # every worker loads it too: a producer user without FUNCTION LOAD does without
+                    try:
                         await self.redis.function_load(LIBRARY, replace=True)
                     except redis.exceptions.ResponseError:
                         pass
@@ -172,7 +176,10 @@ class AsyncProducer(ProducerBase):
         *,
         priority: str = defaults.PRIORITY,
     ) -> Any:
-        """Submit (with the timeout as deadline), wait and return the outputs (raises on an error reply)."""
+        """Submit (with the timeout as deadline), wait and return the outputs.
+
+        Raises on an error reply.
+        """
         rid = await self.submit(inputs, params, deadline_s=timeout_s, priority=priority)
         return (await self.result(rid, timeout_s)).outputs
 
@@ -187,7 +194,9 @@ class AsyncProducer(ProducerBase):
     ) -> list[str]:
         """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order.
 
-        Each reply waits in a key of its own until collected: ``map`` costs Redis less (docs/operations.md)."""
+        Each reply waits in a key of its own until collected: ``map`` costs Redis less
+        (docs/operations.md).
+        """
         rids: list[str] = []
         encoder = BodyEncoder(params)
         items = iter(inputs)
@@ -289,7 +298,10 @@ class AsyncProducer(ProducerBase):
         return taken
 
     async def lag(self) -> int | None:
-        """Requests waiting to be picked up (summed over the shards and lanes), or None when Redis cannot tell."""
+        """Requests waiting to be picked up (summed over the shards and lanes).
+
+        None when Redis cannot tell.
+        """
         return (await self._lag_and_backlog())[0]
 
     async def backlog(self) -> int:

@@ -68,22 +68,30 @@ def sum_shards(lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[in
 def missing_reply_message(
     request_id: str, timeout_s: float, keys: QueueKeys, groups: list | None
 ) -> str:
-    """Why no reply came: ``groups`` is the XINFO GROUPS reply of the request's stream (None: no stream)."""
+    """Why no reply came: ``groups`` is the XINFO GROUPS reply of the request's stream.
+
+    None: the stream does not exist.
+    """
     head = f"no reply to {request_id!r} within {timeout_s} s"
     group = workers_group(groups) if groups is not None else None
     if group is None:
         return (
-            f"{head}: no worker has ever served queue {keys.name!r} (no group {GROUP!r} on {keys.requests}): "
+            f"{head}: no worker has ever served queue {keys.name!r} "
+            f"(no group {GROUP!r} on {keys.requests}): "
             f"start one with 'inferfleet worker --name {keys.name} --model MODEL'"
         )
     if group.lag == 0 and group.pending == 0:
         return (
-            f"{head}, and queue {keys.name!r} has nothing waiting or in progress: its reply was already "
-            f"collected (replies are read once, by the first result call), or outlived its TTL, or no "
+            f"{head}, and queue {keys.name!r} has nothing waiting or in progress: "
+            f"its reply was already collected (replies are read once, by the first "
+            f"result call), or outlived its TTL, or no "
             f"request had this id"
         )
     waiting = "an unknown number of" if group.lag is None else str(group.lag)
-    return f"{head}: queue {keys.name!r} has {waiting} requests waiting and {group.pending} in progress"
+    return (
+        f"{head}: queue {keys.name!r} has {waiting} requests waiting "
+        f"and {group.pending} in progress"
+    )
 
 
 class ProducerBase:
@@ -173,7 +181,8 @@ class ProducerBase:
             deadline_ms = int((time.time() + deadline_s) * 1000)
         if reply_to is not None and not keys.is_inbox(reply_to):
             raise errors.ProtocolError(
-                f"reply_to must be a key under {keys.inbox_prefix!r} (the shard of request {rid!r}), "
+                f"reply_to must be a key under {keys.inbox_prefix!r} "
+                f"(the shard of request {rid!r}), "
                 f"got {reply_to!r}"
             )
         fields = request_fields(
@@ -192,7 +201,10 @@ class ProducerBase:
         self._limits_seen = (time.monotonic(), in_force)
 
     def _admitting(self) -> bool:
-        """True while the queue has fleet-wide limits: entries then go through ``inferfleet_enqueue``."""
+        """True while the queue has fleet-wide limits.
+
+        Entries then go through ``inferfleet_enqueue``.
+        """
         return self._limits_seen[1]
 
     def _fcall_args(
@@ -203,8 +215,10 @@ class ProducerBase:
         bodies: Sequence[bytes],
         fields: Iterable[tuple[str, Any]],
     ) -> list[Any]:
-        """``FCALL inferfleet_enqueue`` arguments that send ``rids`` with ``bodies`` (one shard's) at once;
-        ``fields`` are the other fields every entry carries."""
+        """``FCALL inferfleet_enqueue`` arguments that send ``rids`` with ``bodies`` at once.
+
+        All of one shard; ``fields`` are the other fields every entry carries.
+        """
         common = [
             part
             for name, value in fields
@@ -320,7 +334,9 @@ class ProducerBase:
         to_inbox: bool,
         lane: int = 1,
     ) -> list[tuple[int, list[int]]]:
-        """Queue the XADDs of ``rids`` on ``round_``, a shard at a time; return (shard, positions in rids).
+        """Queue the XADDs of ``rids`` on ``round_``, a shard at a time.
+
+        Returns (shard, positions in rids) for each shard.
 
         ``to_inbox``: each entry names this producer's inbox in its shard as ``reply_to``. ``lane``:
         0 high, 1 normal, 2 low. With fleet-wide limits in force, each shard's entries are one

@@ -61,7 +61,10 @@ _LIMITS_DOC = """
 
 
 def _missing(client: Any, keys: QueueKeys, request_id: str, timeout_s: float) -> str:
-    """A wait's timeout message, saying why if the queue's state tells (one more round trip, on timeouts only)."""
+    """A wait's timeout message, saying why if the queue's state tells.
+
+    One more round trip, on timeouts only.
+    """
     try:
         groups = client.xinfo_groups(keys.requests) if client.exists(keys.requests) else None
     except redis.exceptions.RedisError:
@@ -128,13 +131,17 @@ class Producer(ProducerBase):
             time.sleep(defaults.FULL_POLL_S)
 
     def _check_limits(self) -> bool:
-        """Whether fleet-wide limits are in force (one EXISTS a second at most; loads the functions once)."""
+        """Whether fleet-wide limits are in force.
+
+        One EXISTS a second at most; loads the functions once.
+        """
         if self._limits_due():
             with translate_errors():
                 in_force = bool(self.redis.exists(limits_key(self.keys)))
                 if in_force and not self._library_loaded:
                     self._library_loaded = True
-                    try:  # every worker loads it too: a producer user without FUNCTION LOAD does without
+                    # every worker loads it too: a producer user without FUNCTION LOAD does without
+                    try:
                         self.redis.function_load(LIBRARY, replace=True)
                     except redis.exceptions.ResponseError:
                         pass
@@ -167,7 +174,7 @@ class Producer(ProducerBase):
         return rid
 
     def cancel(self, request_id: str) -> str:
-        """Cancel a request no worker has computed yet: it is answered ``cancelled``, never computed.
+        """Cancel a request no worker has computed yet: answered ``cancelled``, never computed.
 
         Returns ``cancelled`` (marked: the reply says whether a worker got to it first) or
         ``answered`` (its reply waits: it stands). An id in no lane of the queue raises
@@ -222,7 +229,10 @@ class Producer(ProducerBase):
         *,
         priority: str = defaults.PRIORITY,
     ) -> Any:
-        """Submit (with the timeout as deadline), wait and return the outputs (raises on an error reply)."""
+        """Submit (with the timeout as deadline), wait and return the outputs.
+
+        Raises on an error reply.
+        """
         return self.result(
             self.submit(inputs, params, deadline_s=timeout_s, priority=priority), timeout_s
         ).outputs
@@ -240,7 +250,9 @@ class Producer(ProducerBase):
     ) -> list[str]:
         """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order.
 
-        Each reply waits in a key of its own until collected: ``map`` costs Redis less (docs/operations.md)."""
+        Each reply waits in a key of its own until collected: ``map`` costs Redis less
+        (docs/operations.md).
+        """
         rids: list[str] = []
         encoder = BodyEncoder(params)
         items = iter(inputs)
@@ -345,7 +357,7 @@ class Producer(ProducerBase):
         raise_errors: bool,
         on_send: Callable[[list[str]], None] | None,
     ) -> list[tuple[int, Reply]]:
-        """One round trip of a map/imap call: send what the window allows, wait for and pop replies."""
+        """One round trip of a map/imap call: send what the window allows, wait, pop replies."""
         round_ = Round()
         self._check_limits()
         batch = calls.fill(round_)
@@ -361,7 +373,10 @@ class Producer(ProducerBase):
     # -- queue state and lifecycle -----------------------------------------
 
     def lag(self) -> int | None:
-        """Requests waiting to be picked up (summed over the shards and lanes), or None when Redis cannot tell."""
+        """Requests waiting to be picked up (summed over the shards and lanes).
+
+        None when Redis cannot tell.
+        """
         return self._lag_and_backlog()[0]
 
     def backlog(self) -> int:
