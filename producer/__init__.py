@@ -10,7 +10,8 @@ imports the worker (or torch).
 
 from __future__ import annotations
 
-from inferfleet.producer.client import DEFAULT_REDIS_URL, AsyncProducer, Producer
+from inferfleet.producer.aio import AsyncProducer
+from inferfleet.producer.connections import DEFAULT_REDIS_URL
 from inferfleet.producer.errors import (
     BadRequest,
     Cancelled,
@@ -29,6 +30,7 @@ from inferfleet.producer.errors import (
     TooLarge,
 )
 from inferfleet.producer.protocol import CONTRACT_VERSION, DEFAULT_PREFIX, QueueKeys, Reply
+from inferfleet.producer.sync import Producer
 
 __all__ = [
     "AsyncProducer",

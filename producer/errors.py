@@ -22,7 +22,7 @@ caller can catch the whole family at once::
 
 redis-py's own exceptions never escape the SDK: they are translated into
 :class:`ConnectionError` (or :class:`InferfleetError`) at one seam,
-``inferfleet.producer.client._translate``, with the original kept as ``__cause__``.
+``inferfleet.producer.connections.translate_errors``, with the original kept as ``__cause__``.
 """
 
 from __future__ import annotations

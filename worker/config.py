@@ -13,7 +13,7 @@ import socket
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
-from inferfleet.producer.client import DEFAULT_REDIS_URL
+from inferfleet.producer.connections import DEFAULT_REDIS_URL
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,

@@ -30,3 +30,20 @@ def test_async_calls_are_awaited() -> None:
         awaited = inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method)
         sync = getattr(Producer, name)
         assert awaited != inspect.iscoroutinefunction(sync), name
+
+
+def test_defaults_come_from_one_module() -> None:
+    from inferfleet.producer import defaults
+
+    for cls in (Producer, AsyncProducer):
+        init = inspect.signature(cls.__init__).parameters
+        assert init["name"].default == defaults.NAME
+        assert init["default_deadline_s"].default == defaults.DEADLINE_S
+        assert init["full_wait_s"].default == defaults.FULL_WAIT_S
+        assert init["on_full"].default == defaults.ON_FULL
+        assert init["shards"].default == defaults.SHARDS
+        assert inspect.signature(cls.map).parameters["window"].default == defaults.WINDOW
+        assert inspect.signature(cls.submit_many).parameters["chunk"].default == defaults.CHUNK
+        assert inspect.signature(cls.result).parameters["timeout_s"].default == defaults.TIMEOUT_S
+    # the docstring and docs/operations.md quote the default deadline
+    assert f"({defaults.DEADLINE_S:g} s)" in (Producer.__doc__ or "")

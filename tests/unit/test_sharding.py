@@ -8,7 +8,8 @@ import pytest
 import redis
 
 from inferfleet.producer import Producer
-from inferfleet.producer.client import InFlight, sum_shards
+from inferfleet.producer.base import sum_shards
+from inferfleet.producer.bulk import InFlight
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import MAX_SHARDS, shard_for, shard_keys, shard_name
 

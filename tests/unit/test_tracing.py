@@ -68,7 +68,7 @@ def test_the_sdk_sends_the_current_spans_context_and_nothing_without_one(monkeyp
 
 @pytest.mark.parametrize("deadline_s", [None, 5.0])
 def test_the_bulk_calls_add_the_traceparent_once_per_round(deadline_s) -> None:
-    from inferfleet.producer.client import Producer
+    from inferfleet.producer.sync import Producer
 
     producer = Producer("redis://127.0.0.1:1/0", "q", default_deadline_s=deadline_s)
     with TracerProvider().get_tracer("t").start_as_current_span("s"):

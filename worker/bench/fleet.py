@@ -21,7 +21,7 @@ from typing import IO, Any
 import redis
 
 from inferfleet.producer import errors
-from inferfleet.producer.client import DEFAULT_REDIS_URL
+from inferfleet.producer.connections import DEFAULT_REDIS_URL
 from inferfleet.producer.protocol import DEFAULT_PREFIX, GROUP, QueueKeys
 from inferfleet.worker.connections import admin_client
 from inferfleet.worker.embedded import EmbeddedRedis

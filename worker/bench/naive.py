@@ -34,7 +34,7 @@ from typing import Any
 import redis
 import torch
 
-from inferfleet.producer.client import DEFAULT_REDIS_URL
+from inferfleet.producer.connections import DEFAULT_REDIS_URL
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,

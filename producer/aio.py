@@ -1,0 +1,337 @@
+"""AsyncProducer: the asyncio SDK client, the same calls as Producer, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from itertools import islice
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+from inferfleet.producer import defaults, errors
+from inferfleet.producer.base import ProducerBase, missing_reply_message, sum_shards
+from inferfleet.producer.bulk import (
+    MapRun,
+)
+from inferfleet.producer.connections import (
+    block_slices,
+    connect_async,
+    translate_errors,
+)
+from inferfleet.producer.connections import redis_url as resolve_url
+from inferfleet.producer.protocol import (
+    DEFAULT_PREFIX,
+    BodyEncoder,
+    Reply,
+    validate_request_id,
+)
+from inferfleet.producer.sharing import (
+    LIBRARY,
+    limits_key,
+    validate_priority,
+)
+from inferfleet.producer.transport import Round, arun
+
+__all__ = ["AsyncProducer"]
+
+
+class AsyncProducer(ProducerBase):
+    """The asyncio twin of :class:`Producer` (``await p.submit(...)``)."""
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        name: str = defaults.NAME,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        client: aioredis.Redis | AsyncRedisCluster | None = None,
+        default_deadline_s: float | None = defaults.DEADLINE_S,
+        max_backlog: int | None = None,
+        on_full: str = defaults.ON_FULL,
+        full_wait_s: float = defaults.FULL_WAIT_S,
+        shards: int = defaults.SHARDS,
+        cluster: bool = False,
+        tenant: str | None = None,
+    ) -> None:
+        super().__init__(
+            name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards, tenant
+        )
+        self._owns_client = client is None
+        self.cluster = cluster or isinstance(client, AsyncRedisCluster)
+        with translate_errors():
+            self.redis = client or connect_async(resolve_url(redis_url), self.cluster)
+
+    async def _make_room(self, adding: int) -> None:
+        """Enforce max_backlog before sending ``adding`` requests (raise or wait)."""
+        if self.max_backlog is None:
+            return
+        give_up = time.monotonic() + self.full_wait_s
+        while True:
+            backlog = self._backlog_cached()
+            if backlog is None:
+                backlog = self._backlog_read(await self.backlog())
+            if self._room_taken(backlog, adding):
+                return
+            self._give_up(backlog, give_up)
+            await asyncio.sleep(defaults.FULL_POLL_S)
+
+    async def _check_limits(self) -> bool:
+        """Whether fleet-wide limits are in force.
+
+        One EXISTS a second at most; loads the functions once.
+        """
+        if self._limits_due():
+            with translate_errors():
+                in_force = bool(await self.redis.exists(limits_key(self.keys)))
+                if in_force and not self._library_loaded:
+                    self._library_loaded = True
+                    # every worker loads it too: a producer user without FUNCTION LOAD does without
+                    try:
+                        await self.redis.function_load(LIBRARY, replace=True)
+                    except redis.exceptions.ResponseError:
+                        pass
+            self._limits_read(in_force)
+        return self._admitting()
+
+    async def submit(
+        self,
+        inputs: Any,
+        params: Mapping[str, Any] | None = None,
+        deadline_s: float | None = None,
+        *,
+        request_id: str | None = None,
+        reply_to: str | None = None,
+        priority: str = defaults.PRIORITY,
+    ) -> str:
+        """Enqueue one request on the lane of ``priority`` and return its request id."""
+        rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
+        lane = self.lanes[self.shard_of(rid)][validate_priority(priority)]
+        await self._make_room(1)
+        with translate_errors():
+            if await self._check_limits():
+                await self.redis.execute_command(
+                    *self._fcall_args(keys, lane, [rid], [fields["body"]], fields.items())
+                )
+            else:
+                await self.redis.xadd(lane, fields)
+        return rid
+
+    async def cancel(self, request_id: str) -> str:
+        """Cancel a request no worker has computed yet (see Producer.cancel)."""
+        return self._one_cancelled(request_id, (await self.cancel_many([request_id]))[0])
+
+    async def cancel_many(self, request_ids: Sequence[str]) -> list[str]:
+        """Cancel many requests (see Producer.cancel_many)."""
+        found: dict[str, str] = {}
+        with translate_errors():
+            if not self._library_loaded:
+                self._library_loaded = True
+                try:  # every worker loads it too
+                    await self.redis.function_load(LIBRARY, replace=True)
+                except redis.exceptions.ResponseError:
+                    pass
+            for args in self._cancel_args(request_ids):
+                found.update(
+                    self._cancel_found(args, await self.redis.execute_command("FCALL", *args))
+                )
+        return [found[rid] for rid in request_ids]
+
+    async def result(
+        self, request_id: str, timeout_s: float = defaults.TIMEOUT_S, *, raise_errors: bool = True
+    ) -> Reply:
+        """Wait up to ``timeout_s`` for the reply to ``request_id``."""
+        key = self.keys_for(request_id).reply(validate_request_id(request_id))
+        popped = None
+        with translate_errors():
+            for block_s in block_slices(timeout_s):
+                popped = await self.redis.blpop([key], timeout=block_s)
+                if popped is not None:
+                    break
+        if popped is None:
+            raise errors.ReplyTimeout(await self._missing(request_id, timeout_s))
+        return self._finish(popped[1], raise_errors)
+
+    async def _missing(self, request_id: str, timeout_s: float) -> str:
+        """The timeout's message, saying why if the queue's state tells (on timeouts only)."""
+        keys = self.keys_for(request_id)
+        try:
+            groups = (
+                await self.redis.xinfo_groups(keys.requests)
+                if await self.redis.exists(keys.requests)
+                else None
+            )
+        except redis.exceptions.RedisError:
+            return f"no reply to {request_id!r} within {timeout_s} s"
+        return missing_reply_message(request_id, timeout_s, keys, groups)
+
+    async def infer(
+        self,
+        inputs: Any,
+        params: Mapping[str, Any] | None = None,
+        timeout_s: float = defaults.TIMEOUT_S,
+        *,
+        priority: str = defaults.PRIORITY,
+    ) -> Any:
+        """Submit (with the timeout as deadline), wait and return the outputs.
+
+        Raises on an error reply.
+        """
+        rid = await self.submit(inputs, params, deadline_s=timeout_s, priority=priority)
+        return (await self.result(rid, timeout_s)).outputs
+
+    async def submit_many(
+        self,
+        inputs: Iterable[Any],
+        params: Mapping[str, Any] | None = None,
+        deadline_s: float | None = None,
+        *,
+        chunk: int = defaults.CHUNK,
+        priority: str = defaults.PRIORITY,
+    ) -> list[str]:
+        """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order.
+
+        Each reply waits in a key of its own until collected: ``map`` costs Redis less
+        (docs/operations.md).
+        """
+        rids: list[str] = []
+        encoder = BodyEncoder(params)
+        items = iter(inputs)
+        lane = validate_priority(priority)
+        while batch := list(islice(items, chunk)):
+            await self._make_room(len(batch))
+            await self._check_limits()
+            sent, round_ = self._submit_round(batch, encoder, deadline_s, lane)
+            with translate_errors():
+                await arun(self.redis, round_)
+            rids += sent
+        return rids
+
+    async def results(
+        self,
+        request_ids: Sequence[str],
+        timeout_s: float = defaults.TIMEOUT_S,
+        *,
+        raise_errors: bool = False,
+    ) -> list[Reply]:
+        """Collect the replies to ``request_ids`` in order (see Producer.results)."""
+        scan = self._reply_scan(request_ids)
+        deadline = time.monotonic() + timeout_s
+        while scan.missing:
+            round_ = Round()
+            scan.queue(round_, min(defaults.WAIT_S, deadline - time.monotonic()))
+            with translate_errors():
+                scan.take(await arun(self.redis, round_), raise_errors)
+            if scan.missing and time.monotonic() > deadline:
+                raise self._replies_missing(scan, len(request_ids), timeout_s)
+        return scan.replies()
+
+    async def map(
+        self,
+        inputs: Iterable[Any],
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float = defaults.TIMEOUT_S,
+        window: int = defaults.WINDOW,
+        deadline_s: float | None = None,
+        raise_errors: bool = False,
+        priority: str = defaults.PRIORITY,
+    ) -> list[Reply]:
+        """Run every input through the fleet; replies in input order (see Producer.map)."""
+        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
+        replies: list[Any] = []
+        while calls.active:
+            taken = await self._map_round(calls, timeout_s, raise_errors, None)
+            replies += [None] * (calls.sent - len(replies))
+            for index, reply in taken:
+                replies[index] = reply
+        return replies
+
+    async def imap(
+        self,
+        inputs: Iterable[Any],
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float = defaults.TIMEOUT_S,
+        window: int = defaults.WINDOW,
+        deadline_s: float | None = None,
+        raise_errors: bool = False,
+        ordered: bool = False,
+        on_send: Callable[[list[str]], None] | None = None,
+        priority: str = defaults.PRIORITY,
+    ) -> AsyncIterator[Reply]:
+        """Like :meth:`map`, but an async iterator of replies as they come (see Producer.imap)."""
+        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
+        ready: dict[int, Reply] = {}
+        next_out = 0
+        while calls.active:
+            for index, reply in await self._map_round(calls, timeout_s, raise_errors, on_send):
+                if ordered:
+                    ready[index] = reply
+                else:
+                    yield reply
+            while ordered and next_out in ready:
+                yield ready.pop(next_out)
+                next_out += 1
+
+    async def _map_round(
+        self,
+        calls: MapRun,
+        timeout_s: float,
+        raise_errors: bool,
+        on_send: Callable[[list[str]], None] | None,
+    ) -> list[tuple[int, Reply]]:
+        """One round trip of map/imap: send what the window allows, wait for and pop replies."""
+        round_ = Round()
+        await self._check_limits()
+        batch = calls.fill(round_)
+        calls.queue_pops(round_, self._block_keys, defaults.POLL_S)
+        if on_send is not None and batch:
+            on_send(batch)
+        with translate_errors():
+            popped = calls.popped(await arun(self.redis, round_))
+        taken = calls.take(popped, raise_errors)
+        calls.check_stall(timeout_s)
+        return taken
+
+    async def lag(self) -> int | None:
+        """Requests waiting to be picked up (summed over the shards and lanes).
+
+        None when Redis cannot tell.
+        """
+        return (await self._lag_and_backlog())[0]
+
+    async def backlog(self) -> int:
+        """The lag, or the stream length (an upper bound) where the lag is unknown."""
+        return (await self._lag_and_backlog())[1]
+
+    async def _lag_and_backlog(self) -> tuple[int | None, int]:
+        with translate_errors():
+            pipe = self.redis.pipeline(transaction=False)
+            streams = [
+                stream for lanes in self.lanes for stream in lanes
+            ]  # every lane of every shard
+            for stream in streams:
+                pipe.xlen(stream)
+            lengths = [int(n) for n in await pipe.execute()]
+            busy = [stream for stream, n in zip(streams, lengths) if n]
+            pipe = self.redis.pipeline(transaction=False)
+            for stream in busy:
+                pipe.xinfo_groups(stream)
+            found = iter(await pipe.execute() if busy else [])
+        return sum_shards(lengths, [next(found) if n else [] for n in lengths])
+
+    async def close(self) -> None:
+        """Release the connection pool (if this producer created it)."""
+        if not self._closed and self._owns_client:
+            await self.redis.aclose()
+        self._closed = True
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

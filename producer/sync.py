@@ -1,0 +1,412 @@
+"""Producer: the blocking SDK client (see :mod:`~inferfleet.producer.base`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import islice
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+
+from inferfleet.producer import defaults, errors
+from inferfleet.producer.base import ProducerBase, missing_reply_message, sum_shards
+from inferfleet.producer.bulk import (
+    MapRun,
+)
+from inferfleet.producer.connections import (
+    block_slices,
+    connect,
+    translate_errors,
+)
+from inferfleet.producer.connections import redis_url as resolve_url
+from inferfleet.producer.protocol import (
+    DEFAULT_PREFIX,
+    BodyEncoder,
+    QueueKeys,
+    Reply,
+    validate_request_id,
+)
+from inferfleet.producer.sharing import (
+    LIBRARY,
+    limits_key,
+    validate_priority,
+)
+from inferfleet.producer.transport import Round, run
+
+__all__ = ["Producer"]
+
+
+_LIMITS_DOC = """
+    ``default_deadline_s`` (60 s) is the deadline of every request sent
+    without one: a worker answers ``expired`` instead of computing a request
+    nobody waits for any more (``None``: no deadline). With ``max_backlog``
+    set, sending while the queue's backlog (lag) is over it raises
+    :class:`~inferfleet.producer.errors.QueueFull` (``on_full="raise"``) or waits up to
+    ``full_wait_s`` for room (``on_full="wait"``): the bounded request buffer.
+
+    redis-py's silent command retries are off: a retried XADD could enqueue a
+    request twice and a retried pop could lose a reply. A dropped connection
+    raises :class:`~inferfleet.producer.errors.ConnectionError`; the next call reconnects.
+
+    ``shards`` (default 1) splits the queue into that many streams, queues
+    ``NAME.0`` to ``NAME.{shards-1}``, each in its own Redis Cluster slot: a
+    request goes to shard ``shard_for(id, shards)`` (CRC-32 of the id, mod
+    ``shards``) and so does its reply. Every producer and worker of a queue
+    must agree on ``shards``. ``cluster=True`` connects with redis-py's
+    ``RedisCluster`` (the URL names any one node); it still follows MOVED and
+    ASK redirects, which never re-run a command.
+"""
+
+
+def _missing(client: Any, keys: QueueKeys, request_id: str, timeout_s: float) -> str:
+    """A wait's timeout message, saying why if the queue's state tells.
+
+    One more round trip, on timeouts only.
+    """
+    try:
+        groups = client.xinfo_groups(keys.requests) if client.exists(keys.requests) else None
+    except redis.exceptions.RedisError:
+        return f"no reply to {request_id!r} within {timeout_s} s"
+    return missing_reply_message(request_id, timeout_s, keys, groups)
+
+
+class Producer(ProducerBase):
+    """Enqueue requests on queue ``name`` and collect their replies.
+
+    >>> p = Producer("redis://localhost:6379/0", "ctr")      # doctest: +SKIP
+    >>> rid = p.submit(np.zeros((1, 16), np.float32))        # doctest: +SKIP
+    >>> p.result(rid, timeout_s=5).outputs                   # doctest: +SKIP
+
+    ``redis_url`` defaults to ``$REDIS_URL``; pass ``client`` to reuse an
+    existing ``redis.Redis`` or ``RedisCluster`` (its ``decode_responses``
+    must be False).
+
+    ``tenant`` names the caller in every entry (fleet-wide quotas apply to
+    it); ``priority`` on the sending calls picks the lane (``high``,
+    ``normal``, ``low``). While the queue has fleet-wide limits
+    (``inferfleet limit``), entries go through the admission function:
+    over the backlog limit a call raises QueueFull, over the tenant's quota
+    RateLimited, with nothing written.
+    """
+
+    __doc__ = (__doc__ or "") + _LIMITS_DOC
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        name: str = defaults.NAME,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        client: redis.Redis | RedisCluster | None = None,
+        default_deadline_s: float | None = defaults.DEADLINE_S,
+        max_backlog: int | None = None,
+        on_full: str = defaults.ON_FULL,
+        full_wait_s: float = defaults.FULL_WAIT_S,
+        shards: int = defaults.SHARDS,
+        cluster: bool = False,
+        tenant: str | None = None,
+    ) -> None:
+        super().__init__(
+            name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards, tenant
+        )
+        self._owns_client = client is None
+        self.cluster = cluster or isinstance(client, RedisCluster)
+        with translate_errors():
+            self.redis = client or connect(resolve_url(redis_url), self.cluster)
+
+    def _make_room(self, adding: int) -> None:
+        """Enforce max_backlog before sending ``adding`` requests (raise or wait)."""
+        if self.max_backlog is None:
+            return
+        give_up = time.monotonic() + self.full_wait_s
+        while True:
+            backlog = self._backlog_cached()
+            if backlog is None:
+                backlog = self._backlog_read(self.backlog())
+            if self._room_taken(backlog, adding):
+                return
+            self._give_up(backlog, give_up)
+            time.sleep(defaults.FULL_POLL_S)
+
+    def _check_limits(self) -> bool:
+        """Whether fleet-wide limits are in force.
+
+        One EXISTS a second at most; loads the functions once.
+        """
+        if self._limits_due():
+            with translate_errors():
+                in_force = bool(self.redis.exists(limits_key(self.keys)))
+                if in_force and not self._library_loaded:
+                    self._library_loaded = True
+                    # every worker loads it too: a producer user without FUNCTION LOAD does without
+                    try:
+                        self.redis.function_load(LIBRARY, replace=True)
+                    except redis.exceptions.ResponseError:
+                        pass
+            self._limits_read(in_force)
+        return self._admitting()
+
+    # -- one request -------------------------------------------------------
+
+    def submit(
+        self,
+        inputs: Any,
+        params: Mapping[str, Any] | None = None,
+        deadline_s: float | None = None,
+        *,
+        request_id: str | None = None,
+        reply_to: str | None = None,
+        priority: str = defaults.PRIORITY,
+    ) -> str:
+        """Enqueue one request on the lane of ``priority`` and return its request id."""
+        rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
+        lane = self.lanes[self.shard_of(rid)][validate_priority(priority)]
+        self._make_room(1)
+        with translate_errors():
+            if self._check_limits():
+                self.redis.execute_command(
+                    *self._fcall_args(keys, lane, [rid], [fields["body"]], fields.items())
+                )
+            else:
+                self.redis.xadd(lane, fields)
+        return rid
+
+    def cancel(self, request_id: str) -> str:
+        """Cancel a request no worker has computed yet: answered ``cancelled``, never computed.
+
+        Returns ``cancelled`` (marked: the reply says whether a worker got to it first) or
+        ``answered`` (its reply waits: it stands). An id in no lane of the queue raises
+        ProtocolError, with nothing written.
+        """
+        return self._one_cancelled(request_id, self.cancel_many([request_id])[0])
+
+    def cancel_many(self, request_ids: Sequence[str]) -> list[str]:
+        """Cancel many requests, one round trip a shard; ``cancelled``, ``answered`` or ``unknown``
+        (in no lane: nothing written) for each, in order."""
+        found: dict[str, str] = {}
+        with translate_errors():
+            if not self._library_loaded:
+                self._library_loaded = True
+                try:  # every worker loads it too
+                    self.redis.function_load(LIBRARY, replace=True)
+                except redis.exceptions.ResponseError:
+                    pass
+            for args in self._cancel_args(request_ids):
+                found.update(self._cancel_found(args, self.redis.execute_command("FCALL", *args)))
+        return [found[rid] for rid in request_ids]
+
+    def result(
+        self, request_id: str, timeout_s: float = defaults.TIMEOUT_S, *, raise_errors: bool = True
+    ) -> Reply:
+        """Wait up to ``timeout_s`` for the reply to ``request_id``.
+
+        Any process can collect a reply; it is removed once collected. With
+        ``raise_errors`` (the default) an ``ok: false`` reply raises the
+        matching :class:`~inferfleet.producer.errors.ReplyError`.
+        """
+        key = self.keys_for(request_id).reply(validate_request_id(request_id))
+        popped = None
+        with translate_errors():
+            for block_s in block_slices(
+                timeout_s
+            ):  # each BLPOP well within the socket's read timeout
+                popped = self.redis.blpop([key], timeout=block_s)
+                if popped is not None:
+                    break
+        if popped is None:
+            raise errors.ReplyTimeout(
+                _missing(self.redis, self.keys_for(request_id), request_id, timeout_s)
+            )
+        return self._finish(popped[1], raise_errors)
+
+    def infer(
+        self,
+        inputs: Any,
+        params: Mapping[str, Any] | None = None,
+        timeout_s: float = defaults.TIMEOUT_S,
+        *,
+        priority: str = defaults.PRIORITY,
+    ) -> Any:
+        """Submit (with the timeout as deadline), wait and return the outputs.
+
+        Raises on an error reply.
+        """
+        return self.result(
+            self.submit(inputs, params, deadline_s=timeout_s, priority=priority), timeout_s
+        ).outputs
+
+    # -- many requests -----------------------------------------------------
+
+    def submit_many(
+        self,
+        inputs: Iterable[Any],
+        params: Mapping[str, Any] | None = None,
+        deadline_s: float | None = None,
+        *,
+        chunk: int = defaults.CHUNK,
+        priority: str = defaults.PRIORITY,
+    ) -> list[str]:
+        """Enqueue many requests, ``chunk`` XADDs a round trip; return their ids in order.
+
+        Each reply waits in a key of its own until collected: ``map`` costs Redis less
+        (docs/operations.md).
+        """
+        rids: list[str] = []
+        encoder = BodyEncoder(params)
+        items = iter(inputs)
+        lane = validate_priority(priority)
+        while batch := list(islice(items, chunk)):
+            self._make_room(len(batch))
+            self._check_limits()
+            sent, round_ = self._submit_round(batch, encoder, deadline_s, lane)
+            with translate_errors():
+                run(self.redis, round_)
+            rids += sent
+        return rids
+
+    def results(
+        self,
+        request_ids: Sequence[str],
+        timeout_s: float = defaults.TIMEOUT_S,
+        *,
+        raise_errors: bool = False,
+    ) -> list[Reply]:
+        """Collect the replies to ``request_ids`` (in order), polling their reply keys in bulk.
+
+        Each round trip blocks until the last of the next missing reply keys
+        (up to a few thousand) is answered, then pops them all, so a busy
+        worker is followed with a round trip every few thousand replies and
+        no spinning. Raises ReplyTimeout if some are still missing after
+        ``timeout_s``.
+        """
+        scan = self._reply_scan(request_ids)
+        deadline = time.monotonic() + timeout_s
+        while scan.missing:
+            round_ = Round()
+            scan.queue(round_, min(defaults.WAIT_S, deadline - time.monotonic()))
+            with translate_errors():
+                scan.take(run(self.redis, round_), raise_errors)
+            if scan.missing and time.monotonic() > deadline:
+                raise self._replies_missing(scan, len(request_ids), timeout_s)
+        return scan.replies()
+
+    def map(
+        self,
+        inputs: Iterable[Any],
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float = defaults.TIMEOUT_S,
+        window: int = defaults.WINDOW,
+        deadline_s: float | None = None,
+        raise_errors: bool = False,
+        priority: str = defaults.PRIORITY,
+    ) -> list[Reply]:
+        """Run every input through the fleet and return the replies in input order.
+
+        Keeps at most ``window`` requests in flight, sends them pipelined and
+        collects replies in bulk from this producer's own inbox, so thousands
+        of requests cost a handful of round trips. ``timeout_s`` is the longest
+        wait for any next reply; on a stall ReplyTimeout is raised.
+        """
+        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
+        replies: list[Any] = []
+        while calls.active:
+            taken = self._map_round(calls, timeout_s, raise_errors, None)
+            replies += [None] * (calls.sent - len(replies))
+            for index, reply in taken:
+                replies[index] = reply
+        return replies
+
+    def imap(
+        self,
+        inputs: Iterable[Any],
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float = defaults.TIMEOUT_S,
+        window: int = defaults.WINDOW,
+        deadline_s: float | None = None,
+        raise_errors: bool = False,
+        ordered: bool = False,
+        on_send: Callable[[list[str]], None] | None = None,
+        priority: str = defaults.PRIORITY,
+    ) -> Iterator[Reply]:
+        """Like :meth:`map`, but yields replies as they come (or in order).
+
+        ``on_send``, if given, is called with the ids of each pipeline of
+        requests just before it is sent (benchmarks time requests with it).
+        """
+        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
+        ready: dict[int, Reply] = {}
+        next_out = 0
+        while calls.active:
+            for index, reply in self._map_round(calls, timeout_s, raise_errors, on_send):
+                if ordered:
+                    ready[index] = reply
+                else:
+                    yield reply
+            while ordered and next_out in ready:
+                yield ready.pop(next_out)
+                next_out += 1
+
+    def _map_round(
+        self,
+        calls: MapRun,
+        timeout_s: float,
+        raise_errors: bool,
+        on_send: Callable[[list[str]], None] | None,
+    ) -> list[tuple[int, Reply]]:
+        """One round trip of a map/imap call: send what the window allows, wait, pop replies."""
+        round_ = Round()
+        self._check_limits()
+        batch = calls.fill(round_)
+        calls.queue_pops(round_, self._block_keys, defaults.POLL_S)
+        if on_send is not None and batch:
+            on_send(batch)
+        with translate_errors():
+            popped = calls.popped(run(self.redis, round_))
+        taken = calls.take(popped, raise_errors)
+        calls.check_stall(timeout_s)
+        return taken
+
+    # -- queue state and lifecycle -----------------------------------------
+
+    def lag(self) -> int | None:
+        """Requests waiting to be picked up (summed over the shards and lanes).
+
+        None when Redis cannot tell.
+        """
+        return self._lag_and_backlog()[0]
+
+    def backlog(self) -> int:
+        """The lag, or the stream length (an upper bound) where the lag is unknown."""
+        return self._lag_and_backlog()[1]
+
+    def _lag_and_backlog(self) -> tuple[int | None, int]:
+        with translate_errors():
+            pipe = self.redis.pipeline(transaction=False)
+            streams = [
+                stream for lanes in self.lanes for stream in lanes
+            ]  # every lane of every shard
+            for stream in streams:
+                pipe.xlen(stream)
+            lengths = [int(n) for n in pipe.execute()]
+            busy = [stream for stream, n in zip(streams, lengths) if n]
+            pipe = self.redis.pipeline(transaction=False)
+            for stream in busy:
+                pipe.xinfo_groups(stream)
+            found = iter(pipe.execute() if busy else [])
+        return sum_shards(lengths, [next(found) if n else [] for n in lengths])
+
+    def close(self) -> None:
+        """Release the connection pool (if this producer created it)."""
+        if not self._closed and self._owns_client:
+            self.redis.close()
+        self._closed = True
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
