@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -20,6 +21,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.fleet.restarts import restart_backoff
 from inferfleet.worker.fleet.scaling import (
     MIN_PEAK_WINDOW_S,
     Decision,
@@ -551,3 +553,17 @@ def test_a_trace_threading_its_own_state_keeps_every_rule(
         assert_decision_allowed(observation, settings, state, decision)
         assert len(decision.state.arrivals) <= 256
         state = decision.state
+
+
+def test_restart_backoff_doubles_forgets_old_deaths_and_stops_a_crash_loop() -> None:
+    deaths: deque[float] = deque()
+    kw = {"window_s": 60.0, "max_deaths": 3, "first_s": 1.0, "most_s": 30.0}
+    assert restart_backoff(deaths, 0.0, **kw) == 1.0
+    assert restart_backoff(deaths, 1.0, **kw) == 2.0
+    assert restart_backoff(deaths, 100.0, **kw) == 1.0  # the two old deaths left the window
+    assert restart_backoff(deaths, 101.0, **kw) == 2.0
+    assert restart_backoff(deaths, 102.0, **kw) is None  # three within 60 s: a crash loop
+    capped = {**kw, "max_deaths": 100, "most_s": 5.0}
+    many: deque[float] = deque()
+    waits = [restart_backoff(many, float(t), **capped) for t in range(6)]
+    assert waits == [1.0, 2.0, 4.0, 5.0, 5.0, 5.0]

@@ -35,19 +35,20 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
 import redis
 
-from inferfleet.producer.protocol import QueueKeys, shard_keys
-from inferfleet.producer.sharing import read_lanes
+from inferfleet.producer.protocol import shard_keys
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import admin_client
 from inferfleet.worker.errors import ConfigError, DeviceBroken
+from inferfleet.worker.fleet.observe import observe
 from inferfleet.worker.fleet.placement import child_visible_devices
+from inferfleet.worker.fleet.restarts import restart_backoff
 from inferfleet.worker.fleet.scaling import (
     Decision,
     Observation,
@@ -69,11 +70,7 @@ from inferfleet.worker.keys import stage_keys, supervisor_key
 if TYPE_CHECKING:
     from inferfleet.worker.metrics import FleetMetrics
 
-__all__ = [
-    "SupervisorSettings",
-    "Supervisor",
-    "observe",
-]
+__all__ = ["SupervisorSettings", "Supervisor", "observe"]
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +87,8 @@ class SupervisorSettings:
 
     worker: WorkerSettings
     policy: PolicySettings
-    devices: tuple[str, ...] = (
-        "cpu",
-    )  # the CLI's --devices is a spec (auto, cpu, cuda:0,...): resolve_devices
+    # the CLI's --devices is a spec (auto, cpu, cuda:0,...) resolved by resolve_devices
+    devices: tuple[str, ...] = ("cpu",)
     workers_per_device: int = field(default=1, metadata={"help": "Workers per GPU."})
     interval_s: float = field(
         default=1.0, metadata={"help": "How often the supervisor observes and decides."}
@@ -153,49 +149,6 @@ class Slot:
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
-
-
-def _lag_and_pending(client: redis.Redis, keys: QueueKeys) -> tuple[int | None, int, float]:
-    """Lag and pending summed over the queue's lanes (the lag unknown if one lane's is), and how
-    long the high lane's oldest waiting request has waited."""
-    try:
-        lanes = read_lanes(client, keys)
-    except redis.exceptions.ResponseError:  # a stream without its group yet
-        return int(client.xlen(keys.requests)), 0, 0.0
-    lags = [lane.lag for lane in lanes]
-    lag = None if None in lags else sum(lag for lag in lags if lag is not None)
-    return lag, sum(lane.pending for lane in lanes), lanes[0].wait_s
-
-
-def observe(
-    client: redis.Redis, keys: QueueKeys | Sequence[QueueKeys], workers: int, now_s: float
-) -> Observation:
-    """Read lag, pending and the workers' measured rates into an Observation.
-
-    ``keys`` may be every shard of a sharded queue: lag and pending are then
-    summed (the lag is unknown if one shard's is) and every shard's workers count.
-    """
-    lag: int | None = 0
-    pending = 0
-    high_wait_s = 0.0
-    beats = []
-    for one in [keys] if isinstance(keys, QueueKeys) else keys:
-        shard_lag, shard_pending, shard_wait_s = _lag_and_pending(client, one)
-        lag = None if lag is None or shard_lag is None else lag + shard_lag
-        pending += shard_pending
-        high_wait_s = max(high_wait_s, shard_wait_s)
-        beats.extend(read_heartbeats(client, one))
-    capacities = sorted(c for c in (b.capacity_rps for b in beats) if c is not None)
-    capacity = capacities[len(capacities) // 2] if capacities else None
-    return Observation(
-        now_s=now_s,
-        workers=workers,
-        lag=lag,
-        pending=pending,
-        rate_rps=sum(b.rate_rps for b in beats),
-        capacity_rps=capacity,
-        high_wait_s=high_wait_s,
-    )
 
 
 class Supervisor:
@@ -457,32 +410,30 @@ class Supervisor:
             self._record_death(slot, now_s, code)
 
     def _record_death(self, slot: Slot, now_s: float, code: int | None) -> None:
-        window = self.settings.crash_loop_window_s
-        slot.deaths.append(now_s)
-        while slot.deaths and slot.deaths[0] < now_s - window:
-            slot.deaths.popleft()
-        if len(slot.deaths) >= self.settings.crash_loop_deaths:
+        settings = self.settings
+        backoff = restart_backoff(
+            slot.deaths,
+            now_s,
+            window_s=settings.crash_loop_window_s,
+            max_deaths=settings.crash_loop_deaths,
+            first_s=settings.restart_backoff_s,
+            most_s=settings.max_restart_backoff_s,
+        )
+        if backoff is None:
             slot.disabled = (
-                f"worker {slot.consumer} died {len(slot.deaths)} times in {window:.0f} s "
-                f"(last exit status {code}); not restarting it"
+                f"worker {slot.consumer} died {len(slot.deaths)} times in "
+                f"{settings.crash_loop_window_s:.0f} s (last exit status {code}); not restarting it"
             )
             log.error(
                 "CRASH LOOP: %s. Fix the cause (see the worker's log) and restart the supervisor.",
                 slot.disabled,
             )
             return
-        backoff = min(
-            self.settings.restart_backoff_s * 2 ** (len(slot.deaths) - 1),
-            self.settings.max_restart_backoff_s,
-        )
         slot.next_start_s = now_s + backoff
         if self.metrics is not None:
             self.metrics.restarted()
-        why = (
-            ": its GPU broke (a sticky CUDA error, see its log)"
-            if code == DeviceBroken.exit_status
-            else ""
-        )
+        broke = code == DeviceBroken.exit_status
+        why = ": its GPU broke (a sticky CUDA error, see its log)" if broke else ""
         log.warning(
             "worker %s died (exit status %s%s); restarting in %.1f s",
             slot.consumer,
@@ -505,9 +456,8 @@ class Supervisor:
             "updated_ms": int(time.time() * 1000),
         }
         try:
-            for (
-                keys
-            ) in self.shard_keys:  # one transaction per shard: a cluster's spans one slot only
+            # one transaction per shard: a cluster's spans one slot only
+            for keys in self.shard_keys:
                 pipe = self.redis.pipeline(transaction=True)
                 pipe.hset(supervisor_key(keys), mapping=info)
                 pipe.pexpire(supervisor_key(keys), int(max(5 * self.settings.interval_s, 5) * 1000))
@@ -530,9 +480,8 @@ class Supervisor:
             and time.monotonic() < deadline
             and not self.kill_now.is_set()
         ):
-            if (
-                time.monotonic() >= renew_at
-            ):  # still managing: no successor may start while these drain
+            # still managing: no successor may start while these drain
+            if time.monotonic() >= renew_at:
                 renew_at += self.settings.interval_s
                 self._renew_lease()
             time.sleep(0.05)

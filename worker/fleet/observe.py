@@ -1,0 +1,62 @@
+"""What the supervisor observes each interval: the queue's lag and pending, the workers' rates.
+
+:func:`observe` reads them from Redis (the lanes' group info, the
+heartbeats) into the :class:`~inferfleet.worker.fleet.scaling_data.Observation`
+the pure policy decides on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import redis
+
+from inferfleet.producer.protocol import QueueKeys
+from inferfleet.producer.sharing import read_lanes
+from inferfleet.worker.fleet.scaling_data import Observation
+from inferfleet.worker.heartbeat import read_heartbeats
+
+__all__ = ["observe"]
+
+
+def _lag_and_pending(client: redis.Redis, keys: QueueKeys) -> tuple[int | None, int, float]:
+    """Lag and pending summed over the queue's lanes (the lag unknown if one lane's is), and how
+    long the high lane's oldest waiting request has waited."""
+    try:
+        lanes = read_lanes(client, keys)
+    except redis.exceptions.ResponseError:  # a stream without its group yet
+        return int(client.xlen(keys.requests)), 0, 0.0
+    lags = [lane.lag for lane in lanes]
+    lag = None if None in lags else sum(lag for lag in lags if lag is not None)
+    return lag, sum(lane.pending for lane in lanes), lanes[0].wait_s
+
+
+def observe(
+    client: redis.Redis, keys: QueueKeys | Sequence[QueueKeys], workers: int, now_s: float
+) -> Observation:
+    """Read lag, pending and the workers' measured rates into an Observation.
+
+    ``keys`` may be every shard of a sharded queue: lag and pending are then
+    summed (the lag is unknown if one shard's is) and every shard's workers count.
+    """
+    lag: int | None = 0
+    pending = 0
+    high_wait_s = 0.0
+    beats = []
+    for one in [keys] if isinstance(keys, QueueKeys) else keys:
+        shard_lag, shard_pending, shard_wait_s = _lag_and_pending(client, one)
+        lag = None if lag is None or shard_lag is None else lag + shard_lag
+        pending += shard_pending
+        high_wait_s = max(high_wait_s, shard_wait_s)
+        beats.extend(read_heartbeats(client, one))
+    capacities = sorted(c for c in (b.capacity_rps for b in beats) if c is not None)
+    capacity = capacities[len(capacities) // 2] if capacities else None
+    return Observation(
+        now_s=now_s,
+        workers=workers,
+        lag=lag,
+        pending=pending,
+        rate_rps=sum(b.rate_rps for b in beats),
+        capacity_rps=capacity,
+        high_wait_s=high_wait_s,
+    )
