@@ -20,15 +20,26 @@ With ``cluster``, a RedisCluster (the URL names any one node); it still
 follows MOVED and ASK redirects, which never re-run a command. Every key one
 command names is in one slot: all of a queue's (or a shard's) keys share a
 hash tag.
+
+The worker's Lua scripts live in ``worker/lua/*.lua`` (as dramatiq's
+``brokers/redis/*.lua``): :func:`lua_source` reads each file once a process
+and :func:`script` registers it once a client, so a call resolves its
+script by a dictionary lookup and runs it by EVALSHA (loading it again on
+NOSCRIPT). This is the one module that registers scripts.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+import weakref
+from pathlib import Path
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.commands.core import Script
 from redis.retry import Retry
 
 from inferfleet.producer.connections import (
@@ -42,8 +53,11 @@ from inferfleet.producer.transport import NAMELESS_CONNECTIONS
 __all__ = [
     "admin_client",
     "checkout",
+    "lua_constant",
+    "lua_source",
     "read_answer",
     "redis_url",
+    "script",
     "stream_entries",
     "worker_client",
 ]
@@ -112,3 +126,36 @@ def read_answer(pool: redis.ConnectionPool, conn: Any) -> Any:
         raise
     finally:
         pool.release(conn)
+
+
+_LUA = Path(__file__).with_name("lua")
+
+# client -> {script name -> Script}: an entry goes with its client
+_SCRIPTS: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDictionary()
+
+
+@functools.cache
+def lua_source(name: str) -> str:
+    """The text of ``worker/lua/NAME.lua``, read once a process."""
+    return (_LUA / f"{name}.lua").read_text()
+
+
+def lua_constant(name: str, constant: str) -> int:
+    """The integer a ``local CONSTANT = N`` line of ``worker/lua/NAME.lua`` defines."""
+    found = re.search(rf"^local {constant} = (\d+)$", lua_source(name), re.M)
+    if found is None:
+        raise LookupError(f"worker/lua/{name}.lua defines no local {constant}")
+    return int(found.group(1))
+
+
+def script(client: Any, name: str) -> Script:
+    """The script ``worker/lua/NAME.lua`` registered on ``client``, once a client."""
+    scripts = _SCRIPTS.get(client)
+    if scripts is None:
+        scripts = _SCRIPTS[client] = {}
+    found = scripts.get(name)
+    if found is None:
+        found = scripts[name] = client.register_script(lua_source(name))
+        # a weak reference back: a Script holding its client would keep the entry alive forever
+        found.registered_client = weakref.proxy(client)
+    return found
