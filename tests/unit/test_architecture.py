@@ -140,3 +140,24 @@ def test_no_function_over_50_lines(side: str) -> None:
                         f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} has {lines} lines"
                     )
     assert too_long == []
+
+
+def _sources(*allowed: str) -> list[tuple[str, str]]:
+    """(path, text) of every .py under producer/ and worker/ but the ``allowed`` ones."""
+    return [
+        (str(path.relative_to(ROOT)), path.read_text())
+        for side in ("producer", "worker")
+        for path in sorted((ROOT / side).rglob("*.py"))
+        if str(path.relative_to(ROOT)) not in allowed
+    ]
+
+
+def test_lua_lives_in_lua_files() -> None:
+    # scripts are read from worker/lua/ and producer/lua/, never written in Python strings
+    assert [path for path, text in _sources() if "redis.call(" in text] == []
+
+
+def test_scripts_are_registered_by_the_one_registry() -> None:
+    # one registry a package: a script is registered once a client, never on each call
+    found = [path for path, text in _sources("worker/connections.py") if "register_script" in text]
+    assert found == []
