@@ -48,14 +48,12 @@ from inferfleet.producer.connections import (
     client_options,
     redis_url,
 )
-from inferfleet.producer.transport import NAMELESS_CONNECTIONS
+from inferfleet.worker.resp import raw_xreadgroup
 
 __all__ = [
     "admin_client",
-    "checkout",
     "lua_constant",
     "lua_source",
-    "read_answer",
     "redis_url",
     "script",
     "stream_entries",
@@ -66,10 +64,6 @@ __all__ = [
 def _connect(url: str, cluster: bool, block_s: float, health_check_s: int = 0) -> redis.Redis:
     factory = RedisCluster.from_url if cluster else redis.Redis.from_url
     return factory(url, retry=Retry(NoBackoff(), 0), **client_options(block_s, health_check_s))
-
-
-def _as_sent(response: Any, **options: Any) -> Any:
-    return response
 
 
 def worker_client(url: str, cluster: bool = False, block_s: float = 0.0) -> redis.Redis:
@@ -84,7 +78,7 @@ def worker_client(url: str, cluster: bool = False, block_s: float = 0.0) -> redi
         url, cluster, block_s, HEALTH_CHECK_INTERVAL_S
     )  # the worker ACL user may PING
     if not cluster:  # RedisCluster parses on its node clients first: it keeps redis-py's form
-        client.set_response_callback("XREADGROUP", _as_sent)
+        raw_xreadgroup(client)
     return client
 
 
@@ -107,25 +101,6 @@ def admin_client(url: str | None = None, cluster: bool = False) -> redis.Redis:
     most :data:`~inferfleet.producer.connections.MAX_BLOCK_S` each; no health check
     (the ``operator`` ACL user may not PING)."""
     return _connect(redis_url(url), cluster, MAX_BLOCK_S)
-
-
-def checkout(pool: redis.ConnectionPool) -> Any:
-    """A connection of ``pool`` for packed commands sent by hand (give it back with :func:`read_answer`)."""
-    # redis-py 5.3 and newer take no command name (and warn when given one); older ones need one
-    return pool.get_connection() if NAMELESS_CONNECTIONS else pool.get_connection("EVALSHA")
-
-
-def read_answer(pool: redis.ConnectionPool, conn: Any) -> Any:
-    """Read one answer on ``conn``, then give it back to ``pool``, closed unless the answer was read whole."""
-    try:
-        return conn.read_response()
-    except redis.exceptions.ResponseError:
-        raise  # an error answer, read whole: the connection is fine
-    except BaseException:
-        conn.disconnect()  # the answer may still come: this connection must not be read again
-        raise
-    finally:
-        pool.release(conn)
 
 
 _LUA = Path(__file__).with_name("lua")

@@ -161,3 +161,15 @@ def test_scripts_are_registered_by_the_one_registry() -> None:
     # one registry a package: a script is registered once a client, never on each call
     found = [path for path, text in _sources("worker/connections.py") if "register_script" in text]
     assert found == []
+
+
+def test_redis_py_internals_stay_behind_the_two_fences() -> None:
+    # private redis-py (a module named redis._*, a connection's parser or reader) is used in
+    # producer/transport.py and worker/resp.py only, where the supported version range is tested
+    private = re.compile(r"\bredis\._|\._parser\b|\._reader\b")
+    found = [
+        f"{path}: {hit.group()}"
+        for path, text in _sources("producer/transport.py", "worker/resp.py")
+        for hit in private.finditer(text)
+    ]
+    assert found == []

@@ -28,8 +28,9 @@ import redis
 
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error
-from inferfleet.worker.connections import checkout, lua_constant, lua_source, read_answer, script
+from inferfleet.worker.connections import lua_constant, lua_source, script
 from inferfleet.worker.counters import Counters
+from inferfleet.worker.resp import call_packed, pack_evalsha
 from inferfleet.worker.serving.behind import BehindRead
 from inferfleet.worker.serving.columns import Columns
 from inferfleet.worker.serving.deadletter import DEAD_MAXLEN
@@ -191,41 +192,18 @@ class ReplyWriter:
 
     def _packed_call(self, reply_keys: list[bytes], packed_args: bytes) -> bytes:
         """The reply script's EVALSHA over ``reply_keys`` and the RESP-packed (entry id, payload) pairs."""
-        count = len(reply_keys)
-        head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%b\r\n%b%b" % (
-            3 * count + 6,
-            self._script.sha.encode("ascii"),
-            _bulk(b"%d" % (count + 1)),
-            _bulk(self.keys.requests.encode()),
-        )
-        return b"".join(
-            (
-                head,
-                _bulks(reply_keys),
-                _bulk(GROUP.encode()),
-                _bulk(b"%d" % self.reply_ttl_ms),
-                packed_args,
-            )
+        return pack_evalsha(
+            self._script.sha,
+            self.keys.requests.encode(),
+            reply_keys,
+            (GROUP.encode(), b"%d" % self.reply_ttl_ms),
+            packed_args,
+            2 * len(reply_keys),
         )
 
     def _call_packed(self, packed: bytes) -> Any:
         """Send a packed EVALSHA of the reply script and return its answer (loading the script if Redis lost it)."""
-        try:
-            return self._send(packed)
-        except redis.exceptions.NoScriptError:
-            self.load()  # Redis restarted or flushed its scripts
-            return self._send(packed)
-
-    def _send(self, packed: bytes) -> Any:
-        pool = self.redis.connection_pool
-        conn = checkout(pool)
-        try:
-            conn.send_packed_command([packed])
-        except BaseException:
-            conn.disconnect()  # part of it may have gone: this connection must not be read again
-            pool.release(conn)
-            raise
-        return read_answer(pool, conn)
+        return call_packed(self.redis.connection_pool, packed, self.load)
 
     def _run_script(self, answers: list[Answer]) -> tuple[int, list[int]]:
         keys = [self.keys.requests]
@@ -299,19 +277,6 @@ def _packed_pairs(
             a, b, c, d = around[len(rid)]
             extend((id_heads[len(entry_id)], entry_id, a, rid, b, out, c, wait, d))
     return b"".join(pieces)
-
-
-def _bulk(value: bytes) -> bytes:
-    """One RESP bulk string."""
-    return b"$%d\r\n%b\r\n" % (len(value), value)
-
-
-def _bulks(values: list[bytes]) -> bytes:
-    """RESP bulk strings, joined (in one join where they all have one length: one producer's keys mostly do)."""
-    if len(set(map(len, values))) == 1:
-        head = b"$%d\r\n" % len(values[0])
-        return head + (b"\r\n" + head).join(values) + b"\r\n"
-    return b"".join([b"$%d\r\n%b\r\n" % (len(value), value) for value in values])
 
 
 #: The general encoder a BatchEncoder falls back on: (meta, request, result, infer_ms, batch_rows) -> Answer.
