@@ -41,7 +41,7 @@ try:  # redis-py's parser internals: without them, every reply goes through read
 except ImportError:  # pragma: no cover - other redis-py versions
     NOT_ENOUGH_DATA = _HiredisParser = _AsyncHiredisParser = None  # type: ignore[assignment,misc]
 
-__all__ = ["NAMELESS_CONNECTIONS", "Round", "arun", "pack_command", "run"]
+__all__ = ["NAMELESS_CONNECTIONS", "Round", "arun", "bulk", "pack_command", "run"]
 
 #: Whether ConnectionPool.get_connection() takes no command name (redis-py 5.3 on); older ones use the pipeline.
 NAMELESS_CONNECTIONS = tuple(int(part) for part in redis.__version__.split(".")[:2]) >= (5, 3)
@@ -49,7 +49,7 @@ _SYNC_READ = AbstractConnection.read_response
 _ASYNC_READ = AsyncConnection.read_response
 
 
-def _bulk(value: bytes) -> bytes:
+def bulk(value: bytes) -> bytes:
     """One RESP bulk string."""
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
@@ -112,7 +112,7 @@ class Round:
                 out.append(pack_command(op[1]))
             elif op[0] == "blpop":
                 parts = [b"BLPOP", *(key.encode() for key in op[1]), op[2].encode()]
-                out.append(b"*%d\r\n%s" % (len(parts), b"".join(_bulk(part) for part in parts)))
+                out.append(b"*%d\r\n%s" % (len(parts), b"".join(bulk(part) for part in parts)))
             else:
                 out.append(_pack_lpops(op[1]))
         return out
@@ -138,10 +138,10 @@ class Round:
 def _pack_xadds(stream: str, rids: Sequence[str], bodies: Sequence[bytes], fields: tuple) -> bytes:
     head = b"*%d\r\n$4\r\nXADD\r\n%s$1\r\n*\r\n$2\r\nid\r\n" % (
         7 + 2 * len(fields),
-        _bulk(stream.encode()),
+        bulk(stream.encode()),
     )
     head = head.replace(b"%", b"%%")
-    tail = b"".join(_bulk(part.encode()) for pair in fields for part in pair).replace(b"%", b"%%")
+    tail = b"".join(bulk(part.encode()) for pair in fields for part in pair).replace(b"%", b"%%")
     raw_ids = "\n".join(rids).encode().split(b"\n")
     if (
         len(raw_ids) == len(rids)
@@ -164,20 +164,20 @@ def _pack_xadds(stream: str, rids: Sequence[str], bodies: Sequence[bytes], field
 def pack_command(args: Sequence[Any]) -> bytes:
     """One command as RESP (bytes as they are, anything else as its ``str``)."""
     parts = [arg if isinstance(arg, bytes) else str(arg).encode() for arg in args]
-    return b"*%d\r\n%s" % (len(parts), b"".join([_bulk(part) for part in parts]))
+    return b"*%d\r\n%s" % (len(parts), b"".join([bulk(part) for part in parts]))
 
 
 def _pack_lpop(key: str, count: int | None) -> bytes:
     if count is None:
-        return b"*2\r\n$4\r\nLPOP\r\n" + _bulk(key.encode())
-    return b"*3\r\n$4\r\nLPOP\r\n%s%s" % (_bulk(key.encode()), _bulk(b"%d" % count))
+        return b"*2\r\n$4\r\nLPOP\r\n" + bulk(key.encode())
+    return b"*3\r\n$4\r\nLPOP\r\n%s%s" % (bulk(key.encode()), bulk(b"%d" % count))
 
 
 def _pack_lpops(keys: Sequence[str]) -> bytes:
     """``LPOP key`` for each key: packed as text and encoded once where every key is ASCII,
     in one join where they all have the same length (one producer's reply keys mostly do)."""
     if not "".join(keys).isascii():
-        return b"".join([b"*2\r\n$4\r\nLPOP\r\n" + _bulk(key.encode()) for key in keys])
+        return b"".join([b"*2\r\n$4\r\nLPOP\r\n" + bulk(key.encode()) for key in keys])
     if len(set(map(len, keys))) == 1:
         head = f"*2\r\n$4\r\nLPOP\r\n${len(keys[0])}\r\n"
         return (head + f"\r\n{head}".join(keys) + "\r\n").encode()

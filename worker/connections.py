@@ -20,15 +20,26 @@ With ``cluster``, a RedisCluster (the URL names any one node); it still
 follows MOVED and ASK redirects, which never re-run a command. Every key one
 command names is in one slot: all of a queue's (or a shard's) keys share a
 hash tag.
+
+The worker's Lua scripts live in ``worker/lua/*.lua`` (as dramatiq's
+``brokers/redis/*.lua``): :func:`lua_source` reads each file once a process
+and :func:`script` registers it once a client, so a call resolves its
+script by a dictionary lookup and runs it by EVALSHA (loading it again on
+NOSCRIPT). This is the one module that registers scripts.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+import weakref
+from pathlib import Path
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.commands.core import Script
 from redis.retry import Retry
 
 from inferfleet.producer.connections import (
@@ -37,13 +48,14 @@ from inferfleet.producer.connections import (
     client_options,
     redis_url,
 )
-from inferfleet.producer.transport import NAMELESS_CONNECTIONS
+from inferfleet.worker.resp import raw_xreadgroup
 
 __all__ = [
     "admin_client",
-    "checkout",
-    "read_answer",
+    "lua_constant",
+    "lua_source",
     "redis_url",
+    "script",
     "stream_entries",
     "worker_client",
 ]
@@ -52,10 +64,6 @@ __all__ = [
 def _connect(url: str, cluster: bool, block_s: float, health_check_s: int = 0) -> redis.Redis:
     factory = RedisCluster.from_url if cluster else redis.Redis.from_url
     return factory(url, retry=Retry(NoBackoff(), 0), **client_options(block_s, health_check_s))
-
-
-def _as_sent(response: Any, **options: Any) -> Any:
-    return response
 
 
 def worker_client(url: str, cluster: bool = False, block_s: float = 0.0) -> redis.Redis:
@@ -70,7 +78,7 @@ def worker_client(url: str, cluster: bool = False, block_s: float = 0.0) -> redi
         url, cluster, block_s, HEALTH_CHECK_INTERVAL_S
     )  # the worker ACL user may PING
     if not cluster:  # RedisCluster parses on its node clients first: it keeps redis-py's form
-        client.set_response_callback("XREADGROUP", _as_sent)
+        raw_xreadgroup(client)
     return client
 
 
@@ -95,20 +103,34 @@ def admin_client(url: str | None = None, cluster: bool = False) -> redis.Redis:
     return _connect(redis_url(url), cluster, MAX_BLOCK_S)
 
 
-def checkout(pool: redis.ConnectionPool) -> Any:
-    """A connection of ``pool`` for packed commands sent by hand (give it back with :func:`read_answer`)."""
-    # redis-py 5.3 and newer take no command name (and warn when given one); older ones need one
-    return pool.get_connection() if NAMELESS_CONNECTIONS else pool.get_connection("EVALSHA")
+_LUA = Path(__file__).with_name("lua")
+
+# client -> {script name -> Script}: an entry goes with its client
+_SCRIPTS: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDictionary()
 
 
-def read_answer(pool: redis.ConnectionPool, conn: Any) -> Any:
-    """Read one answer on ``conn``, then give it back to ``pool``, closed unless the answer was read whole."""
-    try:
-        return conn.read_response()
-    except redis.exceptions.ResponseError:
-        raise  # an error answer, read whole: the connection is fine
-    except BaseException:
-        conn.disconnect()  # the answer may still come: this connection must not be read again
-        raise
-    finally:
-        pool.release(conn)
+@functools.cache
+def lua_source(name: str) -> str:
+    """The text of ``worker/lua/NAME.lua``, read once a process."""
+    return (_LUA / f"{name}.lua").read_text()
+
+
+def lua_constant(name: str, constant: str) -> int:
+    """The integer a ``local CONSTANT = N`` line of ``worker/lua/NAME.lua`` defines."""
+    found = re.search(rf"^local {constant} = (\d+)$", lua_source(name), re.M)
+    if found is None:
+        raise LookupError(f"worker/lua/{name}.lua defines no local {constant}")
+    return int(found.group(1))
+
+
+def script(client: Any, name: str) -> Script:
+    """The script ``worker/lua/NAME.lua`` registered on ``client``, once a client."""
+    scripts = _SCRIPTS.get(client)
+    if scripts is None:
+        scripts = _SCRIPTS[client] = {}
+    found = scripts.get(name)
+    if found is None:
+        found = scripts[name] = client.register_script(lua_source(name))
+        # a weak reference back: a Script holding its client would keep the entry alive forever
+        found.registered_client = weakref.proxy(client)
+    return found

@@ -170,3 +170,36 @@ def test_nothing_outside_the_package_edits_sys_path(folder: str) -> None:
     files = [p for p in (ROOT / folder).iterdir() if p.is_file()]
     edits = [p.name for p in files if "sys.path" in p.read_text()]
     assert edits == [], "run it with python -m from the repository root instead"
+
+
+def _sources(*allowed: str) -> list[tuple[str, str]]:
+    """(path, text) of every .py under producer/ and worker/ but the ``allowed`` ones."""
+    return [
+        (str(path.relative_to(ROOT)), path.read_text())
+        for side in ("producer", "worker")
+        for path in sorted((ROOT / side).rglob("*.py"))
+        if str(path.relative_to(ROOT)) not in allowed
+    ]
+
+
+def test_lua_lives_in_lua_files() -> None:
+    # scripts are read from worker/lua/ and producer/lua/, never written in Python strings
+    assert [path for path, text in _sources() if "redis.call(" in text] == []
+
+
+def test_scripts_are_registered_by_the_one_registry() -> None:
+    # one registry a package: a script is registered once a client, never on each call
+    found = [path for path, text in _sources("worker/connections.py") if "register_script" in text]
+    assert found == []
+
+
+def test_redis_py_internals_stay_behind_the_two_fences() -> None:
+    # private redis-py (a module named redis._*, a connection's parser or reader) is used in
+    # producer/transport.py and worker/resp.py only, where the supported version range is tested
+    private = re.compile(r"\bredis\._|\._parser\b|\._reader\b")
+    found = [
+        f"{path}: {hit.group()}"
+        for path, text in _sources("producer/transport.py", "worker/resp.py")
+        for hit in private.finditer(text)
+    ]
+    assert found == []

@@ -47,3 +47,10 @@ def test_the_console_script_starts_without_importing_the_worker() -> None:
     assert not re.search(r"^(from|import) inferfleet\.worker", text, re.M), (
         "the shim must import the CLI lazily"
     )
+
+
+def test_every_lua_script_ships_as_package_data() -> None:
+    block = PYPROJECT[PYPROJECT.index("[tool.setuptools.package-data]") :].split("\n[", 1)[0]
+    for side in ("producer", "worker"):
+        assert any((ROOT / side / "lua").glob("*.lua")), side
+        assert f'"inferfleet.{side}" = ["lua/*.lua"]' in block, side

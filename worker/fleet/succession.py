@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import redis
 
 from inferfleet.producer.protocol import GROUP, QueueKeys
+from inferfleet.worker.connections import script
 from inferfleet.worker.errors import ConfigError
 from inferfleet.worker.heartbeat import HeartbeatInfo
 from inferfleet.worker.keys import supervisor_lease_key
@@ -70,36 +71,6 @@ log = logging.getLogger(__name__)
 
 #: Linux prctl option: the signal this process gets when its parent dies.
 _PR_SET_PDEATHSIG = 1
-
-# KEYS[1] lease hash; ARGV token, pid, ttl_ms, host, replaceable token ("" none). Returns {1|0, token, pid}.
-_ACQUIRE = """
-local held = redis.call('HGETALL', KEYS[1])
-local token, pid = false, false
-for i = 1, #held, 2 do
-  if held[i] == 'token' then token = held[i + 1] elseif held[i] == 'pid' then pid = held[i + 1] end
-end
-if not token or token == ARGV[1] or (ARGV[5] ~= '' and token == ARGV[5]) then
-  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'pid', ARGV[2], 'host', ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {1, ARGV[1], ARGV[2]}
-end
-return {0, token, pid or ''}
-"""
-
-# KEYS[1] lease hash; ARGV token. Deletes the lease only if it is ours.
-_RELEASE = """
-local held = redis.call('HGETALL', KEYS[1])
-for i = 1, #held, 2 do
-  if held[i] == 'token' and held[i + 1] == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-end
-return 0
-"""
-
-# KEYS[1] stream; ARGV group, consumer. Deletes the consumer only if it holds no pending entry.
-_PRUNE = """
-if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then return -1 end
-return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
-"""
 
 
 def incarnation_token() -> str:
@@ -200,11 +171,11 @@ class SupervisorLease:
 
     def release(self) -> None:
         """Give the lease up (only if it is still ours)."""
-        self.redis.register_script(_RELEASE)(keys=[self.key], args=[self.token])
+        script(self.redis, "lease_release")(keys=[self.key], args=[self.token])
 
     def _try(self, replaceable: str) -> tuple[bool, str, int]:
-        ok, holder, pid = self.redis.register_script(
-            _ACQUIRE
+        ok, holder, pid = script(
+            self.redis, "lease_acquire"
         )(  # registered on use: built without touching Redis
             keys=[self.key], args=[self.token, os.getpid(), self.ttl_ms, self.host, replaceable]
         )
@@ -221,7 +192,7 @@ def prune_consumers(
         consumers = client.xinfo_consumers(keys.requests, GROUP)
     except redis.exceptions.ResponseError:  # no stream or group yet
         return []
-    prune = client.register_script(_PRUNE)
+    prune = script(client, "prune_consumer")
     gone = []
     for row in consumers:
         consumer = row["name"].decode() if isinstance(row["name"], bytes) else str(row["name"])

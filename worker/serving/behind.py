@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.connection import AbstractConnection
 
-from inferfleet.worker.connections import checkout, read_answer
+from inferfleet.worker.resp import drop_held, read_answer, send_held
 
 __all__ = ["BehindRead"]
 
@@ -39,7 +38,7 @@ Done = Callable[[int, list[int]], None]
 class _Held:
     packed: bytes  # the EVALSHA, as RESP
     done: Done
-    conn: AbstractConnection | None = None  # the connection it went out on, its answer not read yet
+    conn: Any = None  # the connection it went out on, its answer not read yet
 
 
 class BehindRead:
@@ -77,16 +76,11 @@ class BehindRead:
         """
         held = self._held
         assert held is not None and held.conn is None, "send_with needs an unsent call"
-        conn = checkout(self.pool)
         try:
-            conn.send_packed_command([before, held.packed])
-            out = [conn.read_response() for _ in range(answers)]
+            held.conn, out = send_held(self.pool, before, held.packed, answers)
         except BaseException:
             self._held = None
-            conn.disconnect()
-            self.pool.release(conn)
             raise
-        held.conn = conn
         return out
 
     def settle(self) -> None:
@@ -112,5 +106,4 @@ class BehindRead:
         """Forget the held call (after a lost connection: its entries come back in the replay)."""
         held, self._held = self._held, None
         if held is not None and held.conn is not None:
-            held.conn.disconnect()
-            self.pool.release(held.conn)
+            drop_held(self.pool, held.conn)

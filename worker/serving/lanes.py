@@ -33,7 +33,7 @@ import redis
 
 from inferfleet.producer.protocol import GROUP, QueueKeys
 from inferfleet.producer.sharing import PRIORITIES, cancels_key, lane_keys
-from inferfleet.producer.transport import pack_command
+from inferfleet.worker.resp import pack_exists, pack_xreadgroup
 from inferfleet.worker.serving.behind import BehindRead
 
 __all__ = ["NORMAL", "WEIGHTS", "LaneReader", "favoured_order", "lane_view", "pick"]
@@ -139,19 +139,9 @@ class LaneReader:
         """
         if behind is None or not behind.unsent or self.holding:
             return [], None
-        packed = pack_command(
-            [
-                "XREADGROUP",
-                "GROUP",
-                GROUP,
-                consumer,
-                "COUNT",
-                count,
-                "STREAMS",
-                *self.streams,
-                *(">" * len(self.streams)),
-            ]
-        ) + pack_command(["EXISTS", self.cancels_key])
+        packed = pack_xreadgroup(GROUP, consumer, count, self.streams) + pack_exists(
+            self.cancels_key
+        )
         response, cancels = behind.send_with(packed, 2)
         return self.take(response, cancels, count)
 

@@ -36,6 +36,7 @@ import redis
 
 from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.config import WorkerSettings
+from inferfleet.worker.connections import lua_source, script
 from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.keys import model_key
 
@@ -51,53 +52,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: KEYS = [model hash]; ARGV = [mode, model, version, now_ms, fallback_model, fallback_version].
-#: publish: the current pair becomes the previous one (or the fallback, the pair
-#: live workers serve, on the first publish, which also counts as served);
-#: rollback: the last served pair other than the current one becomes current.
-#: Either way the sequence number grows. Returns the new seq, or an error reply NOPREVIOUS.
-PUBLISH_SCRIPT = """
-local key, mode = KEYS[1], ARGV[1]
-local h = {}
-local raw = redis.call('HGETALL', key)
-for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
-local cur_model, cur_version = h['model'], h['version']
-if mode == 'rollback' then
-  local to_model, to_version = h['served_model'], h['served_version']
-  if not to_version or to_version == '' or to_version == cur_version then
-    to_model, to_version = h['served_before_model'], h['served_before_version']
-  end
-  if not to_version or to_version == '' or to_version == cur_version then
-    return redis.error_reply('NOPREVIOUS no earlier version the fleet served to roll back to')
-  end
-  redis.call('HSET', key, 'model', to_model, 'version', to_version,
-             'previous_model', cur_model, 'previous_version', cur_version, 'updated_ms', ARGV[4])
-else
-  if not cur_model then
-    cur_model, cur_version = ARGV[5], ARGV[6]
-    if not h['served_version'] and ARGV[6] ~= '' then
-      redis.call('HSET', key, 'served_model', ARGV[5], 'served_version', ARGV[6])
-    end
-  end
-  redis.call('HSET', key, 'model', ARGV[2], 'version', ARGV[3],
-             'previous_model', cur_model, 'previous_version', cur_version, 'updated_ms', ARGV[4])
-end
-return redis.call('HINCRBY', key, 'seq', 1)
-"""
-
-#: KEYS = [model hash]; ARGV = [model, version]. If (model, version) is the published pair and not
-#: already the last served one, it becomes the last served (the one before moves to served_before).
-#: HGETALL and HSET only: commands the ``worker`` ACL user has. Returns 1 if it changed anything.
-SERVED_SCRIPT = """
-local h = {}
-local raw = redis.call('HGETALL', KEYS[1])
-for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
-if h['model'] ~= ARGV[1] or h['version'] ~= ARGV[2] or h['served_version'] == ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'served_before_model', h['served_model'] or '',
-           'served_before_version', h['served_version'] or '', 'served_model', ARGV[1], 'served_version', ARGV[2])
-return 1
-"""
 
 
 class NoPreviousVersion(Exception):
@@ -144,7 +98,7 @@ def read_published(client: redis.Redis, keys: QueueKeys) -> Published | None:
 
 def _run(client: redis.Redis, keys: QueueKeys, *args: str) -> Published:
     try:
-        client.eval(PUBLISH_SCRIPT, 1, model_key(keys), *args)
+        client.eval(lua_source("publish"), 1, model_key(keys), *args)
     except redis.exceptions.ResponseError as exc:
         if "NOPREVIOUS" in str(exc):
             raise NoPreviousVersion("no earlier version was published for this queue") from exc
@@ -174,9 +128,7 @@ def rollback(client: redis.Redis, keys: QueueKeys) -> Published:
 def mark_served(client: redis.Redis, keys: QueueKeys, published: Published) -> bool:
     """Record that a worker serves ``published`` (if it is still the published version)."""
     return bool(
-        client.register_script(SERVED_SCRIPT)(
-            keys=[model_key(keys)], args=[published.model, published.version]
-        )
+        script(client, "served")(keys=[model_key(keys)], args=[published.model, published.version])
     )
 
 

@@ -9,10 +9,11 @@ are one atomic step (the reply is written first, as the contract asks), and
 a request computed twice (a slow worker whose entry was taken over) is
 answered once: whoever acknowledges first answers.
 
-The script is registered with redis-py (``register_script``), which loads it
-again when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH). On Redis
-Cluster every key of one call is in one slot: the stream and the reply keys
-of a queue (or of a shard) share its hash tag, and intake refuses a
+The script (``worker/lua/reply.lua``) is registered once a client
+(:func:`~inferfleet.worker.connections.script`) and loaded again when Redis
+answers NOSCRIPT (after a restart or SCRIPT FLUSH). On Redis Cluster every
+key of one call is in one slot: the stream and the reply keys of a queue
+(or of a shard) share its hash tag, and intake refuses a
 ``reply_to`` outside it.
 """
 
@@ -27,8 +28,9 @@ import redis
 
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error
-from inferfleet.worker.connections import checkout, read_answer
+from inferfleet.worker.connections import lua_constant, lua_source, script
 from inferfleet.worker.counters import Counters
+from inferfleet.worker.resp import call_packed, pack_evalsha
 from inferfleet.worker.serving.behind import BehindRead
 from inferfleet.worker.serving.columns import Columns
 from inferfleet.worker.serving.deadletter import DEAD_MAXLEN
@@ -39,93 +41,10 @@ __all__ = ["REPLY_SCRIPT", "BatchEncoder", "ReplyWriter"]
 
 log = logging.getLogger(__name__)
 
-#: The most replies one RPUSH of the reply script pushes (Lua's unpack is bounded by its C stack, 8,000).
-RUN_MAX = 1024
-
-#: KEYS = [stream, reply_key...]; ARGV = [group, ttl_ms, (entry_id, payload)...].
-#: An empty payload means "acknowledge only". A reply is pushed first and
-#: taken back if the XACK finds its entry already answered (so exactly one
-#: reply stands). Consecutive replies to one key (a producer's inbox) are one
-#: run: one RPUSH of the whole run (at most RUN_MAX), then an XACK each; if
-#: some were answered already, RPOP takes the run back (it is the list's tail:
-#: the call is atomic) and one RPUSH puts back the replies that stand. A lone
-#: reply is pushed on its own and taken back with RPOP. A push that
-#: fails because the key holds another type leaves its run pending and
-#: unacknowledged (answered elsewhere); any other error, such as Redis out of
-#: memory, aborts the call, which is retried: one RPUSH is all or nothing, and
-#: every run before it is pushed and acknowledged. A key gets its TTL after
-#: each run of it that answered anything: PEXPIREAT at Redis's clock, read once
-#: a call (Redis rewrites a PEXPIRE into a PEXPIREAT to propagate it, copying
-#: the command and formatting the time, 1,500 instructions a key); where the
-#: ACL lacks ``+pexpireat`` (a grant older than this script), PEXPIREAT answers an
-#: error instead of 1 and the call uses PEXPIRE from then on.
-#: Returns {pushed, {failed 0-based indexes}}.
-REPLY_SCRIPT = """
-local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
-local call, pcall = redis.call, redis.pcall
-local n = #KEYS - 1
-local now = call('TIME')
-local expire, when = 'PEXPIREAT', string.format('%.0f', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ttl))
-local pushed, failed, i = 0, {}, 1
-while i <= n do
-  local key, payload = KEYS[i + 1], ARGV[2 * i + 2]
-  if payload == '' then
-    call('XACK', stream, group, ARGV[2 * i + 1])
-    i = i + 1
-  elseif KEYS[i + 2] ~= key then  -- a lone reply: a key of its own, the common case of submit
-    local res = pcall('RPUSH', key, payload)
-    if type(res) == 'table' then
-      if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then return redis.error_reply(res.err) end
-      failed[#failed + 1] = i - 1
-    elseif call('XACK', stream, group, ARGV[2 * i + 1]) == 1 then
-      pushed = pushed + 1
-      if pcall(expire, key, when) ~= 1 then  -- refused (a grant without +pexpireat): PEXPIRE from now on
-        expire, when = 'PEXPIRE', ttl
-        call(expire, key, when)
-      end
-    else
-      call('RPOP', key)
-    end
-    i = i + 1
-  else  -- a run of replies to one key (an inbox): entries i..j
-    local run, j = {payload}, i
-    while j < n and j - i < RUN_MAX - 1 and KEYS[j + 2] == key and ARGV[2 * j + 4] ~= '' do
-      j = j + 1
-      run[#run + 1] = ARGV[2 * j + 2]
-    end
-    local res = pcall('RPUSH', key, unpack(run))
-    if type(res) == 'table' then
-      if string.sub(res.err, 1, 9) ~= 'WRONGTYPE' then return redis.error_reply(res.err) end
-      for k = i, j do failed[#failed + 1] = k - 1 end
-    else
-      local before, taken = pushed, nil
-      for k = i, j do
-        if call('XACK', stream, group, ARGV[2 * k + 1]) == 1 then
-          pushed = pushed + 1
-        else
-          taken = taken or {}
-          taken[k] = true
-        end
-      end
-      if taken then  -- another worker answered some first: take the run back, push again the rest
-        call('RPOP', key, j - i + 1)
-        local keep = {}
-        for k = i, j do
-          if not taken[k] then keep[#keep + 1] = ARGV[2 * k + 2] end
-        end
-        if #keep > 0 then call('RPUSH', key, unpack(keep)) end
-      end
-      -- the same fallback as a lone reply's, written out: a Lua function per TTL cost 1,000 instructions
-      if pushed > before and pcall(expire, key, when) ~= 1 then
-        expire, when = 'PEXPIRE', ttl
-        call(expire, key, when)
-      end
-    end
-    i = j + 1
-  end
-end
-return {pushed, failed}
-""".replace("RUN_MAX", str(RUN_MAX))
+#: The reply script (``worker/lua/reply.lua``, which documents its KEYS, ARGV and rules).
+REPLY_SCRIPT = lua_source("reply")
+#: The most replies one RPUSH of the reply script pushes: the script defines it.
+RUN_MAX = lua_constant("reply", "RUN_MAX")
 
 
 class ReplyWriter:
@@ -154,7 +73,7 @@ class ReplyWriter:
         self.reply_ttl_ms = reply_ttl_s * 1000
         self.model_meta = model_meta
         self.counters = counters
-        self._script = client.register_script(REPLY_SCRIPT)
+        self._script = script(client, "reply")
         # the script's call packed by hand (a Columns batch) where the client is one plain Redis
         self._direct = (
             isinstance(client, redis.Redis) and getattr(client, "connection", None) is None
@@ -273,41 +192,18 @@ class ReplyWriter:
 
     def _packed_call(self, reply_keys: list[bytes], packed_args: bytes) -> bytes:
         """The reply script's EVALSHA over ``reply_keys`` and the RESP-packed (entry id, payload) pairs."""
-        count = len(reply_keys)
-        head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%b\r\n%b%b" % (
-            3 * count + 6,
-            self._script.sha.encode("ascii"),
-            _bulk(b"%d" % (count + 1)),
-            _bulk(self.keys.requests.encode()),
-        )
-        return b"".join(
-            (
-                head,
-                _bulks(reply_keys),
-                _bulk(GROUP.encode()),
-                _bulk(b"%d" % self.reply_ttl_ms),
-                packed_args,
-            )
+        return pack_evalsha(
+            self._script.sha,
+            self.keys.requests.encode(),
+            reply_keys,
+            (GROUP.encode(), b"%d" % self.reply_ttl_ms),
+            packed_args,
+            2 * len(reply_keys),
         )
 
     def _call_packed(self, packed: bytes) -> Any:
         """Send a packed EVALSHA of the reply script and return its answer (loading the script if Redis lost it)."""
-        try:
-            return self._send(packed)
-        except redis.exceptions.NoScriptError:
-            self.load()  # Redis restarted or flushed its scripts
-            return self._send(packed)
-
-    def _send(self, packed: bytes) -> Any:
-        pool = self.redis.connection_pool
-        conn = checkout(pool)
-        try:
-            conn.send_packed_command([packed])
-        except BaseException:
-            conn.disconnect()  # part of it may have gone: this connection must not be read again
-            pool.release(conn)
-            raise
-        return read_answer(pool, conn)
+        return call_packed(self.redis.connection_pool, packed, self.load)
 
     def _run_script(self, answers: list[Answer]) -> tuple[int, list[int]]:
         keys = [self.keys.requests]
@@ -381,19 +277,6 @@ def _packed_pairs(
             a, b, c, d = around[len(rid)]
             extend((id_heads[len(entry_id)], entry_id, a, rid, b, out, c, wait, d))
     return b"".join(pieces)
-
-
-def _bulk(value: bytes) -> bytes:
-    """One RESP bulk string."""
-    return b"$%d\r\n%b\r\n" % (len(value), value)
-
-
-def _bulks(values: list[bytes]) -> bytes:
-    """RESP bulk strings, joined (in one join where they all have one length: one producer's keys mostly do)."""
-    if len(set(map(len, values))) == 1:
-        head = b"$%d\r\n" % len(values[0])
-        return head + (b"\r\n" + head).join(values) + b"\r\n"
-    return b"".join([b"$%d\r\n%b\r\n" % (len(value), value) for value in values])
 
 
 #: The general encoder a BatchEncoder falls back on: (meta, request, result, infer_ms, batch_rows) -> Answer.

@@ -17,9 +17,10 @@ Each worker adds its comparison totals to the hash of its (live, candidate)
 pair (:func:`flush_stats`, one script call per housekeeping tick) and gets
 the fleet's totals back, on which it decides alerts and canary rollbacks.
 
-Both scripts run by EVALSHA (redis-py's ``register_script``, loading them on
-``NOSCRIPT``), as the reply script does: the worker's ACL user has ``evalsha``
-and ``script|load``, not ``eval`` (docs/security.md).
+Both scripts (``worker/lua/rollout_*.lua``) run by EVALSHA, registered once
+a client by :func:`~inferfleet.worker.connections.script` and loaded again
+on ``NOSCRIPT``, as the reply script is: the worker's ACL user has
+``evalsha`` and ``script|load``, not ``eval`` (docs/security.md).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 import redis
 
 from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.connections import script
 from inferfleet.worker.keys import shadow_key, shadow_pair_key, shadow_pairs_key
 from inferfleet.worker.serving.comparison import PairStats, Thresholds
 
@@ -47,34 +49,6 @@ __all__ = [
 
 #: States in which workers keep the candidate loaded.
 ACTIVE = ("shadow", "canary")
-
-#: KEYS = [pair hash, pairs set]; ARGV = [(field, value, "max"|"sum")...]. Adds sums, keeps maxima
-#: ("inf" wins), indexes the pair, returns the pair's fields and values (the fleet's totals).
-FLUSH_SCRIPT = """
-for i = 1, #ARGV, 3 do
-  local field, value, mode = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  if mode == 'max' then
-    local cur = redis.call('HGET', KEYS[1], field)
-    if value == 'inf' or not cur or (cur ~= 'inf' and tonumber(value) > tonumber(cur)) then
-      redis.call('HSET', KEYS[1], field, value)
-    end
-  elseif tonumber(value) ~= 0 then
-    redis.call('HINCRBYFLOAT', KEYS[1], field, value)
-  end
-end
-redis.call('SADD', KEYS[2], KEYS[1])
-return redis.call('HGETALL', KEYS[1])
-"""
-
-#: KEYS = [shadow hash]; ARGV = [new state, reason, now_ms, seq or ""]: ends an active candidate
-#: (only the one of sequence number ``seq`` when given). Returns 1 if it did, 0 if not active (or moved on).
-END_SCRIPT = """
-local state, seq = redis.call('HGET', KEYS[1], 'state'), redis.call('HGET', KEYS[1], 'seq')
-if state ~= 'shadow' and state ~= 'canary' then return 0 end
-if ARGV[4] ~= '' and seq ~= ARGV[4] then return 0 end
-redis.call('HSET', KEYS[1], 'state', ARGV[1], 'reason', ARGV[2], 'updated_ms', ARGV[3])
-return 1
-"""
 
 
 def _text(raw: dict[bytes, bytes]) -> dict[str, str]:
@@ -184,7 +158,7 @@ def end_candidate(
     client: redis.Redis, keys: QueueKeys, state: str, reason: str, seq: int | None = None
 ) -> bool:
     """Move an active candidate to ``state`` (promoted, stopped, rolled_back); False if none was active."""
-    ended = client.register_script(END_SCRIPT)(
+    ended = script(client, "rollout_end")(
         keys=[shadow_key(keys)],
         args=[state, reason, str(_now_ms()), "" if seq is None else str(seq)],
     )
@@ -198,7 +172,7 @@ def flush_stats(
     args: list[str] = []
     for name, value in stats.fields().items():
         args += [name, repr(float(value)), "max" if name in PairStats.MAXIMA else "sum"]
-    flat = client.register_script(FLUSH_SCRIPT)(
+    flat = script(client, "rollout_flush")(
         keys=[shadow_pair_key(keys, live, candidate), shadow_pairs_key(keys)], args=args
     )
     return PairStats.from_fields(_text(dict(zip(flat[::2], flat[1::2]))))
