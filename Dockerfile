@@ -16,9 +16,10 @@ FROM ${PYTHON_IMAGE}
 # Where torch comes from: the CPU wheel index by default, so a plain build never pulls a
 # multi-GB CUDA build; a CUDA index (cu126, cu128, ...) for GPU images.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-# The versions the project's tests ran with; the project itself needs torch>=2.2, redis>=5.
+# The versions the project's tests ran with (redis: constraints.txt, which scripts/_venv.sh
+# installs with); the project itself needs torch>=2.2, redis>=5.
 ARG TORCH_SPEC="torch==2.13.0"
-ARG REDIS_SPEC="redis[hiredis]==8.1.0"
+ARG REDIS_SPEC="redis[hiredis]==8.2.0"
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -1,5 +1,5 @@
 # Sourced by scripts/demo and scripts/test: make .venv with the project installed.
-# Needs only python3 (3.10+) and pip's registry. Re-installs only when pyproject.toml changes.
+# Needs only python3 (3.10+) and pip's registry. Re-installs only when pyproject.toml or constraints.txt changes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -14,14 +14,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-stamp=".venv/.inferfleet-$(sha1sum pyproject.toml | cut -c1-12)"
+# Re-install when either file changes: the project's own needs or the tested redis-py pin.
+stamp=".venv/.inferfleet-$(cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "==> installing inferfleet and its dependencies into .venv (first run only)"
   pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
   # The CPU build of torch 2.13.0 first: a bare "torch" may pull a multi-GB CUDA build.
   python -c 'import torch' 2>/dev/null || pip install -q --disable-pip-version-check "torch==2.13.0" \
     || pip install -q --disable-pip-version-check "torch>=2.2"
-  pip install -q --disable-pip-version-check -e ".[worker,test]"
+  pip install -q --disable-pip-version-check -c constraints.txt -e ".[worker,test]"
   rm -f .venv/.inferfleet-*
   touch "$stamp"
 fi

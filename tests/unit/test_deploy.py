@@ -117,6 +117,18 @@ def versions_under_test() -> dict[str, str]:
     return {"torch": version("torch").split("+")[0], "redis": version("redis")}
 
 
+def test_the_dockerfile_pins_the_redis_py_of_constraints_txt(files: dict[str, Any]) -> None:
+    # The venv installs with -c constraints.txt, so the two pins must move together: a new
+    # redis-py on PyPI then changes neither the tests nor the image until both are bumped.
+    pins = dict(
+        line.split("==")
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    instrs = dc.parse_dockerfile(files["dockerfile"])
+    assert dc.pin_problems(instrs, {**versions_under_test(), "redis": pins["redis"]}) == []
+
+
 def docker_problems(f: dict[str, Any]) -> list[str]:
     instrs = dc.parse_dockerfile(f["dockerfile"])
     models = dc.built_models(instrs)
