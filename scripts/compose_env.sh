@@ -5,8 +5,10 @@
 # own packages. Writes the variables the test (and `docker compose`) need to the file named
 # by $1 (default: $CACHE/compose.env), as KEY=VALUE lines to source:
 #
-#   PYTHON_IMAGE, REDIS_IMAGE, PROMETHEUS_IMAGE   stand-ins for python:3.11-slim, redis:7, prom/prometheus
-#   INFERFLEET_TEST_WHEELHOUSE                    torch and its dependencies, which the test serves on
+#   PYTHON_IMAGE, REDIS_IMAGE, PROMETHEUS_IMAGE   stand-ins for python:3.11-slim, redis:7,
+#   prom/prometheus
+#   INFERFLEET_TEST_WHEELHOUSE                    torch and its dependencies, which the test serves
+#   on
 #                                                 127.0.0.1 as the image build's TORCH_INDEX_URL
 #
 # On a machine that reaches the public registries none of this is needed: the test then
@@ -52,7 +54,10 @@ install_tools() {
 
 start_engine() {
   docker info >/dev/null 2>&1 && { echo "    a Docker engine answers"; return 0; }
-  [ "${START_DOCKERD:-1}" = 1 ] || { echo "no Docker engine answers (START_DOCKERD=0)" >&2; return 1; }
+  if [ "${START_DOCKERD:-1}" != 1 ]; then
+    echo "no Docker engine answers (START_DOCKERD=0)" >&2
+    return 1
+  fi
   local old
   old="$(cat /var/run/docker.pid 2>/dev/null || true)"
   if [ -n "$old" ] && kill -0 "$old" 2>/dev/null; then  # a dockerd still starting or stopping
@@ -77,13 +82,15 @@ start_engine() {
   return 1
 }
 
-recipe() {  # what the stand-ins are built from: the functions that build them and the CA bundle they carry
+# what the stand-ins are built from: the functions that build them and the CA bundle they carry
+recipe() {
   { declare -f build_base build_standin build_python build_redis build_prometheus
     echo "$SUITE $MIRROR"; cat "$CA_BUNDLE"; } | sha256sum | cut -c1-16
 }
 
 have_image() {  # have_image TAG: it exists and was built by this recipe
-  [ "$(docker image inspect -f '{{index .Config.Labels "inferfleet.standin.recipe"}}' "$1" 2>/dev/null)" = "$RECIPE" ]
+  local label='{{index .Config.Labels "inferfleet.standin.recipe"}}'
+  [ "$(docker image inspect -f "$label" "$1" 2>/dev/null)" = "$RECIPE" ]
 }
 
 build_base() {
@@ -91,7 +98,8 @@ build_base() {
   local rootfs="$CACHE/rootfs"
   rm -rf "$rootfs"
   # One root file system for the three stand-ins: Debian's python3, redis-server, prometheus.
-  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,redis-server,prometheus \
+  debootstrap --variant=minbase \
+    --include=python3,python3-venv,ca-certificates,redis-server,prometheus \
     "$SUITE" "$rootfs" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 || {
     tail -20 "$CACHE/debootstrap.log" >&2; return 1; }
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb
@@ -107,7 +115,8 @@ build_standin() {  # build_standin TAG: a Dockerfile on stdin, this script's fol
   ctx="$(mktemp -d)"
   cp "$CA_BUNDLE" "$ctx/ca-certificates.crt"
   cat >"$ctx/Dockerfile"
-  DOCKER_BUILDKIT=0 docker build -q --label "inferfleet.standin.recipe=$RECIPE" -t "$tag" "$ctx" >/dev/null
+  DOCKER_BUILDKIT=0 docker build -q --label "inferfleet.standin.recipe=$RECIPE" -t "$tag" "$ctx" \
+    >/dev/null
   rm -rf "$ctx"
   echo "    $tag built"
 }
@@ -116,18 +125,21 @@ build_python() {  # python:3.11-slim: python and pip on PATH from a venv of Debi
   build_standin "$PREFIX/python:3.11-slim" <<EOF
 FROM $PREFIX/debian:$SUITE
 COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
-RUN python3 -m venv /usr/local/python && printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >/etc/pip.conf
+RUN python3 -m venv /usr/local/python \
+    && printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >/etc/pip.conf
 ENV PATH=/usr/local/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 CMD ["python3"]
 EOF
 }
 
-build_redis() {  # redis:7: its entrypoint turns protected mode off for a bare redis-server, as the official one
+# redis:7: its entrypoint turns protected mode off for a bare redis-server, as the official one
+build_redis() {
   build_standin "$PREFIX/redis:7" <<EOF
 FROM $PREFIX/debian:$SUITE
 RUN mkdir -p /data && printf '%s\n' '#!/bin/sh' \
       'if [ "\$1" = redis-server ]; then shift; set -- redis-server --protected-mode no "\$@"; fi' \
-      'exec "\$@"' >/usr/local/bin/docker-entrypoint.sh && chmod +x /usr/local/bin/docker-entrypoint.sh
+      'exec "\$@"' >/usr/local/bin/docker-entrypoint.sh \
+    && chmod +x /usr/local/bin/docker-entrypoint.sh
 VOLUME /data
 WORKDIR /data
 EXPOSE 6379
@@ -149,7 +161,8 @@ CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prome
 EOF
 }
 
-fetch_wheels() {  # torch as `pip install torch==2.13.0` finds it here (pip's find-links or index), with its deps
+# torch as `pip install torch==2.13.0` finds it here (pip's find-links or index), with its deps
+fetch_wheels() {
   local dir="$CACHE/wheelhouse"
   if [ -f "$dir/.complete" ] && [ "$(cat "$dir/.complete")" = "$TORCH_SPEC" ]; then
     echo "    cached: $(ls "$dir" | grep -c '\.whl$') wheels"; return 0

@@ -2,15 +2,22 @@
 -- The Redis Function library. Every function takes only the keys it is given (one cluster slot).
 --
 -- inferfleet_enqueue KEYS: lane limits bucket tenants high normal low
---   ARGV: tenant ("" for none), N, N (field, value) pairs for every entry, then (id, body) per entry.
---   Checks the backlog (lag of group ``workers`` summed over the lanes, or XLEN where unknown) against
---   ``max_backlog`` and the tenant's token bucket for every entry at once, then XADDs them all (adding
+--   ARGV: tenant ("" for none), N, N (field, value) pairs for every entry, then (id, body) per
+--   entry.
+--   Checks the backlog (lag of group ``workers`` summed over the lanes, or XLEN where unknown)
+--   against
+--   ``max_backlog`` and the tenant's token bucket for every entry at once, then XADDs them all
+--   (adding
 --   ``tenant`` and the ``admitted`` stamp), or none: an error ``OVERLOADED backlog max`` or
 --   ``RATELIMITED retry_ms tenant``. Returns the entry ids.
--- inferfleet_check KEYS: limits tenants high normal low bucket... ARGV: one tenant per entry ("" none).
---   The worker's check of entries written without the stamp: 0 ok, 1 rate_limited, 2 overloaded each.
--- inferfleet_cancel KEYS: cancels high normal low reply_key... ARGV: bound_ms, then one id per reply key.
---   For each id: ``answered`` (a reply waits: it stands), ``unknown`` (in no lane: nothing written) or
+-- inferfleet_check KEYS: limits tenants high normal low bucket... ARGV: one tenant per entry (""
+-- none).
+--   The worker's check of entries written without the stamp: 0 ok, 1 rate_limited, 2 overloaded
+--   each.
+-- inferfleet_cancel KEYS: cancels high normal low reply_key... ARGV: bound_ms, then one id per
+-- reply key.
+--   For each id: ``answered`` (a reply waits: it stands), ``unknown`` (in no lane: nothing written)
+--   or
 --   ``cancelled`` (marked until its deadline + 60 s, at most bound_ms).
 
 local function now_ms()
@@ -73,12 +80,15 @@ local function enqueue(keys, args)
   if not nfields then return redis.error_reply('ERR the field count must be a number') end
   local first = 3 + 2 * nfields
   local count = (#args - first + 1) / 2
-  if count < 1 or count ~= math.floor(count) then return redis.error_reply('ERR expected id and body pairs') end
+  if count < 1 or count ~= math.floor(count) then
+    return redis.error_reply('ERR expected id and body pairs')
+  end
   local who = counted_as(limits, tenant)
   local over, backlog, max = over_backlog(limits, keys[5], keys[6], keys[7], count)
   if over then
     redis.call('HINCRBY', tenants, 'refused:' .. who, count)
-    return redis.error_reply('OVERLOADED ' .. backlog .. ' ' .. max .. ' queue backlog over max_backlog')
+    return redis.error_reply(
+      'OVERLOADED ' .. backlog .. ' ' .. max .. ' queue backlog over max_backlog')
   end
   local ok, retry = take_tokens(limits, bucket, tenant, now_ms(), count)
   if not ok then
@@ -98,7 +108,8 @@ local function enqueue(keys, args)
   end
   local ids = {}
   for i = first, #args, 2 do
-    ids[#ids + 1] = redis.call('XADD', lane, '*', 'id', args[i], 'body', args[i + 1], unpack(common))
+    ids[#ids + 1] = redis.call(
+      'XADD', lane, '*', 'id', args[i], 'body', args[i + 1], unpack(common))
   end
   if redis.call('EXISTS', limits) == 1 then
     redis.call('HINCRBY', tenants, 'accepted:' .. who, count)
@@ -134,7 +145,11 @@ local function scan_lanes(keys, wanted)
       for _, entry in ipairs(page) do
         local f, rid, deadline = entry[2], nil, 0
         for j = 1, #f, 2 do
-          if f[j] == 'id' then rid = f[j + 1] elseif f[j] == 'deadline' then deadline = tonumber(f[j + 1]) or 0 end
+          if f[j] == 'id' then
+            rid = f[j + 1]
+          elseif f[j] == 'deadline' then
+            deadline = tonumber(f[j + 1]) or 0
+          end
         end
         if rid and wanted[rid] then found[rid] = deadline end
       end

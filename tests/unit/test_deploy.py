@@ -27,7 +27,8 @@ from tests.conftest import running_in_ci
 
 ROOT = dc.ROOT
 K8S = ROOT / "deploy" / "k8s"
-# The Secret the manifests read: an example outside deploy/k8s/, which `kubectl apply -f deploy/k8s/`
+# The Secret the manifests read: an example outside deploy/k8s/, which `kubectl apply -f
+# deploy/k8s/`
 # must never overwrite; the checks resolve the manifests' secretKeyRefs against it.
 EXAMPLE_SECRET = ROOT / "deploy" / "examples" / "redis-secret.yaml"
 
@@ -102,12 +103,10 @@ def files() -> dict[str, Any]:
 
 def pyproject_package_dirs() -> list[str]:
     """The folders pyproject.toml's package-dir maps the packages to."""
-    line = next(
-        x for x in (ROOT / "pyproject.toml").read_text().splitlines() if x.startswith("package-dir")
-    )
-    return re.findall(
-        r'= "([^"]+)"', line
-    )  # one inline table: no TOML parser needed on Python 3.10
+    # its own table of `name = "folder"` lines: no TOML parser needed on Python 3.10
+    text = (ROOT / "pyproject.toml").read_text()
+    table = text.split("[tool.setuptools.package-dir]\n", 1)[1].split("\n[", 1)[0]
+    return re.findall(r'= "([^"]+)"', table)
 
 
 def versions_under_test() -> dict[str, str]:
@@ -338,7 +337,8 @@ def test_parse_duration_reads_compose_durations() -> None:
 
 
 def at(data: Any, path: tuple) -> Any:
-    """Walk ``path``: dict keys, list indices, ``Kind/name`` (a manifest), ``name=X`` (a list item)."""
+    """Walk ``path``: dict keys, list indices, ``Kind/name`` (a manifest), ``name=X`` (a list
+    item)."""
     for step in path:
         if isinstance(step, str) and "/" in step and isinstance(data, list):
             kind, name = step.split("/", 1)
@@ -913,14 +913,16 @@ def test_each_check_fails_on_the_mistake_it_guards(
 
 
 def _mutate_files(files: dict[str, Any], target: str, mutate: Callable) -> None:
-    """Apply a mutation whose path starts in the compose file, Prometheus' files or the manifests."""
+    """Apply a mutation whose path starts in the compose file, Prometheus' files or the
+    manifests."""
     view = files[target]
     if isinstance(view, dict):  # compose: let paths reach prometheus.yml and alerts.yml too
         view = {**view, "prometheus": files["prometheus"], "rules": files["rules"]}
     mutate(view)
 
 
-# --------------------------------------------------------------------------- docker compose's own validator
+# --------------------------------------------------------------------------- docker compose's own
+# validator
 
 
 def _compose_cli() -> list[str] | None:

@@ -25,7 +25,8 @@ local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
 local call, pcall = redis.call, redis.pcall
 local n = #KEYS - 1
 local now = call('TIME')
-local expire, when = 'PEXPIREAT', string.format('%.0f', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ttl))
+local expire = 'PEXPIREAT'
+local when = string.format('%.0f', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ttl))
 local pushed, failed, i = 0, {}, 1
 while i <= n do
   local key, payload = KEYS[i + 1], ARGV[2 * i + 2]
@@ -39,7 +40,8 @@ while i <= n do
       failed[#failed + 1] = i - 1
     elseif call('XACK', stream, group, ARGV[2 * i + 1]) == 1 then
       pushed = pushed + 1
-      if pcall(expire, key, when) ~= 1 then  -- refused (a grant without +pexpireat): PEXPIRE from now on
+      -- refused (a grant without +pexpireat): PEXPIRE from now on
+      if pcall(expire, key, when) ~= 1 then
         expire, when = 'PEXPIRE', ttl
         call(expire, key, when)
       end
@@ -75,7 +77,8 @@ while i <= n do
         end
         if #keep > 0 then call('RPUSH', key, unpack(keep)) end
       end
-      -- the same fallback as a lone reply's, written out: a Lua function per TTL cost 1,000 instructions
+      -- the same fallback as a lone reply's, written out: a Lua function per TTL cost 1,000
+      -- instructions
       if pushed > before and pcall(expire, key, when) ~= 1 then
         expire, when = 'PEXPIRE', ttl
         call(expire, key, when)
