@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What 8-bit (and 16-bit) costs: each example model at every precision against fp32, as a markdown table.
+"""What 8-bit (and 16-bit) costs: each example model at every precision against fp32, as a markdown
+table.
 
 For affine, ctr and cnn (weights from tests/fixtures/build_models.py's seeds) the
 script saves a torch.export program and an ONNX file into a temporary folder,
@@ -17,7 +18,8 @@ torch fp32:
 * rows/s: single-process throughput at ``--batch`` rows, median of 3 runs
   (the variants of a model interleaved, so ratios come from one run).
 
-    python -m benchmarks.accuracy_report [--rows 4096] [--batch 64] [--seconds 1] [--only affine,ctr,cnn] [--device cpu]
+    python -m benchmarks.accuracy_report [--rows 4096] [--batch 64] [--seconds 1] [--only \\
+        affine,ctr,cnn] [--device cpu]
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ def predict_all(runtime: ModelRuntime, inputs: Any, batch: int) -> np.ndarray:
 def throughputs(
     runtimes: list[ModelRuntime], inputs: Any, batch: int, seconds: float
 ) -> list[float]:
-    """Median rows/s of each runtime over 3 rounds, interleaved so a noisy neighbour hits all alike."""
+    """Median rows/s of each runtime over 3 rounds, interleaved so a noisy neighbour hits all
+    alike."""
     part = {k: v[:batch] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:batch]
     samples = [[rows_per_s(runtime, part, seconds) for runtime in runtimes] for _ in range(3)]
     return [statistics.median(column) for column in zip(*samples)]
@@ -146,7 +149,8 @@ def report_model(
 
 def markdown(rows: list[Row]) -> str:
     lines = [
-        "| model | precision | max abs err | max rel err | top-1 agreement | rank agreement | rows/s |",
+        "| model | precision | max abs err | max rel err | top-1 agreement | rank agreement | "
+        "rows/s |",
         "| --- | --- | ---: | ---: | ---: | --- | ---: |",
     ]
     for r in rows:
@@ -184,7 +188,8 @@ def main() -> None:
         or args.seconds <= 0
     ):
         parser.error(
-            f"--only takes {', '.join(DEFAULT_MODELS)}; --rows, --batch and --seconds must be positive"
+            f"--only takes {', '.join(DEFAULT_MODELS)}; --rows, --batch and --seconds must be "
+            "positive"
         )
     logging.basicConfig(level=logging.ERROR)
     rows: list[Row] = []

@@ -8,7 +8,8 @@ one markdown table: per model and run, QPS and p99 of the fleet and of the naive
 server, their ratios, and both first-request latencies.
 
     python -m benchmarks.bench_compare --out /tmp/compare -n 20000 --concurrency 64
-    python -m benchmarks.bench_compare --models ctr --rates 500,1000,2000 --worker-arg=--max-batch-rows=32
+    python -m benchmarks.bench_compare --models ctr --rates 500,1000,2000 \\
+        --worker-arg=--max-batch-rows=32
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def summary_rows(model: str, report: dict) -> list[str]:
     rows = []
     for f, n, ratio in zip(fleet, naive, report["comparison"]):
         rows.append(
-            f"| {model} | {ratio['run']} | {f['qps']:,.0f} | {n['qps']:,.0f} | {ratio['qps_ratio']:.2f}x "
-            f"| {f['p99_ms']:.2f} | {n['p99_ms']:.2f} | {ratio['p99_ratio']:.2f}x "
+            f"| {model} | {ratio['run']} | {f['qps']:,.0f} | {n['qps']:,.0f} | "
+            f"{ratio['qps_ratio']:.2f}x | {f['p99_ms']:.2f} | {n['p99_ms']:.2f} | "
+            f"{ratio['p99_ratio']:.2f}x "
             f"| {first.get('fleet', 0):.1f} | {first.get('naive', 0):.1f} |"
         )
     return rows

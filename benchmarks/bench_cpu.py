@@ -23,9 +23,9 @@ Two kinds of run, each repeated ``--runs`` times with the targets interleaved
 
     python -m benchmarks.bench_cpu --kind drain --requests 100000 --runs 3
     python -m benchmarks.bench_cpu --kind sdk --requests 60000 --runs 3
-    python -m benchmarks.bench_cpu --model models/ctr.pt --kind sdk   # CTR inputs are made from its example
+    python -m benchmarks.bench_cpu --model models/ctr.pt --kind sdk   # inputs from its example
     python -m benchmarks.bench_cpu --kind sdk --commandstats   # and redis-server's time per command
-    python -m benchmarks.bench_cpu --kind sdk --modes submit_many --calls 12   # 12 calls of 5,000 each
+    python -m benchmarks.bench_cpu --kind sdk --modes submit_many --calls 12   # 12 calls of 5,000
 """
 
 from __future__ import annotations
@@ -194,7 +194,8 @@ def _sdk_call(mode: str, url: str, inputs: list[Any], calls: int = 1) -> Callabl
 def fleet_worker(
     server: EmbeddedRedis, args: argparse.Namespace, joined_timeout_s: float = 120
 ) -> Iterator[tuple[redis.Redis, subprocess.Popen]]:
-    """(a client, the worker): one fleet worker on ``server``, joined, Redis's stats reset; stopped on exit."""
+    """(a client, the worker): one fleet worker on ``server``, joined, Redis's stats reset; stopped
+    on exit."""
     client = redis.Redis.from_url(server.url)
     proc = start_worker("fleet", server.url, args.model, args.max_batch_rows, args.worker_arg)
     try:
@@ -248,7 +249,8 @@ def sdk_run(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str,
 
 
 def sdk_count(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[str, float]:
-    """redis-server's instructions per request (callgrind) for one SDK call; commands per request beside."""
+    """redis-server's instructions per request (callgrind) for one SDK call; commands per request
+    beside."""
     with (
         CallgrindRedis() as server,
         fleet_worker(server, args, joined_timeout_s=300) as (client, _),
@@ -265,7 +267,8 @@ def sdk_count(mode: str, args: argparse.Namespace, inputs: list[Any]) -> dict[st
 
 
 def _calls_per_request(commands: dict[str, dict[str, float]], n: int) -> dict[str, float]:
-    """Each command's calls a request (INFO commandstats), the bench's own CONFIG and INFO left out."""
+    """Each command's calls a request (INFO commandstats), the bench's own CONFIG and INFO left
+    out."""
     return {
         f"{name.removeprefix('cmdstat_')}_calls": stats["calls"] / n
         for name, stats in commands.items()
@@ -278,7 +281,8 @@ def _check_ok(mode: str, ok: int, n: int) -> None:
         raise RuntimeError(f"{mode}: {n - ok} of {n} replies were errors")
 
 
-#: Figures read from /proc (10 ms ticks: a tenth of a us a request at best); commandstats' are in us.
+#: Figures read from /proc (10 ms ticks: a tenth of a us a request at best); commandstats' are in
+#: us.
 _CPU_COLUMNS = {
     "client_us",
     "worker_us",
@@ -292,7 +296,8 @@ _CPU_COLUMNS = {
 
 
 def median_rows(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """Each target's median of each figure over the runs (a figure some run lacks counts as 0 there)."""
+    """Each target's median of each figure over the runs (a figure some run lacks counts as 0
+    there)."""
     return {
         target: {
             k: statistics.median(run[target].get(k, 0.0) for run in runs)
@@ -392,7 +397,8 @@ def main() -> None:
         report["sdk"] = {"runs": runs, "median": median_rows(runs)}
         in_calls = f" in {args.calls} calls each" if args.calls > 1 else ""
         print_table(
-            f"SDK end to end, {args.requests:,} requests{in_calls}, one worker, median of {args.runs}",
+            f"SDK end to end, {args.requests:,} requests{in_calls}, one worker, median of "
+            f"{args.runs}",
             report["sdk"]["median"],
         )
     if args.json_out:

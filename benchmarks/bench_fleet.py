@@ -90,7 +90,8 @@ def main() -> None:
     print("median: " + "  ".join(f"{k} {v:.2f}" for k, v in med.items()))
     print(
         f"| {Path(args.model).name} | {args.workers} | {' '.join(args.worker_arg) or '-'} | "
-        f"{med['qps']:,.0f} | {med['p50_ms']:.2f} | {med['p99_ms']:.2f} | {med['mean_batch_rows']:.1f} |"
+        f"{med['qps']:,.0f} | {med['p50_ms']:.2f} | {med['p99_ms']:.2f} | "
+        f"{med['mean_batch_rows']:.1f} |"
     )
 
 

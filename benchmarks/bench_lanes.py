@@ -1,4 +1,5 @@
-"""Sharing a fleet (issue 14): what the high lane buys, and what admission and the cancel check cost.
+"""Sharing a fleet (issue 14): what the high lane buys, and what admission and the cancel check
+cost.
 
 Three parts, each run ``--runs`` times with its cases interleaved (figures are medians):
 

@@ -83,8 +83,8 @@ def main() -> None:
                 consumer.prepare()
                 off, on = (cpu[m] / max(done[m], 1) * 1e6 for m in ("off", "on"))
                 print(
-                    f"{done['off'] + done['on']:,} requests: metrics off {off:.2f} us, on {on:.2f} us "
-                    f"of worker CPU per request ({(on / off - 1) * 100:+.1f}%)",
+                    f"{done['off'] + done['on']:,} requests: metrics off {off:.2f} us, on {on:.2f} "
+                    f"us of worker CPU per request ({(on / off - 1) * 100:+.1f}%)",
                     flush=True,
                 )
 

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Pipeline stages against one whole-model worker: resident memory, throughput, latency, CPU a request.
+"""Pipeline stages against one whole-model worker: resident memory, throughput, latency, CPU a
+request.
 
-A residual MLP stack (``tests.fixtures.build_models.stack``, width 2048 and 8 blocks by default: 268 MB
-of float32 weights) is exported whole and split into S stages of equal cost with ``inferfleet
-split``'s code. On a private redis-server it then measures, for one whole-model worker and for
-an S-stage pipeline (one worker per stage):
+A residual MLP stack (``tests.fixtures.build_models.stack``, width 2048 and 8 blocks by default: 268
+MB of float32 weights) is exported whole and split into S stages of equal cost with ``inferfleet
+split``'s code. On a private redis-server it then measures, for one whole-model worker and for an
+S-stage pipeline (one worker per stage):
 
 * each worker's resident memory (VmRSS, after warm-up) and the weight bytes it holds;
 * throughput: N one-row requests enqueued at once, until the last reply (median of --runs);
 * latency: sequential one-row requests, one in flight (p50, p99): the cost of the extra hops;
 * worker CPU time per request (user + system of every worker process, over the throughput runs).
 
-    python -m benchmarks.bench_pipeline [--width 2048] [--depth 8] [--stages 2] [--requests 600] [--runs 3]
-    python -m benchmarks.bench_pipeline --device cuda     # every stage on one GPU, against the whole model there
+    python -m benchmarks.bench_pipeline [--width 2048] [--depth 8] [--stages 2] [--requests 600] \\
+        [--runs 3]
+    python -m benchmarks.bench_pipeline --device cuda  # every stage and the whole model on one GPU
 """
 
 from __future__ import annotations
@@ -152,8 +154,8 @@ def main() -> None:
     manifest = split_model(str(work / "whole.pt2"), example, points, str(work / "split"))
     weights = [s.bytes / 1e6 for s in manifest.stages]
     print(
-        f"model: width {args.width}, {args.depth} blocks, {sum(weights):.0f} MB of weights; split at "
-        f"{','.join(points)}: stages of {', '.join(f'{w:.0f}' for w in weights)} MB"
+        f"model: width {args.width}, {args.depth} blocks, {sum(weights):.0f} MB of weights; split "
+        f"at {','.join(points)}: stages of {', '.join(f'{w:.0f}' for w in weights)} MB"
     )
     with EmbeddedRedis() as server:
         device = ["--device", args.device]
@@ -184,12 +186,13 @@ def main() -> None:
     ):
         print(
             f"{label:<28} RSS {' + '.join(f'{m:.0f}' for m in r['rss'])} MB | {r['rps']:.0f} req/s "
-            f"(runs {', '.join(f'{v:.0f}' for v in r['rps_all'])}) | CPU {r['cpu_ms']:.2f} ms/req | "
-            f"latency p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms"
+            f"(runs {', '.join(f'{v:.0f}' for v in r['rps_all'])}) | CPU {r['cpu_ms']:.2f} ms/req "
+            f"| latency p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms"
         )
     print(
-        f"ratios: largest stage RSS / whole RSS {max(piped['rss']) / one['rss'][0]:.2f}; throughput "
-        f"{piped['rps'] / one['rps']:.2f}x; CPU per request {piped['cpu_ms'] / one['cpu_ms']:.2f}x; "
+        f"ratios: largest stage RSS / whole RSS {max(piped['rss']) / one['rss'][0]:.2f}; "
+        f"throughput {piped['rps'] / one['rps']:.2f}x; CPU per request "
+        f"{piped['cpu_ms'] / one['cpu_ms']:.2f}x; "
         f"p50 {piped['p50'] / one['p50']:.2f}x"
     )
 

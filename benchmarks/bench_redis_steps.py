@@ -42,11 +42,12 @@ PAYLOAD = b"\x85" + b"r" * 120  # about a one-row reply's size
 #: The reply script's parts, each a script over the same KEYS and ARGV as the reply script.
 PARTS = {
     "args": "return {0, {}}",
-    "xack": "local call = redis.call\nfor i = 2, #KEYS do call('XACK', KEYS[1], ARGV[1], ARGV[2 * i - 1]) end\n"
-    "return {0, {}}",
-    "rpush": "local call = redis.call\nfor i = 2, #KEYS do call('RPUSH', KEYS[i], ARGV[2 * i]) end\nreturn {0, {}}",
-    "rpush-pexpire": "local call = redis.call\nfor i = 2, #KEYS do call('RPUSH', KEYS[i], ARGV[2 * i]) "
-    "call('PEXPIRE', KEYS[i], ARGV[2]) end\nreturn {0, {}}",
+    "xack": "local call = redis.call\nfor i = 2, #KEYS do call('XACK', KEYS[1], ARGV[1], ARGV[2 * "
+    "i - 1]) end\nreturn {0, {}}",
+    "rpush": "local call = redis.call\nfor i = 2, #KEYS do call('RPUSH', KEYS[i], ARGV[2 * i]) "
+    "end\nreturn {0, {}}",
+    "rpush-pexpire": "local call = redis.call\nfor i = 2, #KEYS do call('RPUSH', KEYS[i], ARGV[2 * "
+    "i]) call('PEXPIRE', KEYS[i], ARGV[2]) end\nreturn {0, {}}",
 }
 
 
@@ -55,7 +56,8 @@ CONFIG: dict[str, str] = {}
 
 
 def submitted(server: CallgrindRedis, requests: int) -> tuple[list[str], int]:
-    """Request ids of ``requests`` one-row affine requests sent by submit_many; the instructions it took."""
+    """Request ids of ``requests`` one-row affine requests sent by submit_many; the instructions it
+    took."""
     client = redis.Redis.from_url(server.url)
     for name, value in CONFIG.items():
         client.config_set(name, value)
@@ -66,7 +68,8 @@ def submitted(server: CallgrindRedis, requests: int) -> tuple[list[str], int]:
 
 
 def read_all(client: redis.Redis, requests: int) -> list[bytes]:
-    """Entry ids of every request, read by consumer c in COUNT-256 reads (so each is pending on it)."""
+    """Entry ids of every request, read by consumer c in COUNT-256 reads (so each is pending on
+    it)."""
     ids: list[bytes] = []
     while len(ids) < requests:
         ids += [
@@ -79,7 +82,8 @@ def read_all(client: redis.Redis, requests: int) -> list[bytes]:
 
 
 def call_script(client: redis.Redis, script: str, ids: list[bytes], keys: list[str]) -> None:
-    """``script`` over ``ids`` in calls of 256, each with its reply key and PAYLOAD (the reply script's shape)."""
+    """``script`` over ``ids`` in calls of 256, each with its reply key and PAYLOAD (the reply
+    script's shape)."""
     sha = client.script_load(script)
     for start in range(0, len(ids), BATCH):
         part, part_keys = ids[start : start + BATCH], keys[start : start + BATCH]
@@ -99,11 +103,16 @@ def per_key(client: redis.Redis, command: str, keys: list[str]) -> None:
 
 
 #: LPOP of each of KEYS from one script call.
-LPOP_LOOP = "local popped = {}\nfor i = 1, #KEYS do popped[i] = redis.call('LPOP', KEYS[i]) end\nreturn popped"
+LPOP_LOOP = (
+    "local popped = {}\n"
+    "for i = 1, #KEYS do popped[i] = redis.call('LPOP', KEYS[i]) end\n"
+    "return popped"
+)
 
 
 def lpop_script(client: redis.Redis, keys: list[str]) -> None:
-    """Each of ``keys`` popped by a Lua loop, a thousand keys a call; every key must hold its reply."""
+    """Each of ``keys`` popped by a Lua loop, a thousand keys a call; every key must hold its
+    reply."""
     sha = client.script_load(LPOP_LOOP)
     for start in range(0, len(keys), 1000):
         part = keys[start : start + 1000]
@@ -146,7 +155,8 @@ def measure(requests: int) -> dict[str, float]:
 
 
 def _on_fresh_entries(requests: int, script: str, inbox: bool) -> int:
-    """Instructions of ``script`` over ``requests`` freshly read entries (own reply keys, or one inbox)."""
+    """Instructions of ``script`` over ``requests`` freshly read entries (own reply keys, or one
+    inbox)."""
     with CallgrindRedis() as server:
         client = redis.Redis.from_url(server.url)
         rids, _ = submitted(server, requests)

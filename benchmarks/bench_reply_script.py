@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""redis-server's CPU per entry for the reply script and its yardsticks (issue "The per-request cost").
+"""redis-server's CPU per entry for the reply script and its yardsticks (issue "The per-request
+cost").
 
 The fleet answers a round with one call of the reply script
 (worker/serving/replies.py): RPUSH the reply, XACK the entry, take the reply
@@ -39,7 +40,8 @@ PAYLOAD = b"\x85" + b"r" * 120  # about a one-row reply's size
 
 
 def _changed(script: str, old: str, new: str) -> str:
-    """``script`` with every ``old`` replaced by ``new``; refused if there is none (a variant must differ)."""
+    """``script`` with every ``old`` replaced by ``new``; refused if there is none (a variant must
+    differ)."""
     if old not in script:
         raise ValueError(f"{old!r} is not in the script")
     return script.replace(old, new)
@@ -53,7 +55,8 @@ FUNCTION = (
 )
 
 
-#: The scripts by variant name; each is also measured as NAME-inbox (every reply to one inbox, as ``map``).
+#: The scripts by variant name; each is also measured as NAME-inbox (every reply to one inbox, as
+#: ``map``).
 SCRIPTS = {
     "script": REPLY_SCRIPT,
     "no-expire": NO_EXPIRE,
@@ -111,7 +114,8 @@ def answer(client: redis.Redis, variant: str, ids: list[bytes], batch: int) -> N
 
 
 def run(variant: str, args: argparse.Namespace) -> float:
-    """redis-server's CPU us (or, with --callgrind, instructions) per entry answering with ``variant``."""
+    """redis-server's CPU us (or, with --callgrind, instructions) per entry answering with
+    ``variant``."""
     with CallgrindRedis() if args.callgrind else EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
         if variant == "function":

@@ -80,7 +80,8 @@ def _shadow_runner(consumer: Consumer, sample: float) -> ShadowRunner:
 
 def _percentiles(values: list[float]) -> str:
     a = np.asarray(values) * 1000.0
-    return f"median {np.median(a):.3f} ms, p90 {np.percentile(a, 90):.3f} ms, p99 {np.percentile(a, 99):.3f} ms"
+    p90, p99 = np.percentile(a, 90), np.percentile(a, 99)
+    return f"median {np.median(a):.3f} ms, p90 {p90:.3f} ms, p99 {p99:.3f} ms"
 
 
 def shadow_part(args: argparse.Namespace) -> None:
@@ -122,11 +123,13 @@ def shadow_part(args: argparse.Namespace) -> None:
         shadowed = sum(stats.compared for _, _, stats in read_pairs(consumer.redis, consumer.keys))
     for m in ("off", "on"):
         print(
-            f"shadow {m:>3} (sample {args.sample:g}): {len(latency[m]):,} replies, {_percentiles(latency[m])}; "
-            f"worker CPU {cpu[m] / max(served[m], 1) * 1e6:.1f} us/request"
+            f"shadow {m:>3} (sample {args.sample:g}): {len(latency[m]):,} replies, "
+            f"{_percentiles(latency[m])}; worker CPU {cpu[m] / max(served[m], 1) * 1e6:.1f} "
+            "us/request"
         )
     print(
-        f"requests compared with the candidate: {shadowed:,} of {len(latency['on']):,} served with the shadow on"
+        f"requests compared with the candidate: {shadowed:,} of {len(latency['on']):,} served with "
+        "the shadow on"
     )
 
 
@@ -134,7 +137,8 @@ _LABELS = {"none": "no hooks", "off": "hooks, tracing off", "on": "tracing on"}
 
 
 class _Drop:
-    """A span exporter that drops what it is given (the cost measured is making spans, not shipping them)."""
+    """A span exporter that drops what it is given (the cost measured is making spans, not shipping
+    them)."""
 
     def export(self, spans: Any) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult

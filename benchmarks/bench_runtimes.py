@@ -117,7 +117,8 @@ def main() -> None:
         or args.seconds <= 0
     ):
         parser.error(
-            f"--only takes {', '.join(DEFAULT_MODELS)}; batches, --runs and --seconds must be positive"
+            f"--only takes {', '.join(DEFAULT_MODELS)}; batches, --runs and --seconds must be "
+            "positive"
         )
     logging.basicConfig(level=logging.ERROR)
     results = {}

@@ -1,4 +1,5 @@
-"""A private redis-server run under valgrind's callgrind, to count the instructions it spends on a task.
+"""A private redis-server run under valgrind's callgrind, to count the instructions it spends on a
+task.
 
 CPU time on a shared 2-core machine moves with whatever else runs there, and
 on a virtual machine without hardware counters ``perf stat`` cannot count
@@ -91,7 +92,8 @@ class CallgrindRedis(EmbeddedRedis):
         )
 
     def _dumped(self, name: str, timeout_s: float = 30.0) -> int:
-        """The instruction total of the dump described as ``name`` (callgrind writes it asynchronously)."""
+        """The instruction total of the dump described as ``name`` (callgrind writes it
+        asynchronously)."""
         assert self._dir is not None, "not started"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

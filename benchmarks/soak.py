@@ -7,7 +7,8 @@ memory from its heartbeat every half second. Reports the RSS after warm-up
 (the first 5% of requests), at the end, and the growth between them, and
 plots RSS against requests served.
 
-    python -m benchmarks.soak --model models/affine.pt --requests 1000000 --png docs/img/soak-rss.png
+    python -m benchmarks.soak --model models/affine.pt --requests 1000000 --png \\
+        docs/img/soak-rss.png
 """
 
 from __future__ import annotations

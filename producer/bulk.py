@@ -236,7 +236,8 @@ class ReplyScan:
 
     def queue(self, round_: Round, timeout_s: float) -> None:
         """Queue the next round on ``round_``: a BLPOP (up to ``timeout_s``) on the last of the next
-        ``probe`` missing keys, then an LPOP of each of the others (they run once the BLPOP returns)."""
+        ``probe`` missing keys, then an LPOP of each of the others (they run once the BLPOP
+        returns)."""
         missing, keys = self._missing, self.keys
         probed = [missing.popleft() for _ in range(min(self._probe, len(missing)))]
         self._waited = probed.pop()
@@ -261,7 +262,8 @@ class ReplyScan:
             left.append(waited)
         self._missing.extendleft(reversed(left))
         found = len(probed) + 1 - len(left)
-        # all found: wait for twice as many; else (out of order, or it timed out) for as many as came
+        # all found: wait for twice as many; else (out of order, or it timed out) for as many as
+        # came
         self._probe = min(MAX_PROBE, 2 * self._probe if not left else max(MIN_PROBE, found))
 
     def _record(self, indexes: list[int], raws: list[bytes], raise_errors: bool) -> None:

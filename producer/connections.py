@@ -66,10 +66,13 @@ def redis_url(url: str | None = None) -> str:
     return url or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
 
 
-#: The longest one blocking read (BLPOP, XREAD BLOCK) of the SDK and the CLI blocks in Redis; a longer
-#: wait is several such reads. Well under any client's read timeout, redis-py 8's default 5 s included.
+#: The longest one blocking read (BLPOP, XREAD BLOCK) of the SDK and the CLI blocks in Redis; a
+#: longer
+#: wait is several such reads. Well under any client's read timeout, redis-py 8's default 5 s
+#: included.
 MAX_BLOCK_S = 2.0
-#: The read timeout of every client's commands that do not block: a connection silent this long is dead.
+#: The read timeout of every client's commands that do not block: a connection silent this long is
+#: dead.
 SOCKET_TIMEOUT_S = 10.0
 #: What the read timeout of a blocking read adds to its block (:func:`socket_timeout_for`).
 BLOCK_MARGIN_S = 5.0
@@ -78,7 +81,8 @@ CONNECT_TIMEOUT_S = 5.0
 #: A worker's connection idle this long is PINGed before its next command (redis-py's health check);
 #: the SDK's clients pass 0 (off): see the module docstring.
 HEALTH_CHECK_INTERVAL_S = 30
-#: TCP keepalive: first probe after 10 s idle, then every 5 s, dead after 3 unanswered (where the OS has them).
+#: TCP keepalive: first probe after 10 s idle, then every 5 s, dead after 3 unanswered (where the OS
+#: has them).
 KEEPALIVE_OPTIONS: dict[int, int] = {
     option: value
     for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
@@ -87,12 +91,14 @@ KEEPALIVE_OPTIONS: dict[int, int] = {
 
 
 def socket_timeout_for(block_s: float = 0.0) -> float:
-    """The read timeout of a client whose longest blocking read blocks ``block_s``: always longer than it."""
+    """The read timeout of a client whose longest blocking read blocks ``block_s``: always longer
+    than it."""
     return max(SOCKET_TIMEOUT_S, block_s + BLOCK_MARGIN_S)
 
 
 def block_slices(timeout_s: float, clock: Callable[[], float] = time.monotonic) -> Iterator[float]:
-    """The blocks of a wait of ``timeout_s``: each at most :data:`MAX_BLOCK_S`, together ``timeout_s``.
+    """The blocks of a wait of ``timeout_s``: each at most :data:`MAX_BLOCK_S`, together
+    ``timeout_s``.
 
     The caller blocks for each value it gets and stops iterating once it has
     what it waited for; the first block is at least 10 ms (a zero timeout is

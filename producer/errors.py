@@ -8,9 +8,9 @@ caller can catch the whole family at once::
     │                            (``.code`` is ``bad_request`` or ``too_large``)
     ├── ConnectionError          Redis could not be reached or dropped us
     ├── ReplyTimeout             no reply arrived within the timeout
-    ├── QueueFull                the queue's backlog is over max_backlog (the producer's or the fleet's)
-    ├── RateLimited              the producer's tenant is over its fleet-wide quota
-    └── ReplyError               a worker answered ``ok: false``
+    ├── QueueFull                the queue's backlog is over max_backlog (the producer's or the
+    fleet's) ├── RateLimited              the producer's tenant is over its fleet-wide quota └──
+    ReplyError               a worker answered ``ok: false``
         ├── BadRequest           code ``bad_request``
         ├── TooLarge             code ``too_large``
         ├── Expired              code ``expired``
@@ -167,7 +167,8 @@ class Overloaded(ReplyError):
 
 
 class Throttled(ReplyError):
-    """Written past the admission check while its tenant was over its quota (code ``rate_limited``)."""
+    """Written past the admission check while its tenant was over its quota (code
+    ``rate_limited``)."""
 
     code = "rate_limited"
 

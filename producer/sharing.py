@@ -18,8 +18,8 @@ key                         type    what
 ``limits``                  hash    ``max_backlog``, ``rate:T``, ``burst:T``, ``stamp``
 ``bucket:T``                hash    tenant T's token bucket (``t`` tokens, ``ts`` ms), with a TTL
 ``tenants``                 hash    ``accepted:T`` / ``refused:T`` counts while limits are in force
-``cancels``                 zset    cancelled request id -> expiry (unix ms); the key expires with its last
-==========================  ======  ===============================================
+``cancels``                 zset    cancelled request id -> expiry (unix ms); the key expires with
+its last ==========================  ======  ===============================================
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def validate_tenant(tenant: str) -> str:
 
 
 def validate_rate(rate: float, burst: float | None) -> tuple[float, float]:
-    """(rate, burst) of a quota: a positive finite rate up to MAX_RATE a second; burst defaults to rate."""
+    """(rate, burst) of a quota: a positive finite rate up to MAX_RATE a second; burst defaults to
+    rate."""
     burst = rate if burst is None else burst
     for label, value in (("rate", rate), ("burst", burst)):
         if (
@@ -135,7 +136,8 @@ def enqueue_keys(keys: QueueKeys, lane: str, tenant: str) -> list[str]:
 
 
 def check_keys(keys: QueueKeys, tenants: list[str]) -> list[str]:
-    """KEYS of ``FCALL inferfleet_check``: limits, tenants, the three lanes, one bucket per entry."""
+    """KEYS of ``FCALL inferfleet_check``: limits, tenants, the three lanes, one bucket per
+    entry."""
     return [
         limits_key(keys),
         tenants_key(keys),
@@ -145,7 +147,8 @@ def check_keys(keys: QueueKeys, tenants: list[str]) -> list[str]:
 
 
 def cancel_keys(keys: QueueKeys, rids: list[str]) -> list[str]:
-    """KEYS of ``FCALL inferfleet_cancel``: the cancels set, the three lanes, each request's reply key."""
+    """KEYS of ``FCALL inferfleet_cancel``: the cancels set, the three lanes, each request's reply
+    key."""
     return [cancels_key(keys), *lane_keys(keys), *(keys.reply(rid) for rid in rids)]
 
 
@@ -167,7 +170,8 @@ class LaneState:
 
 
 def read_lanes(client: Any, keys: QueueKeys, now_ms: float | None = None) -> list[LaneState]:
-    """The three lanes of a queue (or shard), highest first (a few commands a lane: status and scaling)."""
+    """The three lanes of a queue (or shard), highest first (a few commands a lane: status and
+    scaling)."""
     now_ms = time.time() * 1000 if now_ms is None else now_ms
     states = []
     for name, stream in zip(PRIORITIES, lane_keys(keys)):

@@ -43,7 +43,8 @@ except ImportError:  # pragma: no cover - other redis-py versions
 
 __all__ = ["NAMELESS_CONNECTIONS", "Round", "arun", "bulk", "pack_command", "run"]
 
-#: Whether ConnectionPool.get_connection() takes no command name (redis-py 5.3 on); older ones use the pipeline.
+#: Whether ConnectionPool.get_connection() takes no command name (redis-py 5.3 on); older ones use
+#: the pipeline.
 NAMELESS_CONNECTIONS = tuple(int(part) for part in redis.__version__.split(".")[:2]) >= (5, 3)
 _SYNC_READ = AbstractConnection.read_response
 _ASYNC_READ = AsyncConnection.read_response
@@ -210,7 +211,8 @@ def _direct(client: Any, plain: type) -> bool:
 
 
 def run(client: Any, round_: Round) -> list[Any]:
-    """Send ``round_`` on ``client`` and return one reply a command (raises the first error reply)."""
+    """Send ``round_`` on ``client`` and return one reply a command (raises the first error
+    reply)."""
     if not round_.replies:
         return []
     if not _direct(client, redis.Redis):

@@ -33,9 +33,11 @@ WIDTH = 100
 
 
 def _context(command: click.Command, name: str, parent: click.Context | None) -> click.Context:
-    """The context ``--help`` runs in: the command's own settings (``-h``, the width) and its parents'."""
+    """The context ``--help`` runs in: the command's own settings (``-h``, the width) and its
+    parents'."""
     settings = {"terminal_width": WIDTH, "max_content_width": WIDTH, **command.context_settings}
-    # click (8.1.8+) caches a command's help option from the first context that asks for it; one made
+    # click (8.1.8+) caches a command's help option from the first context that asks for it; one
+    # made
     # without the group as parent (a test parsing a command alone) would leave it without -h
     if getattr(command, "_help_option", None) is not None:
         command._help_option = None
@@ -66,7 +68,8 @@ def command_paths(command: click.Command = cli, path: str = "inferfleet") -> lis
 
 
 def render() -> str:
-    """The whole page: the group and every command and subcommand, as each one's ``--help`` prints it."""
+    """The whole page: the group and every command and subcommand, as each one's ``--help`` prints
+    it."""
     return HEADER + "".join(_sections(cli, _context(cli, "inferfleet", None))).rstrip() + "\n"
 
 

@@ -163,7 +163,8 @@ class ComposeStack:
         return run(["docker", "inspect", "-f", template, self.container(service)]).stdout.strip()
 
     def wait_healthy(self, service: str, timeout_s: float) -> float:
-        """Seconds until the service's healthcheck passes (raises if it fails or the time runs out)."""
+        """Seconds until the service's healthcheck passes (raises if it fails or the time runs
+        out)."""
         start = time.monotonic()
         while time.monotonic() - start < timeout_s:
             state = self.inspect(

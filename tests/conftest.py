@@ -83,7 +83,8 @@ def models_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def onnx_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """affine/ctr/cnn exported to ONNX (tests/fixtures/export_onnx.py), plus ``ctr.int8.onnx``, once per session."""
+    """affine/ctr/cnn exported to ONNX (tests/fixtures/export_onnx.py), plus ``ctr.int8.onnx``, once
+    per session."""
     from tests.fixtures.export_onnx import export_all
 
     out = tmp_path_factory.mktemp("onnx")
@@ -167,7 +168,8 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 10.0) -> int:
 
 @pytest.fixture
 def spawn_worker(redis_url: str, redis_client: redis.Redis):
-    """``spawn_worker(name, model, *args)`` starts ``inferfleet worker`` and waits until it reads."""
+    """``spawn_worker(name, model, *args)`` starts ``inferfleet worker`` and waits until it
+    reads."""
     procs: list[subprocess.Popen] = []
 
     def spawn(name: str, model: str, *args: str, consumer: str | None = None) -> subprocess.Popen:
@@ -207,13 +209,15 @@ def spawn_worker(redis_url: str, redis_client: redis.Redis):
             proc.stderr.close()
 
 
-#: Where the example pipeline is cut: three stages of two residual blocks each (tests/fixtures/build_models.py stack).
+#: Where the example pipeline is cut: three stages of two residual blocks each
+#: (tests/fixtures/build_models.py stack).
 STACK_SPLIT_AT = ["blocks.2", "blocks.4"]
 
 
 @pytest.fixture(scope="session")
 def stack_split(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The example ``stack`` model split into three stages by ``inferfleet split``'s code, once per session."""
+    """The example ``stack`` model split into three stages by ``inferfleet split``'s code, once per
+    session."""
     import numpy as np
 
     from inferfleet.worker.runtime.split import split_model

@@ -50,7 +50,8 @@ METRICS_PORT = 9100  # the agreed port: compose supervisor and each Kubernetes w
 # and warming up (serve() checks the stop flag after that), then one blocking read (1 s),
 # the batch in flight, the read-ahead batch, the replies, leaving the group.
 WORKER_DRAIN_BUDGET_S = 30.0
-# The metric names worker/metrics.py exports, read from its families (not a copy); alert rules may use only these.
+# The metric names worker/metrics.py exports, read from its families (not a copy); alert rules may
+# use only these.
 METRICS = frozenset(metric_names())
 _OWN_ENV = re.compile(r"INFERFLEET_|REDIS_URL\Z")
 _WORKER_FIELDS = frozenset(f.name for f in fields(WorkerSettings))
@@ -243,7 +244,8 @@ def build_steps_problems(instrs: list[tuple[str, str]]) -> list[str]:
 
 
 def pin_problems(instrs: list[tuple[str, str]], tested: dict[str, str]) -> list[str]:
-    """torch and redis-py are pinned (ARG TORCH_SPEC, REDIS_SPEC) to ``tested``: the versions the tests ran."""
+    """torch and redis-py are pinned (ARG TORCH_SPEC, REDIS_SPEC) to ``tested``: the versions the
+    tests ran."""
     args = {k: v.strip('"') for k, v in (a.partition("=")[::2] for i, a in instrs if i == "ARG")}
     runs = " ".join(a for i, a in instrs if i == "RUN")
     wanted = {
@@ -301,13 +303,15 @@ def runtime_problems(instrs: list[tuple[str, str]], scripts: dict[str, str]) -> 
 
 
 def model_problems(where: str, params: dict[str, Any], models: set[str]) -> list[str]:
-    """The model a service serves is one the image builds (a pipeline stage's split: :func:`pipeline_problems`)."""
+    """The model a service serves is one the image builds (a pipeline stage's split:
+    :func:`pipeline_problems`)."""
     model = params.get("model") or params.get("model_path")
     if params.get("stage") is not None:
         return []
     if params.get("example") is not None and params["example"] not in models:  # inferfleet split
         return [
-            f"{where}: example {params['example']} is not built into the image ({', '.join(sorted(models))})"
+            f"{where}: example {params['example']} is not built into the image "
+            f"({', '.join(sorted(models))})"
         ]
     if model is not None and model not in models:
         return [f"{where}: model {model} is not built into the image ({', '.join(sorted(models))})"]
@@ -329,7 +333,8 @@ def env_of(service: dict) -> dict[str, str]:
 
 
 def merge_compose(base: dict, override: dict) -> dict:
-    """``docker compose -f base -f override``: mappings merged, environments by key, the rest replaced."""
+    """``docker compose -f base -f override``: mappings merged, environments by key, the rest
+    replaced."""
     merged = copy.deepcopy(base)
     for name, service in (override.get("services") or {}).items():
         target = merged.setdefault("services", {}).setdefault(name, {})
@@ -429,7 +434,8 @@ def redis_url_problems(compose: dict) -> list[str]:
                 or (parts.port or 6379) != 6379
             ):
                 problems.append(
-                    f"service {name}: REDIS_URL {url} is not the compose Redis ({sorted(redis)}:6379)"
+                    f"service {name}: REDIS_URL {url} is not the compose Redis "
+                    f"({sorted(redis)}:6379)"
                 )
     return problems
 
@@ -474,7 +480,8 @@ def probe_problems(where: str, command: Any, port: Any) -> list[str]:
 
 
 def grace_problems(compose: dict, parsed: dict[str, dict]) -> list[str]:
-    """stop_grace_period outlasts the supervisor's drain timeout (else Docker SIGKILLs the drain)."""
+    """stop_grace_period outlasts the supervisor's drain timeout (else Docker SIGKILLs the
+    drain)."""
     problems = []
     for name, params in parsed.items():
         if "drain_timeout_s" in params:
@@ -509,7 +516,8 @@ def gpu_problems(compose: dict, instrs: list[tuple[str, str]]) -> list[str]:
 
 
 def prometheus_problems(compose: dict, prometheus: dict, rules: dict, root: Path) -> list[str]:
-    """Config and rule files reach the container through a mount; alerts use agreed metric names only."""
+    """Config and rule files reach the container through a mount; alerts use agreed metric names
+    only."""
     servers = [
         s
         for s in compose["services"].values()
@@ -656,7 +664,8 @@ def liveness_problems(docs: list[dict]) -> list[str]:
         )
         if not env.get("INFERFLEET_HEARTBEAT_FILE"):
             problems.append(
-                f"Deployment {name}: no INFERFLEET_HEARTBEAT_FILE: the worker writes no heartbeat file"
+                f"Deployment {name}: no INFERFLEET_HEARTBEAT_FILE: the worker writes no heartbeat "
+                "file"
             )
         if (
             "INFERFLEET_HEARTBEAT_FILE" not in live
@@ -682,8 +691,8 @@ def liveness_command(docs: list[dict]) -> list[str]:
 def secret_problems(applied: list[dict]) -> list[str]:
     """``kubectl apply -f deploy/k8s/`` creates no Secret: it would overwrite the real one."""
     return [
-        f"Secret {d['metadata']['name']} is in the applied manifests: applying them would overwrite "
-        "the real one"
+        f"Secret {d['metadata']['name']} is in the applied manifests: applying them would "
+        "overwrite the real one"
         for d in applied
         if d.get("kind") == "Secret"
     ]
@@ -869,7 +878,8 @@ def shard_problems(parsed: dict[str, dict]) -> list[str]:
 
 
 def split_job_problems(docs: list[dict], models: set[str]) -> tuple[list[str], dict[str, dict]]:
-    """Each Job runs ``inferfleet split`` on a model and example the image builds; returns their parameters."""
+    """Each Job runs ``inferfleet split`` on a model and example the image builds; returns their
+    parameters."""
     problems, parsed = [], {}
     for name, job in by_kind(docs, "Job").items():
         container = job["spec"]["template"]["spec"]["containers"][0]
@@ -904,6 +914,7 @@ def pipeline_problems(splits: dict[str, dict], workers: dict[str, dict]) -> list
         want = set(range(len(outs[out]["split_at"]) + 1))
         if stages != want:
             problems.append(
-                f"queue {queue}: stages {sorted(stages)} are served, the split {out} has {sorted(want)}"
+                f"queue {queue}: stages {sorted(stages)} are served, the split {out} has "
+                f"{sorted(want)}"
             )
     return problems

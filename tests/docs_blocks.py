@@ -17,7 +17,8 @@ def code_blocks(page: Path, language: str) -> list[str]:
 
 
 def commands(block: str) -> list[str]:
-    """A shell block's commands: one per line, comments and blank lines dropped, trailing comments cut."""
+    """A shell block's commands: one per line, comments and blank lines dropped, trailing comments
+    cut."""
     found = []
     for line in block.splitlines():
         line = re.sub(r"\s+#.*$", "", line).strip()

@@ -69,7 +69,8 @@ STALL = -7.0
 
 
 class Stall(Scale):
-    """Scale, but a batch holding a row that starts with STALL takes STALL_S seconds (30 by default)."""
+    """Scale, but a batch holding a row that starts with STALL takes STALL_S seconds (30 by
+    default)."""
 
     def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         if bool((x[:, 0] == STALL).any()):
@@ -106,7 +107,8 @@ class Triple(Scale):
 
 
 class Wide(Triple):
-    """Triple on float32[N,8]: another signature than Scale's float32[N,4] (swap --check refuses it)."""
+    """Triple on float32[N,8]: another signature than Scale's float32[N,4] (swap --check refuses
+    it)."""
 
     version = "wide-1"
 
@@ -115,7 +117,8 @@ class Wide(Triple):
 
 
 class Halves(Scale):
-    """Takes Scale's inputs but returns half the columns: outputs of another form (swap --check refuses it)."""
+    """Takes Scale's inputs but returns half the columns: outputs of another form (swap --check
+    refuses it)."""
 
     version = "halves-1"
 
@@ -185,8 +188,8 @@ DEVICE_ASSERT = (
 
 
 class BreaksDevice(Scale):
-    """x * 2 on a simulated GPU: a row starting with POISON (an out-of-range embedding id) triggers a
-    device-side assert, and from then on every call in this process fails the same way, as every
+    """x * 2 on a simulated GPU: a row starting with POISON (an out-of-range embedding id) triggers
+    a device-side assert, and from then on every call in this process fails the same way, as every
     CUDA call does once the context is lost. ``calls`` counts predict calls in this process."""
 
     broken = False
@@ -205,7 +208,8 @@ COMPUTED: list[float] = []
 
 
 class Recorder(Scale):
-    """x * 2, recording each computed row's first value in COMPUTED; each batch takes RECORDER_BATCH_S."""
+    """x * 2, recording each computed row's first value in COMPUTED; each batch takes
+    RECORDER_BATCH_S."""
 
     def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         import time
@@ -220,7 +224,8 @@ ON_POISON: list = []
 
 
 class CancelOnPoison(Recorder):
-    """Recorder that, on a batch holding a POISON row, first runs (and clears) the ON_POISON hooks, then raises."""
+    """Recorder that, on a batch holding a POISON row, first runs (and clears) the ON_POISON hooks,
+    then raises."""
 
     def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         if bool((x[:, 0] == POISON).any()):

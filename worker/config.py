@@ -61,8 +61,8 @@ class WorkerSettings:
     name: str = field(metadata={"help": "Queue (model) name: 1-64 of A-Z a-z 0-9 . _ -"})
     model: str = field(
         metadata={
-            "help": "TorchScript file, torch.export .pt2 file, ONNX .onnx file, or module:Handler; with --stage, the "
-            "directory `inferfleet split` wrote (--pipeline)."
+            "help": "TorchScript file, torch.export .pt2 file, ONNX .onnx file, or module:Handler; "
+            "with --stage, the directory `inferfleet split` wrote (--pipeline)."
         }
     )
     redis_url: str = field(
@@ -90,8 +90,9 @@ class WorkerSettings:
     input_spec: str | None = field(
         default=None,
         metadata={
-            "help": "The inputs the model takes, where its file does not say (TorchScript): e.g. 'float32[N,16]', "
-            "'int64[N,L]' (L varies), '{ids: int64[N,L], mask: bool[N,L]}'. Requests are checked against it "
+            "help": "The inputs the model takes, where its file does not say (TorchScript): e.g. "
+            "'float32[N,16]', 'int64[N,L]' (L varies), "
+            "'{ids: int64[N,L], mask: bool[N,L]}'. Requests are checked against it "
             "and the worker warms up on zeros of it."
         },
     )
@@ -110,8 +111,8 @@ class WorkerSettings:
     idle_block_ms: int = field(
         default=1000,
         metadata={
-            "help": "Longest an idle worker blocks reading the stream before it checks for a stop (a request wakes it "
-            "at once)."
+            "help": "Longest an idle worker blocks reading the stream before it checks for a stop "
+            "(a request wakes it at once)."
         },
     )
     claim_idle_s: float = field(
@@ -124,21 +125,22 @@ class WorkerSettings:
     housekeeping_s: float = field(
         default=1.0,
         metadata={
-            "help": "How often a worker takes over entries of dead consumers, trims the stream and looks for a new "
-            "model version."
+            "help": "How often a worker takes over entries of dead consumers, trims the stream and "
+            "looks for a new model version."
         },
     )
     heartbeat_s: float = field(
         default=1.0,
         metadata={
-            "help": "How often a worker publishes its heartbeat (which expires after 3 of these, at least 2 s)."
+            "help": "How often a worker publishes its heartbeat (which expires after 3 of these, "
+            "at least 2 s)."
         },
     )
     precision: str = field(
         default="fp32",
         metadata={
-            "help": "fp16/bf16 run the model under torch.autocast; int8 quantizes its linear layers dynamically "
-            "(CPU; .pt2, .onnx, handlers); outputs stay float32."
+            "help": "fp16/bf16 run the model under torch.autocast; int8 quantizes its linear "
+            "layers dynamically (CPU; .pt2, .onnx, handlers); outputs stay float32."
         },
     )
     compile: bool = field(
@@ -157,14 +159,16 @@ class WorkerSettings:
             "help": "Fix glibc's mmap/trim thresholds so batch buffers are reused, not re-mapped."
         },
     )
-    # result cache (inferfleet.worker.serving.cache): 0 entries turns the per-worker LFU off; a TTL of 0 the fleet cache
+    # result cache (inferfleet.worker.serving.cache): 0 entries turns the per-worker LFU off; a TTL
+    # of 0 the fleet cache
     cache_size: int = field(
         default=0, metadata={"help": "Entries of the per-worker LFU result cache (0: off)."}
     )
     fleet_cache_ttl_s: int = field(
         default=0,
         metadata={
-            "help": "Also share results fleet-wide in Redis for this long (0: off; needs --cache-size)."
+            "help": "Also share results fleet-wide in Redis for this long (0: off; needs "
+            "--cache-size)."
         },
     )
     # result checks (inferfleet.worker.serving.validation): 0 turns a check off
@@ -188,23 +192,23 @@ class WorkerSettings:
     heartbeat_file: str = field(
         default="",
         metadata={
-            "help": "Also write each heartbeat to this file (JSON: last_seen_ms, loop_ms, the consumer loop's last "
-            "round), for a liveness probe ('': off)."
+            "help": "Also write each heartbeat to this file (JSON: last_seen_ms, loop_ms, the "
+            "consumer loop's last round), for a liveness probe ('': off)."
         },
     )
     metrics_address: str = field(
         default="0.0.0.0",
         metadata={
-            "help": "Address the metrics port binds to: 0.0.0.0 every IPv4 interface, :: every interface, "
-            "127.0.0.1 this host only."
+            "help": "Address the metrics port binds to: 0.0.0.0 every IPv4 interface, :: every "
+            "interface, 127.0.0.1 this host only."
         },
     )
     # Redis Cluster sharding: this worker serves shard `shard` of `shards` (queue NAME.shard)
     shards: int = field(
         default=1,
         metadata={
-            "help": "Streams the queue is sharded into (queues NAME.0, NAME.1 ...); a request's shard is CRC-32 of "
-            "its id mod this."
+            "help": "Streams the queue is sharded into (queues NAME.0, NAME.1 ...); a request's "
+            "shard is CRC-32 of its id mod this."
         },
     )
     shard: int = field(
@@ -220,8 +224,8 @@ class WorkerSettings:
     stage: int | None = field(
         default=None,
         metadata={
-            "help": "Serve stage K of the split model in --pipeline DIR: stage 0 reads the queue's requests, stage K "
-            "the stream PREFIX:{NAME}:stage:K."
+            "help": "Serve stage K of the split model in --pipeline DIR: stage 0 reads the queue's "
+            "requests, stage K the stream PREFIX:{NAME}:stage:K."
         },
     )
 
@@ -257,7 +261,8 @@ class WorkerSettings:
         _check_ip_address("metrics_address", self.metrics_address)
         if self.fleet_cache_ttl_s and not self.cache_size:
             raise ConfigError(
-                "fleet_cache_ttl_s needs cache_size: the fleet cache is a tier of the worker's cache"
+                "fleet_cache_ttl_s needs cache_size: the fleet cache is a tier of the worker's "
+                "cache"
             )
         self._check_range("shards", 1, 1024)
         self._check_range("shard", 0, self.shards - 1)
@@ -290,8 +295,9 @@ class WorkerSettings:
 
     @property
     def queue_keys(self) -> QueueKeys:
-        """The keys this worker serves: its shard's (``NAME.shard``), or the queue's own when unsharded;
-        with a ``stage`` over 0, that stage's keys (:class:`~inferfleet.worker.keys.StageKeys`)."""
+        """The keys this worker serves: its shard's (``NAME.shard``), or the queue's own when
+        unsharded; with a ``stage`` over 0, that stage's keys
+        (:class:`~inferfleet.worker.keys.StageKeys`)."""
         keys = QueueKeys(shard_name(self.name, self.shard, self.shards), self.prefix)
         return stage_keys(keys, self.stage) if self.stage else keys
 
@@ -310,9 +316,11 @@ def _check_ip_address(name: str, value: str) -> None:
 
 
 def env_var(setting: Field[Any]) -> str:
-    """The environment variable of a settings field's option: ``INFERFLEET_<FIELD>`` unless its metadata names one."""
+    """The environment variable of a settings field's option: ``INFERFLEET_<FIELD>`` unless its
+    metadata names one."""
     return setting.metadata.get("env") or f"INFERFLEET_{setting.name.upper()}"
 
 
-#: The environment variable of each setting (the Redis URL's is REDIS_URL); each is read by a CLI option.
+#: The environment variable of each setting (the Redis URL's is REDIS_URL); each is read by a CLI
+#: option.
 ENV_VARS: dict[str, str] = {f.name: env_var(f) for f in fields(WorkerSettings)}

@@ -95,8 +95,8 @@ class Counters:
     def batch_waited(
         self, rows: int, infer_s: float, queue_waits_s: Callable[[], Sequence[float]]
     ) -> None:
-        """One forward pass of ``rows`` rows in ``infer_s`` seconds; ``queue_waits_s()`` gives each of
-        its requests' queue wait, asked for only when metrics are recorded."""
+        """One forward pass of ``rows`` rows in ``infer_s`` seconds; ``queue_waits_s()`` gives each
+        of its requests' queue wait, asked for only when metrics are recorded."""
         self.batches += 1
         self.rows += rows
         if self.metrics.enabled:
@@ -127,7 +127,8 @@ class Counters:
     def cache_looked_up(
         self, looked_up: int, local: int, fleet: int | None, duplicates: int, unique: int
     ) -> None:
-        """One round's cache lookups: hits per tier (``fleet`` None: no fleet tier), in-round duplicates."""
+        """One round's cache lookups: hits per tier (``fleet`` None: no fleet tier), in-round
+        duplicates."""
         metrics = self.metrics
         if not metrics.enabled:
             return

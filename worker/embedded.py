@@ -143,7 +143,8 @@ class EmbeddedRedis:
         raise RuntimeError(f"Redis did not answer on port {self.port} within {timeout_s} s")
 
     def crash(self) -> None:
-        """SIGKILL the server (no shutdown save); ``start()`` brings it back on the same port and data."""
+        """SIGKILL the server (no shutdown save); ``start()`` brings it back on the same port and
+        data."""
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()

@@ -11,11 +11,11 @@ every batch::
 A handler that overrides any of the per-request hooks (as LitServe's are
 named) is called instead as::
 
-    items = [decode_request(inputs, params) for each request]   # raw text/bytes or numpy, one request
-    x = batch(items, params)                                    # collate, e.g. pad_batch() to one length
-    y = postprocess(predict(preprocess(x, params), params), params)
-    parts = unbatch(y, rows, params)                            # one output per request
-    outputs = [encode_response(part, params) for each part]     # tensors, arrays, text or bytes
+    items = [decode_request(inputs, params) for each request]   # raw text/bytes or numpy, one
+    request x = batch(items, params)                                    # collate, e.g. pad_batch()
+    to one length y = postprocess(predict(preprocess(x, params), params), params) parts = unbatch(y,
+    rows, params)                            # one output per request outputs =
+    [encode_response(part, params) for each part]     # tensors, arrays, text or bytes
 
 so requests of any shape, and raw text or bytes (protocol version 1.2), share
 one batch. docs/handlers.md has complete examples.
@@ -62,7 +62,8 @@ def pad_batch(
     pad_value: Any = 0,
     buckets: Sequence[int] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Stack arrays of shape (rows, length, ...) of varying lengths into one padded batch and its mask.
+    """Stack arrays of shape (rows, length, ...) of varying lengths into one padded batch and its
+    mask.
 
     Returns ``(batch, mask)``: ``batch`` of shape (sum of rows, L, ...) filled with ``pad_value``
     past each array's length, ``mask`` (sum of rows, L) True where a value is real. L is the
@@ -85,7 +86,8 @@ def pad_batch(
 
 
 def split_rows(outputs: Any, rows: Sequence[int]) -> list[Any]:
-    """Cut batched outputs (a tensor or array, or a list, tuple or dict of them) into per-request parts."""
+    """Cut batched outputs (a tensor or array, or a list, tuple or dict of them) into per-request
+    parts."""
     bounds = [0]
     for n in rows:
         bounds.append(bounds[-1] + n)
@@ -164,19 +166,23 @@ class Handler:
     # -- per-request hooks (override any of them to be served request by request)
 
     def decode_request(self, inputs: Any, params: dict) -> Any:
-        """One request's inputs (numpy, or raw ``str``/``bytes``) as an item of a batch (default: unchanged)."""
+        """One request's inputs (numpy, or raw ``str``/``bytes``) as an item of a batch (default:
+        unchanged)."""
         return inputs
 
     def batch(self, items: list[Any], params: dict) -> Any:
-        """Collate the decoded items of one batch (default: concatenate row-wise; see :func:`pad_batch`)."""
+        """Collate the decoded items of one batch (default: concatenate row-wise; see
+        :func:`pad_batch`)."""
         return _concat(items)
 
     def unbatch(self, outputs: Any, rows: list[int], params: dict) -> list[Any]:
-        """Split the batch's outputs per request; ``rows`` are the requests' row counts (raw: 1 each)."""
+        """Split the batch's outputs per request; ``rows`` are the requests' row counts (raw: 1
+        each)."""
         return split_rows(outputs, rows)
 
     def encode_response(self, output: Any, params: dict) -> Any:
-        """One request's output as its reply's outputs: tensors, arrays, text or bytes (default: unchanged)."""
+        """One request's output as its reply's outputs: tensors, arrays, text or bytes (default:
+        unchanged)."""
         return output
 
     @property

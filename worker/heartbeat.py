@@ -88,7 +88,8 @@ class HeartbeatInfo:
     rss_mb: float = 0.0
     swap_error: str = ""
     cache_hit_rate: float | None = None  # None: this worker has no result cache
-    shadow: str = ""  # the candidate as this worker has it: "VERSION loaded" (loading, failed, off); "" for none
+    # the candidate as this worker has it: "VERSION loaded" (loading, failed, off); "" for none
+    shadow: str = ""
     shadow_error: str = ""  # why its candidate failed to load or was stopped
 
     @classmethod

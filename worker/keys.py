@@ -116,7 +116,8 @@ class StageKeys(QueueKeys):
         object.__setattr__(self, "requests", f"{self.base}{STAGE_PREFIX}{self.stage}")
 
     def own(self, what: str) -> str:
-        """A stage's own key (``PREFIX:{NAME}:stage:K:what``); the model and alerts keys are the queue's."""
+        """A stage's own key (``PREFIX:{NAME}:stage:K:what``); the model and alerts keys are the
+        queue's."""
         return super().own(what) if what in _SHARED else f"{self.requests}:{what}"
 
 
@@ -126,7 +127,8 @@ def stage_keys(keys: QueueKeys, stage: int) -> QueueKeys:
 
 
 def supervisor_lease_key(keys: QueueKeys, host: str) -> str:
-    """The lease one supervisor of the queue on ``host`` holds (:mod:`inferfleet.worker.fleet.succession`)."""
+    """The lease one supervisor of the queue on ``host`` holds
+    (:mod:`inferfleet.worker.fleet.succession`)."""
     return keys.own(f"supervisor:lease:{host}")
 
 
@@ -146,5 +148,6 @@ def shadow_pair_key(keys: QueueKeys, live: str, candidate: str) -> str:
 
 
 def shadow_alerted_key(keys: QueueKeys) -> str:
-    """Which candidates' divergence was alerted (by publish sequence number): one alert per candidate."""
+    """Which candidates' divergence was alerted (by publish sequence number): one alert per
+    candidate."""
     return keys.own("shadow:alerted")

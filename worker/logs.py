@@ -18,8 +18,10 @@ Call sites that log such text pass it through :func:`clip` as well.
 
 A JSON line looks like::
 
-    {"time": "2025-01-02T03:04:05.678+00:00", "level": "DEBUG", "logger": "inferfleet.worker.serving.consumer",
-     "message": "...", "process": 4242, "consumer": "ctr-s0", "batch": 17, "request_ids": ["r1", "r2"]}
+    {"time": "2025-01-02T03:04:05.678+00:00", "level": "DEBUG", "logger":
+    "inferfleet.worker.serving.consumer",
+     "message": "...", "process": 4242, "consumer": "ctr-s0", "batch": 17, "request_ids": ["r1",
+     "r2"]}
 
 with ``exception`` (the formatted traceback) when the record has one.
 """

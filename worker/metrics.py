@@ -47,17 +47,38 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from inferfleet.worker.errors import ConfigError
 
-__all__ = ["WorkerMetrics", "FleetMetrics", "worker_metrics", "metrics_mode", "serve_worker_metrics", "observe_many",
-           "reply_codes", "metric_names",
-           "MULTIPROC_ENV", "REPLY_CODES", "ALERT_KINDS", "SWAP_RESULTS", "CACHE_TIERS"]
+__all__ = [
+    "WorkerMetrics",
+    "FleetMetrics",
+    "worker_metrics",
+    "metrics_mode",
+    "serve_worker_metrics",
+    "observe_many",
+    "reply_codes",
+    "metric_names",
+    "MULTIPROC_ENV",
+    "REPLY_CODES",
+    "ALERT_KINDS",
+    "SWAP_RESULTS",
+    "CACHE_TIERS",
+]
 
 log = logging.getLogger(__name__)
 
 #: prometheus-client's switch into multiprocess mode; read when it is first imported.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-REPLY_CODES = ("ok", "bad_request", "too_large", "expired", "model_error", "dead_letter",
-               "cancelled", "rate_limited", "overloaded")
+REPLY_CODES = (
+    "ok",
+    "bad_request",
+    "too_large",
+    "expired",
+    "model_error",
+    "dead_letter",
+    "cancelled",
+    "rate_limited",
+    "overloaded",
+)
 LANES = ("high", "normal", "low")
 ALERT_KINDS = ("low_confidence", "non_finite", "inconsistent")
 SWAP_RESULTS = ("ok", "failed", "stale")
@@ -68,10 +89,43 @@ _ok_of = attrgetter("ok")
 #: Rows per forward pass: powers of two up to 4096 (max_batch_rows defaults to 64).
 ROW_BUCKETS = tuple(float(2**i) for i in range(13))
 #: Enqueue to pick-up: half a millisecond (an idle fleet) to a minute (a backlog).
-WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+WAIT_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 #: One forward pass: 0.1 ms (a tiny model on a CPU) to 10 s.
-INFER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                 2.5, 5.0, 10.0)
+INFER_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 
 def metrics_mode(metrics_port: int) -> str:
@@ -108,7 +162,9 @@ def _http_server(port: int, registry: CollectorRegistry, address: str) -> Callab
     try:
         server, thread = start_http_server(port, addr=address, registry=registry)
     except OSError as exc:
-        raise ConfigError(f"cannot serve metrics on {address} port {port}: {exc.strerror or exc}") from exc
+        raise ConfigError(
+            f"cannot serve metrics on {address} port {port}: {exc.strerror or exc}"
+        ) from exc
 
     def stop() -> None:
         server.shutdown()
@@ -162,35 +218,87 @@ class _Families:
     """The metric families of one registry (created once: a registry refuses duplicates)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        def make(kind: type, name: str, doc: str, labels: tuple[str, ...] = (), **extra: Any) -> Any:
+        def make(
+            kind: type, name: str, doc: str, labels: tuple[str, ...] = (), **extra: Any
+        ) -> Any:
             return kind(name, doc, ("queue", *labels), registry=registry, **extra)
 
-        self.requests = make(Counter, "inferfleet_requests_total", "Replies written, by reply code.", ("code",))
-        self.batch_rows = make(Histogram, "inferfleet_batch_rows", "Rows per forward pass.", buckets=ROW_BUCKETS)
-        self.queue_wait = make(Histogram, "inferfleet_queue_wait_seconds",
-                               "Time from enqueue (the stream entry id) to pick-up by a worker.",
-                               buckets=WAIT_BUCKETS)
-        self.inference = make(Histogram, "inferfleet_inference_seconds", "One batch's forward pass.",
-                              buckets=INFER_BUCKETS)
+        self._traffic(make)
+        self._fleet(make)
+
+    def _traffic(self, make: Callable[..., Any]) -> None:
+        """What the requests meet: replies by code, batches, waits, the cache, refusals."""
+        self.requests = make(
+            Counter, "inferfleet_requests_total", "Replies written, by reply code.", ("code",)
+        )
+        self.batch_rows = make(
+            Histogram, "inferfleet_batch_rows", "Rows per forward pass.", buckets=ROW_BUCKETS
+        )
+        self.queue_wait = make(
+            Histogram,
+            "inferfleet_queue_wait_seconds",
+            "Time from enqueue (the stream entry id) to pick-up by a worker.",
+            buckets=WAIT_BUCKETS,
+        )
+        self.inference = make(
+            Histogram,
+            "inferfleet_inference_seconds",
+            "One batch's forward pass.",
+            buckets=INFER_BUCKETS,
+        )
+        self.cache_hits = make(
+            Counter, "inferfleet_cache_hits_total", "Result cache hits.", ("tier",)
+        )
+        self.cache_misses = make(
+            Counter, "inferfleet_cache_misses_total", "Result cache misses.", ("tier",)
+        )
+        self.tenant_refused = make(
+            Counter,
+            "inferfleet_tenant_refused_total",
+            "Entries past the admission check refused by a worker, by tenant and code.",
+            ("tenant", "code"),
+        )
+
+    def _fleet(self, make: Callable[..., Any]) -> None:
+        """What the fleet is in: the queue's lag and pending, versions, alerts, swaps, lanes."""
         # the same reading in every worker of a host: the largest (the latest) is the one to show
-        self.lag = make(Gauge, "inferfleet_queue_lag", "Entries not yet delivered to group workers.",
-                        multiprocess_mode="livemax")
-        self.pending = make(Gauge, "inferfleet_queue_pending", "Entries delivered, not yet acknowledged.",
-                            multiprocess_mode="livemax")
-        self.cache_hits = make(Counter, "inferfleet_cache_hits_total", "Result cache hits.", ("tier",))
-        self.cache_misses = make(Counter, "inferfleet_cache_misses_total", "Result cache misses.", ("tier",))
+        self.lag = make(
+            Gauge,
+            "inferfleet_queue_lag",
+            "Entries not yet delivered to group workers.",
+            multiprocess_mode="livemax",
+        )
+        self.pending = make(
+            Gauge,
+            "inferfleet_queue_pending",
+            "Entries delivered, not yet acknowledged.",
+            multiprocess_mode="livemax",
+        )
         # one series per live worker process (a pid label in a supervised fleet): summed per version
         # it counts the workers serving each version, and a dead worker's series goes with it
-        self.model_info = make(Gauge, "inferfleet_model_info", "1 for the model version a worker serves.",
-                               ("version",), multiprocess_mode="liveall")
-        self.alerts = make(Counter, "inferfleet_alerts_total", "Result-check alerts, by kind.", ("kind",))
-        self.swaps = make(Counter, "inferfleet_swaps_total", "Model hot swaps, by result.", ("result",))
-        self.lane_reads = make(Counter, "inferfleet_lane_requests_total", "Entries read, by lane.", ("lane",))
-        self.lane_lag = make(Gauge, "inferfleet_lane_lag", "Entries of a lane not yet delivered.", ("lane",),
-                             multiprocess_mode="livemax")
-        self.tenant_refused = make(Counter, "inferfleet_tenant_refused_total",
-                                   "Entries past the admission check refused by a worker, by tenant and code.",
-                                   ("tenant", "code"))
+        self.model_info = make(
+            Gauge,
+            "inferfleet_model_info",
+            "1 for the model version a worker serves.",
+            ("version",),
+            multiprocess_mode="liveall",
+        )
+        self.alerts = make(
+            Counter, "inferfleet_alerts_total", "Result-check alerts, by kind.", ("kind",)
+        )
+        self.swaps = make(
+            Counter, "inferfleet_swaps_total", "Model hot swaps, by result.", ("result",)
+        )
+        self.lane_reads = make(
+            Counter, "inferfleet_lane_requests_total", "Entries read, by lane.", ("lane",)
+        )
+        self.lane_lag = make(
+            Gauge,
+            "inferfleet_lane_lag",
+            "Entries of a lane not yet delivered.",
+            ("lane",),
+            multiprocess_mode="livemax",
+        )
 
 
 _FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
@@ -213,8 +321,13 @@ class WorkerMetrics:
     in a supervised fleet the supervisor reports the depth once for the host.
     """
 
-    def __init__(self, queue: str, registry: CollectorRegistry | None = REGISTRY, *,
-                 report_depth: bool = True) -> None:
+    def __init__(
+        self,
+        queue: str,
+        registry: CollectorRegistry | None = REGISTRY,
+        *,
+        report_depth: bool = True,
+    ) -> None:
         self.queue = queue
         self.enabled = registry is not None
         self.report_depth = report_depth
@@ -275,11 +388,13 @@ class WorkerMetrics:
         self._f.model_info.labels(self.queue, version).set(1)
         if old is not None:
             self._f.model_info.labels(self.queue, old).set(0)
-            if not self._multiprocess:  # multiprocess mode cannot remove a series (it warns): 0 stays
+            # multiprocess mode cannot remove a series (it warns): 0 stays
+            if not self._multiprocess:
                 self._f.model_info.remove(self.queue, old)
 
     def lanes(self, read: Sequence[int], lags: Mapping[str, int | None]) -> None:
-        """Entries read per lane since the last call (high, normal, low) and each lane's lag, from housekeeping."""
+        """Entries read per lane since the last call (high, normal, low) and each lane's lag, from
+        housekeeping."""
         if not self.enabled:
             return
         for lane, count in zip(LANES, read):
@@ -290,7 +405,8 @@ class WorkerMetrics:
                 self._f.lane_lag.labels(self.queue, lane).set(lag)
 
     def tenant_refused(self, tenant: str, code: str, count: int) -> None:
-        """Entries of ``tenant`` (a label of bounded cardinality) refused with ``code`` by the limits check."""
+        """Entries of ``tenant`` (a label of bounded cardinality) refused with ``code`` by the
+        limits check."""
         if self.enabled and count:
             self._f.tenant_refused.labels(self.queue, tenant, code).inc(count)
 
@@ -335,8 +451,11 @@ class FleetMetrics:
             self.close()
             raise
         os.environ[MULTIPROC_ENV] = self.path
-        log.info("metrics of the fleet on http://%s/metrics (children write to %s)",
-                 _host_port(self.address, self.port), self.path)
+        log.info(
+            "metrics of the fleet on http://%s/metrics (children write to %s)",
+            _host_port(self.address, self.port),
+            self.path,
+        )
 
     def observed(self, workers: int, lag: int | None = None, pending: int | None = None) -> None:
         """The supervisor's latest view: live worker processes, and the group's lag and pending."""
@@ -357,17 +476,20 @@ class FleetMetrics:
 
     def collect(self) -> Iterator[Metric]:
         """The supervisor's own metrics, read at scrape time."""
-        workers = GaugeMetricFamily("inferfleet_workers", "Live worker processes of the supervisor.",
-                                    labels=["queue"])
+        workers = GaugeMetricFamily(
+            "inferfleet_workers", "Live worker processes of the supervisor.", labels=["queue"]
+        )
         workers.add_metric([self.queue], self.workers)
         yield workers
-        restarts = CounterMetricFamily("inferfleet_worker_restarts", "Workers restarted after dying.",
-                                       labels=["queue"])
+        restarts = CounterMetricFamily(
+            "inferfleet_worker_restarts", "Workers restarted after dying.", labels=["queue"]
+        )
         restarts.add_metric([self.queue], self.restarts)
         yield restarts
-        for name, value, doc in (("inferfleet_queue_lag", self.lag, "Entries not yet delivered to group workers."),
-                                 ("inferfleet_queue_pending", self.pending,
-                                  "Entries delivered, not yet acknowledged.")):
+        for name, value, doc in (
+            ("inferfleet_queue_lag", self.lag, "Entries not yet delivered to group workers."),
+            ("inferfleet_queue_pending", self.pending, "Entries delivered, not yet acknowledged."),
+        ):
             if value is not None:
                 gauge = GaugeMetricFamily(name, doc, labels=["queue"])
                 gauge.add_metric([self.queue], value)
@@ -386,7 +508,8 @@ class FleetMetrics:
 
 
 def metric_names() -> list[str]:
-    """Every metric name a worker or a supervisor exports, as scraped (``_total`` on counters), sorted.
+    """Every metric name a worker or a supervisor exports, as scraped (``_total`` on counters),
+    sorted.
 
     Read from the families themselves (a private registry and a supervisor that serves nothing), so
     docs/metrics.md and the deployment checks compare against the code, not a copy of it.

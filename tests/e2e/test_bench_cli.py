@@ -1,4 +1,5 @@
-"""``inferfleet bench`` as a whole process: it spawns workers and the naive baseline, measures, stops them."""
+"""``inferfleet bench`` as a whole process: it spawns workers and the naive baseline, measures,
+stops them."""
 
 from __future__ import annotations
 
@@ -102,8 +103,10 @@ def test_open_loop_sweep_reports_each_offered_rate(redis_url, models_dir):
     ]
     for run in runs:
         assert run["requests"] == 150 and run["errors"] == 0
-        # paced, never early: request i is due i/R s after the first, so the 150th cannot go out, nor be
-        # answered, before 149/R s (a loaded machine only delays them). Whether a fleet keeps up with R
+        # paced, never early: request i is due i/R s after the first, so the 150th cannot go out,
+        # nor be
+        # answered, before 149/R s (a loaded machine only delays them). Whether a fleet keeps up
+        # with R
         # is a throughput figure: docs/benchmarks.md, not an assertion on a shared machine's clock.
         assert run["seconds"] >= 149 / run["offered_qps"]
         assert 0 < run["sent_qps"] <= run["offered_qps"] * (1 + 1e-6)

@@ -31,9 +31,9 @@ def test_every_reply_script_variant_answers_and_acknowledges_every_entry():
 
 
 def test_callgrind_counts_the_same_instructions_for_the_same_calls():
-    """--callgrind counts redis-server's instructions: a figure that hardly moves with the machine's load
-    (Redis's timer adds a little work to a slow run: a few percent on a load this small), and that tells
-    the reply script's variants apart."""
+    """--callgrind counts redis-server's instructions: a figure that hardly moves with the machine's
+    load (Redis's timer adds a little work to a slow run: a few percent on a load this small), and
+    that tells the reply script's variants apart."""
     done = subprocess.run(
         [
             sys.executable,
@@ -77,8 +77,9 @@ def test_an_unknown_variant_is_refused():
 
 
 def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
-    """``bench_cpu.py --callgrind``: redis-server's instructions a request for a real SDK call through a
-    real worker, with the commands a request costs (one XADD, one reply push and TTL at Redis's clock, one pop each)."""
+    """``bench_cpu.py --callgrind``: redis-server's instructions a request for a real SDK call
+    through a real worker, with the commands a request costs (one XADD, one reply push and TTL at
+    Redis's clock, one pop each)."""
     done = subprocess.run(
         [
             sys.executable,
@@ -111,8 +112,8 @@ def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
 
 
 def test_bench_redis_steps_adds_up_to_what_a_request_costs():
-    """Each step of a request in Redis, counted alone: every step is measured, a pop costs more than a
-    trivial command, and the reply script's parts each cost more than its bare call."""
+    """Each step of a request in Redis, counted alone: every step is measured, a pop costs more than
+    a trivial command, and the reply script's parts each cost more than its bare call."""
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_redis_steps", "--requests", "512"],
         cwd=ROOT,
@@ -162,7 +163,8 @@ def test_bench_cpu_refuses_callgrind_where_it_would_measure_something_else():
 
 def test_bench_cpu_sends_the_requests_in_the_calls_asked_for():
     """``--calls K``: one producer sends the requests in K SDK calls of consecutive parts (a
-    submit_many + results call keeps its replies in Redis until it collects them); all are answered."""
+    submit_many + results call keeps its replies in Redis until it collects them); all are
+    answered."""
     done = subprocess.run(
         [
             sys.executable,

@@ -1,4 +1,5 @@
-"""The command line a new user meets: no torch where no model is served, one-line errors, docs that run."""
+"""The command line a new user meets: no torch where no model is served, one-line errors, docs that
+run."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 
 from tests.conftest import worker_env
 
-#: Runs the inferfleet command line in-process and reports, at exit, whether torch was ever imported.
+#: Runs the inferfleet command line in-process and reports, at exit, whether torch was ever
+#: imported.
 _PROBE = """
 import atexit, sys
-atexit.register(lambda: sys.stderr.write("\\nTORCH-IMPORTED\\n" if "torch" in sys.modules else "\\nNO-TORCH\\n"))
+said = lambda: "\\nTORCH-IMPORTED\\n" if "torch" in sys.modules else "\\nNO-TORCH\\n"
+atexit.register(lambda: sys.stderr.write(said()))
 from inferfleet.worker.cli import main
 main(sys.argv[1:], prog_name="inferfleet")
 """
@@ -211,8 +214,9 @@ def test_save_model_command_writes_a_file_the_worker_serves_with_its_spec(
     tmp_path, redis_url, redis_client
 ):
     (tmp_path / "mymodels.py").write_text(
-        "import torch\n\n\nclass Bag(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-        "        self.embed = torch.nn.Embedding(10, 2)\n\n    def forward(self, ids):\n"
+        "import torch\n\n\nclass Bag(torch.nn.Module):\n    def __init__(self):\n        "
+        "super().__init__()\n        self.embed = torch.nn.Embedding(10, 2)\n\n    def "
+        "forward(self, ids):\n"
         "        return self.embed(ids).sum(1)\n\n\ndef build():\n    return Bag()\n"
     )
     np.save(tmp_path / "example.npy", np.arange(4, dtype=np.int64).reshape(1, 4))
@@ -263,7 +267,8 @@ def test_save_model_command_writes_a_file_the_worker_serves_with_its_spec(
 def test_status_and_dead_list_keep_full_columns_when_piped_to_a_narrow_reader(
     redis_url, redis_client
 ):
-    """Piped (not a terminal) with COLUMNS=40, every cell stays whole on its line: nothing cut, folded or elided."""
+    """Piped (not a terminal) with COLUMNS=40, every cell stays whole on its line: nothing cut,
+    folded or elided."""
     from inferfleet.producer.protocol import QueueKeys
     from inferfleet.worker.serving.deadletter import dead_fields
 

@@ -171,8 +171,8 @@ def check_prometheus(stack: ComposeStack, report: Report) -> None:
     )
     workers = prometheus_value(stack, "max(inferfleet_workers)")
     report(
-        f"Prometheus scraped inferfleet_workers={workers:g} and {prometheus_value(stack, ok):g} requests "
-        f"served ({waited:.0f} s after the bench)"
+        f"Prometheus scraped inferfleet_workers={workers:g} and {prometheus_value(stack, ok):g} "
+        f"requests served ({waited:.0f} s after the bench)"
     )
     assert workers is not None and workers >= 1
 
@@ -203,7 +203,8 @@ def reply_codes(replies: list) -> list[str]:
 
 
 def collect_answered(client: redis.Redis, ids: list[str]) -> tuple[list[str], list[str]]:
-    """Pop the replies already written (before they could expire, 300 s on): (their codes, ids still unanswered)."""
+    """Pop the replies already written (before they could expire, 300 s on): (their codes, ids still
+    unanswered)."""
     producer = Producer(name=QUEUE, client=client)
     pipe = client.pipeline(transaction=False)
     for rid in ids:
@@ -225,8 +226,9 @@ def stop_under_load(stack: ComposeStack, client: redis.Redis, report: Report) ->
     _, lag, pending = group_state(client)
     codes, unanswered = collect_answered(client, ids)
     report(
-        f"stop under load: supervisor stopped in {seconds:.1f} s (grace {GRACE_S:g} s), exit {code}, "
-        f"{pending} pending, {lag} waiting; {len(ids)} requests sent, {len(ids) - len(unanswered)} answered "
+        f"stop under load: supervisor stopped in {seconds:.1f} s (grace {GRACE_S:g} s), exit "
+        f"{code}, {pending} pending, {lag} waiting; {len(ids)} requests sent, "
+        f"{len(ids) - len(unanswered)} answered "
         f"{codes}"
     )
     assert code == "0", stack.logs("supervisor")
@@ -248,7 +250,8 @@ def restart(
     client = queue_client(stack)  # a new port: published ports are chosen again
     after = group_state(client)
     report(
-        f"after stop and up: {after[0]} entries, {after[1]} waiting (before: {before[0]}, {before[1]})"
+        f"after stop and up: {after[0]} entries, {after[1]} waiting (before: {before[0]}, "
+        f"{before[1]})"
     )
     assert after == before, "the queue did not survive the restart (AOF volume)"
     start = time.monotonic()

@@ -1,4 +1,5 @@
-"""Where no Docker engine can be used, the compose test is skipped with the reason, or fails under CI."""
+"""Where no Docker engine can be used, the compose test is skipped with the reason, or fails under
+CI."""
 
 from __future__ import annotations
 

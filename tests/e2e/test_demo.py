@@ -1,4 +1,5 @@
-"""``./scripts/demo``, the README's first command, run literally: the fleet end to end on its own Redis."""
+"""``./scripts/demo``, the README's first command, run literally: the fleet end to end on its own
+Redis."""
 
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ from tests.conftest import ROOT
 
 @pytest.mark.timeout(400)  # about 25 s of CPU; its wall time grows with the machine's load
 def test_gpu_bench_runs_end_to_end_on_the_cpu_and_a_failed_row_loses_no_other(models_dir, tmp_path):
-    """benchmarks/gpu_bench.sh --device cpu, small sizes: the cnn row measured (bare loop and fleet, like
-    for like), a model that cannot be built marked failed in its own row, the table ready to paste."""
+    """benchmarks/gpu_bench.sh --device cpu, small sizes: the cnn row measured (bare loop and fleet,
+    like for like), a model that cannot be built marked failed in its own row, the table ready to
+    paste."""
     out = tmp_path / "gpu"
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out)}
     run = subprocess.run(

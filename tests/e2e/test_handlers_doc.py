@@ -1,4 +1,5 @@
-"""docs/handlers.md, run as written: its handlers saved as files, workers started from that directory."""
+"""docs/handlers.md, run as written: its handlers saved as files, workers started from that
+directory."""
 
 from __future__ import annotations
 

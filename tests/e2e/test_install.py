@@ -19,10 +19,12 @@ from tests.conftest import stop_process, wait_for_consumer
 
 INFERFLEET = str(Path(sys.executable).with_name("inferfleet"))
 
-#: Run before the code under test: every worker-side module fails to import, as on an SDK-only install.
+#: Run before the code under test: every worker-side module fails to import, as on an SDK-only
+#: install.
 BLOCK_WORKER_SIDE = textwrap.dedent("""
     import sys
-    BLOCKED = {"torch", "click", "rich", "matplotlib", "prometheus_client", "pythonjsonlogger", "cachetools"}
+    BLOCKED = {"torch", "click", "rich", "matplotlib", "prometheus_client", "pythonjsonlogger",
+               "cachetools"}
     class Block:
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[0] in BLOCKED:
@@ -32,7 +34,8 @@ BLOCK_WORKER_SIDE = textwrap.dedent("""
 
 
 def _app_dir(tmp_path: Path) -> Path:
-    """An application folder with its own worker.py (a handler) and a producer.py that must never load."""
+    """An application folder with its own worker.py (a handler) and a producer.py that must never
+    load."""
     app = tmp_path / "app"
     app.mkdir()
     (app / "worker.py").write_text(
@@ -95,7 +98,8 @@ def test_the_sdk_enqueues_with_no_worker_side_installed(
         from inferfleet import Producer
         with Producer({redis_url!r}, "sdk") as p:
             print(p.submit(np.zeros((1, 4), np.float32)))
-        assert not [m for m in sys.modules if m.split(".")[0] in BLOCKED or m.startswith("inferfleet.worker")]
+        assert not [m for m in sys.modules if m.split(".")[0] in BLOCKED
+                    or m.startswith("inferfleet.worker")]
     """)
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60
@@ -119,7 +123,8 @@ def test_the_cli_without_the_worker_side_names_the_extra_to_install(tmp_path: Pa
 
 
 def test_a_regular_install_carries_every_module_under_inferfleet(tmp_path: Path) -> None:
-    """What the Docker image's ``pip install ".[worker]"`` installs: a wheel with every module of both folders."""
+    """What the Docker image's ``pip install ".[worker]"`` installs: a wheel with every module of
+    both folders."""
     import zipfile
 
     root = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
-"""A split model served by ``inferfleet worker --pipeline DIR --stage K`` processes on a real redis-server:
-the replies equal the unsplit model's, a bad split or manifest is refused at the command line, and a
-stage worker SIGKILLed mid-run loses nothing and answers nothing twice."""
+"""A split model served by ``inferfleet worker --pipeline DIR --stage K`` processes on a real
+redis-server: the replies equal the unsplit model's, a bad split or manifest is refused at the
+command line, and a stage worker SIGKILLed mid-run loses nothing and answers nothing twice."""
 
 from __future__ import annotations
 

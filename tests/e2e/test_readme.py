@@ -45,7 +45,8 @@ def _usage_block() -> list[str]:
 
 @dataclass
 class Step:
-    """One command of a block: the line, the exit status its comment names, the output its ``#>`` lines show."""
+    """One command of a block: the line, the exit status its comment names, the output its ``#>``
+    lines show."""
 
     line: str
     status: int = 0
@@ -126,7 +127,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _normal(text: str) -> str:
-    """Output with its numbers (counts, ratios, versions, ids) made one word: the README shows one run's."""
+    """Output with its numbers (counts, ratios, versions, ids) made one word: the README shows one
+    run's."""
     hashes = re.sub(
         r"\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b", "N", text.strip()
     )  # versions, ids: a00a1fa9e4c3
@@ -163,7 +165,8 @@ def _run(step: Step, env: dict[str, str]) -> None:
 
 
 def run_block(block: list[Step], env: dict[str, str], client: redis.Redis) -> int:
-    """Run a block's steps in order; return how many long-running lines came up (all stopped by then)."""
+    """Run a block's steps in order; return how many long-running lines came up (all stopped by
+    then)."""
     started: list[subprocess.Popen] = []
     try:
         for step in block:
@@ -220,7 +223,8 @@ def test_the_readme_names_only_files_the_setup_builds():
 
 
 def test_the_protocol_example_says_its_version_is_the_files_hash():
-    """torch stamps every save, so a fresh build's version differs: the page must say so, and agree with itself."""
+    """torch stamps every save, so a fresh build's version differs: the page must say so, and agree
+    with itself."""
     page = (ROOT / "docs" / "protocol.md").read_text()
     shown = "6d24718510d7"
     assert f"`model.version`, `{shown}` here, is the first 12 hex digits" in page

@@ -1,4 +1,5 @@
-"""Sharing a fleet through the CLI and a raw Redis client, against a real ``inferfleet worker`` process.
+"""Sharing a fleet through the CLI and a raw Redis client, against a real ``inferfleet worker``
+process.
 
 The raw side uses only ``redis`` and ``msgpack``, with the keys, functions and
 arguments docs/protocol.md gives (section "Version 1.1").

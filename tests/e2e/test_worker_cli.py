@@ -165,8 +165,8 @@ def test_status_shows_the_queue_and_its_workers(spawn_worker, redis_url, redis_c
 def test_a_worker_whose_device_broke_exits_with_status_4_and_acknowledges_nothing(
     spawn_worker, redis_url, redis_client
 ):
-    """After a (simulated) device-side assert the process exits for its restart policy to replace it,
-    instead of answering model_error to every later request while its heartbeat says healthy."""
+    """After a (simulated) device-side assert the process exits for its restart policy to replace
+    it, instead of answering model_error to every later request while its heartbeat says healthy."""
     from tests.handlers import POISON
 
     proc = spawn_worker(

@@ -1,4 +1,5 @@
-"""The fast path's reply call held for the next read (worker/serving/behind.py), on a real redis-server.
+"""The fast path's reply call held for the next read (worker/serving/behind.py), on a real
+redis-server.
 
 ``Consumer.run`` lets a Columns round's EVALSHA go out in the same write as
 the next read. These tests check that the loop really does so, that a held
@@ -41,7 +42,8 @@ def sends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def warmed(consumer):
-    """``consumer`` once it has answered a first request (its body template is known: the next reads are Columns)."""
+    """``consumer`` once it has answered a first request (its body template is known: the next reads
+    are Columns)."""
     consumer.redis.xadd(consumer.keys.requests, {"id": "warm", "body": BODY})
     assert consumer.run_once() == 1
     return consumer
@@ -158,7 +160,8 @@ def test_run_once_writes_its_replies_before_returning(redis_url, redis_client, m
 
 
 def test_a_prefetching_consumer_holds_nothing(redis_url, models_dir):
-    """The read-ahead thread reads while the main thread writes: no call may be held between them."""
+    """The read-ahead thread reads while the main thread writes: no call may be held between
+    them."""
     assert (
         consumer_on(redis_url, str(models_dir / "affine.pt"), prefetch="on").replies.behind is None
     )

@@ -1,4 +1,5 @@
-"""benchmarks/chaos.py's counting on a real redis-server: the 0 lost / 0 duplicated the reliability tests assert."""
+"""benchmarks/chaos.py's counting on a real redis-server: the 0 lost / 0 duplicated the reliability
+tests assert."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def test_tally_counts_answers_versions_wrong_outputs_dead_letters_and_lost(redis
 
 
 def test_a_second_reply_pushed_after_the_first_was_read_is_counted(redis_client, monkeypatch):
-    """The late duplicate: a redelivered entry answered again after the tally saw its first reply."""
+    """The late duplicate: a redelivered entry answered again after the tally saw its first
+    reply."""
     accepted = {"r0": 0, "r1": 1, "r2": 2}
     for rid, index in accepted.items():
         answer(redis_client, rid, reply_of(rid, index))
@@ -76,7 +78,8 @@ def test_a_second_reply_pushed_after_the_first_was_read_is_counted(redis_client,
 
 @pytest.mark.parametrize("acknowledged", [True, False])
 def test_duplicates_are_counted_once_nothing_is_left_unacknowledged(redis_client, acknowledged):
-    """An entry still pending could be answered again: the tally says so rather than report a final 0."""
+    """An entry still pending could be answered again: the tally says so rather than report a final
+    0."""
     keys = chaos.KEYS
     entry = redis_client.xadd(keys.requests, {"id": "r0"})
     redis_client.xgroup_create(keys.requests, GROUP, id="0")

@@ -76,7 +76,8 @@ def affine(models_dir: Path) -> Callable[[np.ndarray], np.ndarray]:
 def start_workers(
     url: str, name: str, models_dir: Path, log_dir: Path, shards: int
 ) -> list[subprocess.Popen]:
-    """One ``inferfleet worker --shards S --shard s --cluster`` per shard, each awaited until it reads."""
+    """One ``inferfleet worker --shards S --shard s --cluster`` per shard, each awaited until it
+    reads."""
     procs = []
     for shard in range(shards):
         with open(log_dir / f"{name}-{shard}.log", "wb") as log:  # the child keeps its own copy
@@ -303,7 +304,8 @@ def test_cli_enqueue_result_and_status_find_the_shard(
 
 
 def test_swap_and_alerts_reach_every_shard(fleet: str, models_dir: Path) -> None:
-    """The same affine model as a .pt2 file: other version, same outputs, so later tests still hold."""
+    """The same affine model as a .pt2 file: other version, same outputs, so later tests still
+    hold."""
     from inferfleet.worker.heartbeat import read_heartbeats
 
     common = ["--name", NAME, "--shards", str(SHARDS), "--cluster", "--redis-url", fleet]
@@ -446,8 +448,8 @@ def test_supervise_spreads_its_workers_over_the_shards(
 def test_the_reply_script_runs_on_the_slots_master_and_survives_a_script_flush(
     redis_cluster: LocalCluster,
 ) -> None:
-    """register_script on a RedisCluster: EVALSHA goes to the master of the keys' one slot (a queue's hash
-    tag), and NOSCRIPT after a SCRIPT FLUSH on every master loads it again."""
+    """register_script on a RedisCluster: EVALSHA goes to the master of the keys' one slot (a
+    queue's hash tag), and NOSCRIPT after a SCRIPT FLUSH on every master loads it again."""
     from inferfleet.producer.protocol import QueueKeys
     from inferfleet.worker.counters import Counters
     from inferfleet.worker.serving.consumer import ensure_group

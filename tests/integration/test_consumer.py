@@ -344,7 +344,8 @@ def test_reply_key_of_the_wrong_type_is_answered_on_the_default_key(
 
 
 def test_replies_survive_a_script_flush(affine, redis_url, redis_client):
-    """The reply script is loaded again when Redis forgot it (SCRIPT FLUSH, or a restart without AOF)."""
+    """The reply script is loaded again when Redis forgot it (SCRIPT FLUSH, or a restart without
+    AOF)."""
     producer = Producer(redis_url, "q")
     x = np.ones((1, 16), np.float32)
     first = producer.submit_many([x] * 3)
@@ -362,7 +363,8 @@ def test_dead_letters_at_the_limit_and_not_one_delivery_before(
     redis_url, redis_client, models_dir, limit
 ):
     """--max-deliveries N: an entry delivered N-1 times is computed once more (its Nth delivery,
-    still within the limit); one delivered N times is dead-lettered (its next would be the N+1th)."""
+    still within the limit); one delivered N times is dead-lettered (its next would be the
+    N+1th)."""
     from inferfleet.worker.serving.consumer import ensure_group
     from inferfleet.worker.serving.deadletter import list_dead
 
@@ -399,8 +401,9 @@ def test_dead_letters_at_the_limit_and_not_one_delivery_before(
 def test_a_broken_device_stops_the_consumer_without_answering_or_acknowledging(
     redis_url, redis_client, monkeypatch
 ):
-    """A sticky CUDA error: no bisection, no model_error replies, nothing acknowledged. The entries stay
-    pending for the restarted worker (tests/integration/test_supervisor.py follows them there)."""
+    """A sticky CUDA error: no bisection, no model_error replies, nothing acknowledged. The entries
+    stay pending for the restarted worker (tests/integration/test_supervisor.py follows them
+    there)."""
     from inferfleet.worker.errors import DeviceBroken
     from tests.handlers import BreaksDevice
 

@@ -58,7 +58,8 @@ SETTLE_TIMEOUT_S = 20.0
 
 RID_CHARS = string.ascii_letters + string.digits + "._:-"
 RID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}\Z")
-#: Worker message of the catch-all in worker/serving/intake.py: a decoder raised something unexpected.
+#: Worker message of the catch-all in worker/serving/intake.py: a decoder raised something
+#: unexpected.
 CATCH_ALL = "the request could not be decoded"
 
 _counter = itertools.count()  # every readable request id embeds a fresh number: never reused
@@ -355,7 +356,8 @@ def _mutate_data(draw: Callable, body: dict, t: dict) -> tuple[Any, str]:
     )
     return (
         body,
-        f"data {type(t['data']).__name__} of {len(t['data']) if hasattr(t['data'], '__len__') else '-'}",
+        f"data {type(t['data']).__name__} of "
+        f"{len(t['data']) if hasattr(t['data'], '__len__') else '-'}",
     )
 
 
@@ -889,7 +891,8 @@ class Fleet:
         return ids[-1]
 
     def settle(self, last_id: bytes) -> None:
-        """Wait until group ``workers`` has delivered up to ``last_id`` and holds nothing pending."""
+        """Wait until group ``workers`` has delivered up to ``last_id`` and holds nothing
+        pending."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while time.monotonic() < deadline:
             group = next(g for g in self.client.xinfo_groups(STREAM) if g["name"] == GROUP.encode())

@@ -1,4 +1,5 @@
-"""Model hot swap: publish/rollback, the double-checked version, in-flight batches, the cache, a swap under load."""
+"""Model hot swap: publish/rollback, the double-checked version, in-flight batches, the cache, a
+swap under load."""
 
 from __future__ import annotations
 
@@ -244,12 +245,13 @@ def test_swap_refuses_bad_input(redis_url, redis_client):
     assert read_published(redis_client, QueueKeys("q")) is None  # nothing was published
 
 
-@pytest.mark.slow  # six swap commands (each imports torch) and two workers: about two minutes on 2 cores
+# six swap commands (each imports torch) and two workers: about two minutes on 2 cores
+@pytest.mark.slow
 def test_the_swap_sequence_ends_on_the_version_the_fleet_served(
     redis_url, redis_client, spawn_worker
 ):
-    """v2 (good), v3 (broken, --no-check), v4 (another signature), rollback: the fleet is back on v2,
-    also a worker started afterwards."""
+    """v2 (good), v3 (broken, --no-check), v4 (another signature), rollback: the fleet is back on
+    v2, also a worker started afterwards."""
     worker = spawn_worker("q", SCALE)
     assert swap_cli(redis_url, "--model", TRIPLE, "--wait-s", "30").returncode == 0
     broken = swap_cli(
@@ -422,8 +424,8 @@ def swap_in_process(client: redis.Redis, consumer: Consumer, watcher: ModelWatch
 
 
 def test_the_local_cache_is_not_served_after_a_swap(redis_url, redis_client):
-    """--cache-size without the fleet tier, in-process: a repeated input after the swap is computed by
-    the new version; then the new version's result is cached."""
+    """--cache-size without the fleet tier, in-process: a repeated input after the swap is computed
+    by the new version; then the new version's result is cached."""
     settings = WorkerSettings(
         name="q",
         model=SCALE,
@@ -473,7 +475,8 @@ def wait_serving(client: redis.Redis, version: str, timeout_s: float = 60.0) -> 
 def test_the_fleet_cache_is_not_served_after_a_swap(redis_url, redis_client, spawn_worker):
     """A worker with --cache-size and --fleet-cache-ttl-s across a hot swap: the model version is
     part of the cache key, so a repeated input after the swap is computed by the new version, never
-    answered from what the old one left in Redis (the swap empties the worker's local tier, not Redis)."""
+    answered from what the old one left in Redis (the swap empties the worker's local tier, not
+    Redis)."""
     spawn_worker(
         "q", SCALE, "--max-wait-ms", "1", "--cache-size", "64", "--fleet-cache-ttl-s", "60"
     )

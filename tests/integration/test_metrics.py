@@ -45,7 +45,8 @@ def sample(samples: dict, name: str, **labels: str) -> float | None:
 
 
 def wait_for(check, timeout_s: float, what: str):
-    """Poll ``check`` until it returns something truthy (replies are written just before they are counted)."""
+    """Poll ``check`` until it returns something truthy (replies are written just before they are
+    counted)."""
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
@@ -61,7 +62,8 @@ def wait_for(check, timeout_s: float, what: str):
 
 
 def send(redis_url: str, name: str, good: int, prefix: str = "r") -> tuple[list, object]:
-    """``good`` one-row requests and one of the wrong shape; returns (good replies, the bad reply)."""
+    """``good`` one-row requests and one of the wrong shape; returns (good replies, the bad
+    reply)."""
     with Producer(redis_url, name) as producer:
         rng = np.random.default_rng(0)
         rids = [
@@ -105,7 +107,8 @@ def test_a_worker_serves_its_metrics(spawn_worker, redis_url, models_dir):
     assert (
         sample(samples, "inferfleet_model_info", queue="m", version=replies[0].model_version) == 1
     )
-    # housekeeping (every second) reports the group's depth: all delivered, answered and acknowledged
+    # housekeeping (every second) reports the group's depth: all delivered, answered and
+    # acknowledged
     wait_for(
         lambda: (
             lambda s: (
@@ -119,8 +122,8 @@ def test_a_worker_serves_its_metrics(spawn_worker, redis_url, models_dir):
 
 
 def test_the_metrics_address_binds_that_address_only(spawn_worker, models_dir):
-    """--metrics-address 127.0.0.2: /metrics answers there and not on 127.0.0.1 (both loopback on Linux),
-    so the port is bound to the one address asked for, not to every interface."""
+    """--metrics-address 127.0.0.2: /metrics answers there and not on 127.0.0.1 (both loopback on
+    Linux), so the port is bound to the one address asked for, not to every interface."""
     port = free_port()
     spawn_worker(
         "addr",
@@ -143,8 +146,8 @@ def test_the_metrics_address_binds_that_address_only(spawn_worker, models_dir):
 
 
 def test_a_worker_writes_its_heartbeat_file_with_the_loop_s_age(spawn_worker, models_dir, tmp_path):
-    """--heartbeat-file: each beat rewrites it with the beat's time and the consumer loop's last round,
-    which an idle worker still goes round (its blocking read returns every idle_block_ms)."""
+    """--heartbeat-file: each beat rewrites it with the beat's time and the consumer loop's last
+    round, which an idle worker still goes round (its blocking read returns every idle_block_ms)."""
     path = tmp_path / "hb.json"
     spawn_worker(
         "hbfile",

@@ -87,8 +87,9 @@ def test_worker_refuses_int8_on_torchscript_and_says_what_to_serve(redis_url, mo
     "ignore:Specified provider 'CUDAExecutionProvider' is not in available provider"
 )
 def test_onnx_runtime_that_falls_back_to_the_cpu_on_a_gpu_is_refused(onnx_models_dir, monkeypatch):
-    """onnxruntime-gpu whose CUDA libraries fail to load lists the CUDA provider, then builds a CPU-only
-    session: a "GPU" worker at CPU speed. Stubbed here by the provider list this CPU build reports."""
+    """onnxruntime-gpu whose CUDA libraries fail to load lists the CUDA provider, then builds a
+    CPU-only session: a "GPU" worker at CPU speed. Stubbed here by the provider list this CPU build
+    reports."""
     import onnxruntime
 
     monkeypatch.setattr(

@@ -1,4 +1,5 @@
-"""Bring your own model: files saved the usual way, served with checks and warm-up, no example file."""
+"""Bring your own model: files saved the usual way, served with checks and warm-up, no example
+file."""
 
 from __future__ import annotations
 

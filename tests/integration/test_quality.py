@@ -34,7 +34,8 @@ def test_identical_inputs_are_answered_from_the_cache(redis_url, redis_client, s
         assert other.outputs[0, 0] > first.outputs[0, 0]  # a new input is computed
         # without the cache, the same input is computed again
         assert ask(plain, row(1, 2, 3, 4)).outputs[0, 0] < ask(plain, row(1, 2, 3, 4)).outputs[0, 0]
-    # three lookups: the repeat hit, the first and the new input missed. A heartbeat sent between the
+    # three lookups: the repeat hit, the first and the new input missed. A heartbeat sent between
+    # the
     # lookups shows a partial rate (1/2 after two), so wait for the one sent after all three.
     deadline = time.monotonic() + 5  # the heartbeat publishes once a second
     while (rate := read_heartbeats(redis_client, QueueKeys("cached"))[0].cache_hit_rate) != round(

@@ -71,7 +71,8 @@ def test_worker_waits_out_a_redis_restart_and_carries_on(aof_redis, models_dir, 
 def test_a_full_redis_is_waited_out_without_losing_replies(
     redis_url, redis_client, models_dir, caplog
 ):
-    """At maxmemory (noeviction) the reply script is refused: nothing is acknowledged, the round is retried."""
+    """At maxmemory (noeviction) the reply script is refused: nothing is acknowledged, the round is
+    retried."""
     caplog.set_level(logging.WARNING, logger="inferfleet.worker.serving.consumer")
     settings = WorkerSettings(
         name="q",

@@ -65,12 +65,14 @@ def _oldest_installed(version: str) -> str:
         )
         if done.returncode != 0:
             pytest.fail(
-                f"cannot install redis=={version} to test the oldest supported redis-py:\n{done.stderr}"
+                f"cannot install redis=={version} to test the oldest supported "
+                f"redis-py:\n{done.stderr}"
             )
     return str(target)
 
 
-#: The worker's calls packed and read by hand on a pooled connection (the fast path's replies, and the
+#: The worker's calls packed and read by hand on a pooled connection (the fast path's replies, and
+#: the
 #: replies held behind reads): how a connection is checked out changed in redis-py 5.3.
 _HAND_PACKED = ("tests/integration/test_columnar.py", "tests/integration/test_behind.py")
 

@@ -1,4 +1,5 @@
-"""The reply script on a real Redis: every answered reply key gets its TTL once; a full Redis answers nothing."""
+"""The reply script on a real Redis: every answered reply key gets its TTL once; a full Redis
+answers nothing."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def test_a_run_to_one_inbox_takes_back_exactly_the_replies_another_worker_gave_f
     redis_client: redis.Redis,
 ) -> None:
     """Replies in a row to one inbox are pushed by one RPUSH; those whose entry was already
-    acknowledged (answered elsewhere) come out again, the rest stay in order, after what was there."""
+    acknowledged (answered elsewhere) come out again, the rest stay in order, after what was
+    there."""
     ids = _pending(redis_client, 6)
     inbox = KEYS.inbox("p1")
     redis_client.rpush(inbox, b"from another worker")
@@ -109,7 +111,8 @@ def test_a_run_whose_every_entry_was_answered_elsewhere_leaves_the_inbox_as_it_w
 def test_runs_are_cut_at_the_unpack_limit_and_at_acknowledge_only_entries(
     redis_client: redis.Redis,
 ) -> None:
-    """A round of more replies to one inbox than Lua's unpack takes (about 8,000) still goes out whole."""
+    """A round of more replies to one inbox than Lua's unpack takes (about 8,000) still goes out
+    whole."""
     count = 8200
     assert count > 8 * RUN_MAX
     ids = _pending(redis_client, count)
@@ -139,7 +142,8 @@ def test_a_run_to_a_key_of_another_type_is_answered_bad_request_at_each_default_
 
 
 def _calls(client: redis.Redis, command: str) -> int:
-    """How many times Redis ran ``command`` since the last CONFIG RESETSTAT (scripts' calls included)."""
+    """How many times Redis ran ``command`` since the last CONFIG RESETSTAT (scripts' calls
+    included)."""
     return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 

@@ -96,8 +96,9 @@ if sys.argv[1] == "tuned":
     assert tune_allocator()
 libc = ctypes.CDLL("libc.so.6")
 class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                 "usmblks", "fsmblks", "uordblks", "fordblks",
+                                                 "keepcost")]
 libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype = ctypes.c_void_p
 before = libc.mallinfo2().hblks
@@ -126,8 +127,9 @@ def test_allocator_tuning_keeps_batch_buffers_in_the_heap(mode, mmapped):
 
 
 def test_a_worker_freezes_its_start_up_heap_before_it_serves(spawn_worker, redis_url):
-    """torch's import-time objects are never garbage: a worker takes them out of the cyclic GC's walks
-    (worker/serving/serve.py) before loading its model, which stays collectable for hot swaps."""
+    """torch's import-time objects are never garbage: a worker takes them out of the cyclic GC's
+    walks (worker/serving/serve.py) before loading its model, which stays collectable for hot
+    swaps."""
     spawn_worker("frozen", "tests.handlers:FrozenHeap")
     frozen = Producer(redis_url, "frozen").infer(np.ones((1, 4), np.float32), timeout_s=30)
     assert frozen.shape == (1, 4)

@@ -29,7 +29,8 @@ ROWS = [np.full((1, 4), i, np.float32) for i in range(3000)]
 
 
 class BatchWorker:
-    """Answers every request of ``streams`` with inputs * 10, ``batch`` at a time; fails ids in ``fail``."""
+    """Answers every request of ``streams`` with inputs * 10, ``batch`` at a time; fails ids in
+    ``fail``."""
 
     def __init__(
         self, url: str, streams: list[str], batch: int = 100, fail: frozenset[str] = frozenset()

@@ -100,8 +100,10 @@ WORKER_RULES = (
     "+hexists",
     "+hincrby",
     "+time",
-    # a shadow or canary candidate (worker/serving/rollout.py, shadow.py): the flush script (EVALSHA) adds
-    # this worker's comparisons to the pair's hash and indexes it; the divergence alert is flagged once
+    # a shadow or canary candidate (worker/serving/rollout.py, shadow.py): the flush script
+    # (EVALSHA) adds
+    # this worker's comparisons to the pair's hash and indexes it; the divergence alert is flagged
+    # once
     "+hincrbyfloat",
     "+sadd",
     "+hsetnx",
@@ -445,7 +447,8 @@ def acl_admin(acl_port: int) -> Iterator[redis.Redis]:
 
 
 def denials(admin: redis.Redis) -> list[str]:
-    """What ACL LOG recorded as refused (CLIENT SETINFO aside: redis-py sends it and ignores a refusal)."""
+    """What ACL LOG recorded as refused (CLIENT SETINFO aside: redis-py sends it and ignores a
+    refusal)."""
     found = []
     for entry in admin.acl_log(count=1000):
         user, obj, reason = (entry.get(k) for k in ("username", "object", "reason"))
@@ -551,7 +554,8 @@ SCALE, TRIPLE = "tests.handlers:Scale", "tests.handlers:Triple"  # x * 2 (scale-
 
 
 def shadowing_worker_cmd() -> list[str]:
-    """A worker whose housekeeping (where the shadow flushes, alerts and follows the hash) runs often."""
+    """A worker whose housekeeping (where the shadow flushes, alerts and follows the hash) runs
+    often."""
     return [
         sys.executable,
         "-m",
@@ -573,7 +577,8 @@ def shadowing_worker_cmd() -> list[str]:
 
 
 def shadow_state(admin: redis.Redis) -> str:
-    """The candidate as worker c1's last heartbeat shows it (``VERSION loaded``, ``VERSION failed``)."""
+    """The candidate as worker c1's last heartbeat shows it (``VERSION loaded``, ``VERSION
+    failed``)."""
     return (admin.hget(KEY_BASE + "hb:c1", "shadow") or b"").decode()
 
 
@@ -621,7 +626,8 @@ def test_acl_worker_user_shadows_a_candidate(acl_port, acl_admin, tmp_path):
 
 
 def test_acl_worker_user_rolls_a_failing_canary_back(acl_port, acl_admin, tmp_path):
-    """The canary's replies and its rollback (the end script by EVALSHA: HGET, HSET) as the worker user."""
+    """The canary's replies and its rollback (the end script by EVALSHA: HGET, HSET) as the worker
+    user."""
     from inferfleet.producer.protocol import QueueKeys
     from inferfleet.worker.serving.alerts import read_alerts
     from inferfleet.worker.serving.comparison import Thresholds

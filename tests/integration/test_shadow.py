@@ -82,8 +82,8 @@ def send(producer: Producer, values: range) -> list:
 
 
 def compared(redis_url: str, client, at_least: int) -> dict:
-    """The report's first pair once the fleet's totals hold ``at_least`` comparisons (polled in-process:
-    each CLI call imports the worker side, slow on a loaded machine)."""
+    """The report's first pair once the fleet's totals hold ``at_least`` comparisons (polled
+    in-process: each CLI call imports the worker side, slow on a loaded machine)."""
 
     def enough() -> bool:
         pairs = read_pairs(client, KEYS)
@@ -156,7 +156,8 @@ def test_promote_waits_for_the_comparisons_it_needs_then_decides(
         early.stdout + early.stderr
     )
     assert "waiting up to 0.5 s for 20 requests compared (0 so far)" in early.stdout
-    # --promote first, the traffic once it says it waits: it must promote on comparisons made after it started
+    # --promote first, the traffic once it says it waits: it must promote on comparisons made after
+    # it started
     promote = subprocess.Popen(
         [
             sys.executable,
@@ -372,7 +373,8 @@ def fleet_compared(client) -> int:
 
 
 def kill_while_holding_entries(client, proc: subprocess.Popen, consumer: str) -> list[bytes]:
-    """SIGKILL ``consumer`` once it holds entries and the fleet has compared some; the entries it held."""
+    """SIGKILL ``consumer`` once it holds entries and the fleet has compared some; the entries it
+    held."""
     freeze_while_holding(
         client,
         KEYS.requests,
@@ -395,9 +397,10 @@ def kill_while_holding_entries(client, proc: subprocess.Popen, consumer: str) ->
 def test_a_worker_killed_during_a_shadow_loses_nothing_and_its_replacement_shadows_again(
     redis_url, redis_client, spawn_worker, monkeypatch
 ):
-    """SIGKILL one of two shadowing workers mid-traffic: every request is still answered once (its entries
-    are taken over), a replacement loads the candidate again and adds to the same comparison, and the
-    report reads as before: one pair, full agreement, no more comparisons than requests."""
+    """SIGKILL one of two shadowing workers mid-traffic: every request is still answered once (its
+    entries are taken over), a replacement loads the candidate again and adds to the same
+    comparison, and the report reads as before: one pair, full agreement, no more comparisons than
+    requests."""
     monkeypatch.setenv(
         "SLOW_BATCH_S", "0.05"
     )  # a batch takes a while: the victim dies holding entries

@@ -251,8 +251,10 @@ def test_a_second_signal_kills_the_draining_workers(redis_url, redis_client, mon
         proc.wait(60)
         with pytest.raises(ProcessLookupError):
             os.kill(child, 0)
-        # killed, not drained: the 30 s batch never finished (a drain would have answered and acknowledged
-        # it before exiting), and the request was not lost: it stays pending for the next fleet to take over
+        # killed, not drained: the 30 s batch never finished (a drain would have answered and
+        # acknowledged
+        # it before exiting), and the request was not lost: it stays pending for the next fleet to
+        # take over
         assert redis_client.xpending(keys.requests, GROUP)["pending"] == 1
         assert not redis_client.keys("inferfleet:{q}:reply:*")
     finally:
@@ -277,9 +279,9 @@ def _wait_reply(producer: Producer, rid: str, timeout_s: float):
 def test_a_worker_whose_device_broke_is_restarted_and_the_culprit_dead_lettered(
     run_supervisor, redis_url, redis_client, caplog
 ):
-    """A device-side assert (simulated): the worker exits with status 4 instead of answering model_error
-    to everything; each restart replays its entries one at a time, so the batch-mates are answered and
-    the request that breaks the device is dead-lettered at the delivery limit."""
+    """A device-side assert (simulated): the worker exits with status 4 instead of answering
+    model_error to everything; each restart replays its entries one at a time, so the batch-mates
+    are answered and the request that breaks the device is dead-lettered at the delivery limit."""
     from tests.handlers import POISON
 
     producer = Producer(

@@ -1,4 +1,5 @@
-"""Traces: the producer's trace id carried through the worker's spans (OpenTelemetry SDK exporters)."""
+"""Traces: the producer's trace id carried through the worker's spans (OpenTelemetry SDK
+exporters)."""
 
 from __future__ import annotations
 

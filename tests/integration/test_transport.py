@@ -1,4 +1,5 @@
-"""Rounds on a real redis-server: the hiredis loop, RESP2 and RESP3, errors and dropped connections."""
+"""Rounds on a real redis-server: the hiredis loop, RESP2 and RESP3, errors and dropped
+connections."""
 
 from __future__ import annotations
 

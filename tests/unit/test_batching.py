@@ -1,4 +1,5 @@
-"""inferfleet.worker.serving.batching: signatures, batch forming, concat/split, collect, isolation."""
+"""inferfleet.worker.serving.batching: signatures, batch forming, concat/split, collect,
+isolation."""
 
 from __future__ import annotations
 

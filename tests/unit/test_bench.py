@@ -1,4 +1,5 @@
-"""``inferfleet bench``: schedules, figures, tables, option checks, the picture, open-loop pacing on a fake clock."""
+"""``inferfleet bench``: schedules, figures, tables, option checks, the picture, open-loop pacing on
+a fake clock."""
 
 from __future__ import annotations
 
@@ -238,7 +239,8 @@ def test_fleet_setup_targets_the_fleet_then_the_naive_queue():
     assert FleetSetup("ctr").targets() == [("fleet", "ctr")]
 
 
-# --------------------------------------------------------------------------- open-loop pacing, on a fake clock
+# --------------------------------------------------------------------------- open-loop pacing, on a
+# fake clock
 
 
 def test_open_loop_sends_each_request_at_its_time_and_overdue_ones_together():

@@ -1,4 +1,5 @@
-"""The bulk calls' bookkeeping (MapRun, ReplyScan, InFlight) with no Redis at all, and the bulk calls on fakeredis."""
+"""The bulk calls' bookkeeping (MapRun, ReplyScan, InFlight) with no Redis at all, and the bulk
+calls on fakeredis."""
 
 from __future__ import annotations
 
@@ -218,7 +219,8 @@ def test_raise_errors_raises_the_first_failed_reply() -> None:
         )
 
 
-# --------------------------------------------------------------------------- the bulk calls on fakeredis
+# --------------------------------------------------------------------------- the bulk calls on
+# fakeredis
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The result cache's pure parts: canonical digests, LFU eviction, duplicate split; one round's use of it."""
+"""The result cache's pure parts: canonical digests, LFU eviction, duplicate split; one round's use
+of it."""
 
 from __future__ import annotations
 

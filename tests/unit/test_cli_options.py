@@ -1,4 +1,5 @@
-"""The CLI's options against the settings dataclasses: one source for defaults, env vars and help."""
+"""The CLI's options against the settings dataclasses: one source for defaults, env vars and
+help."""
 
 from __future__ import annotations
 
@@ -115,7 +116,8 @@ def test_supervise_builds_every_supervisor_and_policy_option_from_its_field() ->
 
 
 def test_supervise_options_not_built_from_a_field_are_the_known_few() -> None:
-    # --devices is a spec the command resolves into the field; --max-workers' default follows --devices.
+    # --devices is a spec the command resolves into the field; --max-workers' default follows
+    # --devices.
     plain = {p.name for p in command("supervise").params if not isinstance(p, SettingOption)}
     assert plain == {"devices", "max_workers", "log_level", "log_format"}
     params = {p.name: p for p in command("supervise").params}

@@ -1,4 +1,5 @@
-"""Columnar admission decides every entry as the general intake does, and is taken for the common case.
+"""Columnar admission decides every entry as the general intake does, and is taken for the common
+case.
 
 A read admitted by :func:`admit_read` gives, per entry, what
 :meth:`Intake.admit` gives for it alone: the same refusal, or a request with
@@ -229,7 +230,8 @@ def test_a_map_read_is_one_columns_batch_with_a_map_of_inputs() -> None:
 @pytest.mark.parametrize("count", [1, 3])
 @pytest.mark.parametrize("body", [BODY, ctr_like(dense=1.5, ids=7)])
 def test_columns_inputs_are_fresh_writable_arrays_torch_takes(body: bytes, count: int) -> None:
-    """One entry too: its one-row slice of the joined bodies must not keep the body's length as its stride."""
+    """One entry too: its one-row slice of the joined bodies must not keep the body's length as its
+    stride."""
     raw = [[b"1-%d" % i, [b"id", b"r%d" % i, b"body", body]] for i in range(count)]
     (cols,) = admit_read(warmed(), raw, NOW_MS)
     arrays = [cols.inputs] if isinstance(cols.inputs, np.ndarray) else list(cols.inputs.values())

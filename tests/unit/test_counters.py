@@ -1,4 +1,5 @@
-"""One consumer's counters: totals, windows as differences of snapshots, the Prometheus feed, heartbeat rates."""
+"""One consumer's counters: totals, windows as differences of snapshots, the Prometheus feed,
+heartbeat rates."""
 
 from __future__ import annotations
 

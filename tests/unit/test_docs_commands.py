@@ -1,4 +1,5 @@
-"""Every command README.md and docs/ show exists as written, and a named test runs it (or a reason says why not).
+"""Every command README.md and docs/ show exists as written, and a named test runs it (or a reason
+says why not).
 
 The commands are the lines of shell code blocks (fenced ``bash``/``sh``/``console``/plain, or
 indented four spaces) and the inline code spans of the prose that start like a command
@@ -38,37 +39,52 @@ from tests.conftest import ROOT
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 #: How a command starts (after a ``$ `` prompt, if any).
-COMMAND = re.compile(r"^(inferfleet |python3? (scripts/|-m (benchmarks|tests\.fixtures|scripts)\.)|\./scripts/|"
-                     r"pip install |docker |kubectl |redis-cli |curl |"
-                     r"for |\. \.venv/)")
+COMMAND = re.compile(
+    r"^(inferfleet |python3? (scripts/|-m "
+    r"(benchmarks|tests\.fixtures|scripts)\.)|\./scripts/|"
+    r"pip install |docker |kubectl |redis-cli |curl |"
+    r"for |\. \.venv/)"
+)
 _SHELL = {"", "bash", "sh", "shell", "console"}
 _FENCE = re.compile(r"^\s*```(\w*)\s*$")
 _README = "tests/e2e/test_readme.py::"
-_BENCHMARK = "a benchmark: minutes of measurement on a quiet machine; the page reports what it printed"
+_BENCHMARK = (
+    "a benchmark: minutes of measurement on a quiet machine; the page reports what it printed"
+)
 _DOCKER = "needs a Docker engine, which the unit and CI machines here do not have"
 _RELIABILITY = "tests/integration/test_reliability.py::"
 _CLUSTER = "needs a Redis Cluster of 8 shards; tests/integration/test_cluster.py runs the same on 3"
 _GPU = "needs an NVIDIA GPU"
 
 #: "page: command" pattern -> the test that runs that command.
+# The two tables keep one pattern and its test a row, as the eye reads them: not formatted.
+# fmt: off
 RUN_BY: dict[str, str] = {
-    r"^README\.md: (\./scripts/setup|\. \.venv/bin/activate)$": _README + "test_the_readme_usage_block_runs_as_written",
-    r"^README\.md: (inferfleet (worker --name ctr(-onnx)? |enqueue --name ctr --input models/features\.npz --wait$|"
-    r"result|supervise|status|dead|swap|alerts|bench --spawn)|python -m tests\.fixtures\.export_onnx)":
+    r"^README\.md: (\./scripts/setup|\. \.venv/bin/activate)$":
         _README + "test_the_readme_usage_block_runs_as_written",
-    r"^README\.md: inferfleet (worker --name (ctr|stack) |shadow|bench --name|limit|enqueue --name (ctr|stack) "
+    r"^README\.md: (inferfleet (worker --name ctr(-onnx)? |enqueue --name ctr --input "
+    r"models/features\.npz --wait$|"
+    r"result|supervise|status|dead|swap|alerts|bench --spawn)|python -m "
+    r"tests\.fixtures\.export_onnx)":
+        _README + "test_the_readme_usage_block_runs_as_written",
+    r"^README\.md: inferfleet (worker --name (ctr|stack) |shadow|bench --name|limit|enqueue --name "
+    r"(ctr|stack) "
     r"--input models/(features\.npz --priority|stack\.npy)|cancel|split)":
         _README + "test_the_readme_rollout_lanes_and_pipeline_block_runs_as_written",
     r"^docs/handlers\.md: inferfleet worker --name (tabular|text) ":
         "tests/e2e/test_handlers_doc.py::test_each_handler_example_runs_as_written",
-    r"^docs/operations\.md: inferfleet worker --name ctr --model models/ctr\.pt( --max-batch-rows|$)":
+    r"^docs/operations\.md: inferfleet worker --name ctr --model models/ctr\.pt( "
+    r"--max-batch-rows|$)":
         "tests/e2e/test_worker_cli.py::test_replies_equal_direct_forward_single_and_mixed_batches",
-    r"^docs/operations\.md: inferfleet supervise --name ctr --model models/ctr\.pt --min-workers 1 ":
+    r"^docs/operations\.md: inferfleet supervise --name ctr --model models/ctr\.pt "
+    r"--min-workers 1 ":
         "tests/e2e/test_supervisor_restart.py::test_a_restarted_supervisor_does_not_double_the_fleet",
     r"^docs/operations\.md: inferfleet status --name ctr$":
         "tests/e2e/test_worker_cli.py::test_status_shows_the_queue_and_its_workers",
-    r"^docs/operations\.md: inferfleet status --watch$": _README + "test_the_readme_usage_block_runs_as_written",
-    r"^docs/operations\.md: inferfleet dead (list|show|replay|purge) --name ctr( REQUEST_ID| --yes)?$":
+    r"^docs/operations\.md: inferfleet status --watch$":
+        _README + "test_the_readme_usage_block_runs_as_written",
+    r"^docs/operations\.md: inferfleet dead (list|show|replay|purge) --name ctr( REQUEST_ID| "
+    r"--yes)?$":
         "tests/integration/test_consumer.py::test_dead_letter_commands",
     r"^docs/operations\.md: inferfleet swap ":
         "tests/integration/test_lifecycle.py::test_the_swap_sequence_ends_on_the_version_the_fleet_served",
@@ -76,7 +92,8 @@ RUN_BY: dict[str, str] = {
         "tests/integration/test_shadow.py::test_an_equal_candidate_agrees_fully_and_is_promoted",
     r"^docs/operations\.md: inferfleet shadow --name ctr --stop":
         "tests/integration/test_shadow.py::test_a_worker_started_later_loads_the_candidate_and_stop_unloads_it",
-    r"^docs/operations\.md: inferfleet alerts ": "tests/integration/test_quality.py::test_alerts_command",
+    r"^docs/operations\.md: inferfleet alerts ":
+        "tests/integration/test_quality.py::test_alerts_command",
     r"^docs/operations\.md: inferfleet limit --name ctr --(show|clear)":
         "tests/integration/test_sharing.py::test_limit_show_and_clear",
     r"^docs/operations\.md: (python -m tests\.fixtures\.build_models|inferfleet split |"
@@ -97,7 +114,8 @@ RUN_BY: dict[str, str] = {
         "tests/integration/test_tracing.py::test_a_bulk_call_carries_the_trace_and_a_bad_traceparent_is_ignored",
     r"^docs/protocol\.md: redis-cli -x XADD 'inferfleet:\{affine\}:requests:high' ":
         "tests/e2e/test_sharing_cli.py::test_limits_lanes_and_status_through_the_cli_and_a_raw_client",
-    r"^docs/protocol\.md: redis-cli -c -p 7000 ": "tests/integration/test_cluster.py::test_raw_protocol_per_shard",
+    r"^docs/protocol\.md: redis-cli -c -p 7000 ":
+        "tests/integration/test_cluster.py::test_raw_protocol_per_shard",
     r"^docs/protocol\.md: redis-cli (-x )?FCALL ":
         "tests/e2e/test_sharing_cli.py::test_a_raw_client_cancels_a_request_waiting_in_the_queue",
     r"^docs/reliability\.md: python -m benchmarks\.chaos kill ":
@@ -107,27 +125,35 @@ RUN_BY: dict[str, str] = {
     r"^docs/reliability\.md: python -m benchmarks\.chaos poison ":
         _RELIABILITY + "test_a_request_that_kills_its_worker_is_dead_lettered_while_others_flow",
     r"^docs/reliability\.md: python -m benchmarks\.chaos swap ":
-        _RELIABILITY + "test_hot_swaps_while_workers_are_killed_lose_nothing_and_name_their_version",
+        _RELIABILITY
+        + "test_hot_swaps_while_workers_are_killed_lose_nothing_and_name_their_version",
     r"^README\.md: \./scripts/demo$":
         "tests/e2e/test_demo.py::test_the_demo_runs_as_written_answers_every_request_and_stops_what_it_started",
-    r"^docs/deploy\.md: (docker compose (build|up -d|run --rm -e|stop|exec redis|down)|curl -s 'http://127)":
+    r"^docs/deploy\.md: (docker compose (build|up -d|run --rm -e|stop|exec redis|down)|curl -s "
+    r"'http://127)":
         "tests/e2e/test_compose.py::test_build_up_bench_stop_up",
 }
+# fmt: on
 
 #: "page: command" pattern -> why no test here runs it.
+# fmt: off
 EXEMPT: dict[str, str] = {
     r"^README\.md: \./scripts/test$": "how every test here runs: the suite cannot run itself",
     r"^docs/benchmarks\.md: ": _BENCHMARK,
     r"^docs/metrics\.md: python -m benchmarks\.bench_metrics ": _BENCHMARK,
-    r"^docs/operations\.md: inferfleet (worker|supervise|enqueue|status|dead list) --name ctr .*--cluster --shards 8":
+    r"^docs/operations\.md: inferfleet (worker|supervise|enqueue|status|dead list) --name ctr "
+    r".*--cluster --shards 8":
         _CLUSTER,
-    r"^docs/operations\.md: inferfleet worker --name stack --pipeline models/stack-split --stage 1 --device cuda:1$":
+    r"^docs/operations\.md: inferfleet worker --name stack --pipeline models/stack-split --stage 1 "
+    r"--device cuda:1$":
         _GPU,
-    r"^docs/deploy\.md: (docker build|docker compose (up --build|-f|exec supervisor|run --rm producer bench)|"
+    r"^docs/deploy\.md: (docker build|docker compose (up --build|-f|exec supervisor|run --rm "
+    r"producer bench)|"
     r"curl -s localhost:9100)": _DOCKER,
-    r"^docs/deploy\.md: kubectl ": "needs a Kubernetes cluster; tests/unit/test_deploy.py validates the "
-                                   "manifests against its schemas offline",
+    r"^docs/deploy\.md: kubectl ": "needs a Kubernetes cluster; tests/unit/test_deploy.py "
+                                   "validates the manifests against its schemas offline",
 }
+# fmt: on
 
 #: The modules a doc runs with ``python -m`` that are this repository's scripts.
 MODULE_SCRIPT = r"^(benchmarks|tests\.fixtures|scripts)\.\w+$"
@@ -192,12 +218,18 @@ def _split(page: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
 def page_commands(page: Path) -> list[DocCommand]:
     name = str(page.relative_to(ROOT))
     shell, prose = _split(page)
-    found = [DocCommand(name, n, _clean(line), True) for n, line in _joined(shell) if COMMAND.match(_clean(line))]
+    found = [
+        DocCommand(name, n, _clean(line), True)
+        for n, line in _joined(shell)
+        if COMMAND.match(_clean(line))
+    ]
     text = "\n".join(line for _, line in prose)
     for span in re.finditer(r"`([^`]+)`", text):
         command = " ".join(span.group(1).split())
         if COMMAND.match(command) and "\\|" not in command:  # \| : alternatives in a table cell
-            found.append(DocCommand(name, prose[text.count("\n", 0, span.start())][0], command, False))
+            found.append(
+                DocCommand(name, prose[text.count("\n", 0, span.start())][0], command, False)
+            )
     return found
 
 
@@ -236,8 +268,12 @@ def check_inferfleet(argv: list[str]) -> None:
     while isinstance(command, click.Group) and argv and not argv[0].startswith("-"):
         assert argv[0] in command.commands, f"{path} has no command {argv[0]!r}"
         path, command, argv = f"{path} {argv[0]}", command.commands[argv[0]], argv[1:]
-    known = {"--help", "-h"} | {o for p in command.params if isinstance(p, click.Option)
-                                 for o in [*p.opts, *p.secondary_opts]}
+    known = {"--help", "-h"} | {
+        o
+        for p in command.params
+        if isinstance(p, click.Option)
+        for o in [*p.opts, *p.secondary_opts]
+    }
     for word in _option_words(argv):
         assert word in known, f"{path} has no option {word}"
 
@@ -247,9 +283,17 @@ def script_options(path: Path) -> frozenset[str]:
     """The option strings a script's argparse or click calls declare."""
     declared: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("add_argument", "option"):
-            declared.update(a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                            and a.value.startswith("-"))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in (
+            "add_argument",
+            "option",
+        ):
+            declared.update(
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant)
+                and isinstance(a.value, str)
+                and a.value.startswith("-")
+            )
     declared.update(o for word in list(declared) if "/" in word for o in word.split("/"))
     return frozenset(declared | {"--help", "-h"})
 
@@ -274,7 +318,9 @@ def extras() -> frozenset[str]:
         from importlib.metadata import distribution
 
         return frozenset(distribution("inferfleet").metadata.get_all("Provides-Extra") or [])
-    return frozenset(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    return frozenset(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
 
 
 def check_pip(argv: list[str]) -> None:
@@ -283,7 +329,9 @@ def check_pip(argv: list[str]) -> None:
     assert specs, "pip install of nothing"
     for spec in specs:
         found = re.fullmatch(r"\.(?:\[([\w,]+)\])?", spec)
-        assert found, f"{spec!r} is not on PyPI: install from the checkout, e.g. pip install -e '.[otel]'"
+        assert found, (
+            f"{spec!r} is not on PyPI: install from the checkout, e.g. pip install -e '.[otel]'"
+        )
         unknown = set((found.group(1) or "").split(",")) - {""} - extras()
         assert not unknown, f"pyproject.toml has no extra {sorted(unknown)}"
 
@@ -299,8 +347,9 @@ def check(command: str) -> None:
     """Every simple command of the line names what exists."""
     for argv in _segments(command):
         words = argv[1:] if argv[:1] in (["python"], ["python3"]) else argv
-        if "inferfleet" in argv[:5] and argv[0] in ("inferfleet", "docker"):  # docker compose exec SVC inferfleet
-            check_inferfleet(argv[argv.index("inferfleet") + 1:])
+        # docker compose exec SVC inferfleet
+        if "inferfleet" in argv[:5] and argv[0] in ("inferfleet", "docker"):
+            check_inferfleet(argv[argv.index("inferfleet") + 1 :])
         elif words[:1] and re.match(r"^(\./)?scripts/", words[0]):
             check_script(words)
         elif words[:1] == ["-m"] and re.match(MODULE_SCRIPT, words[1]):
@@ -327,20 +376,23 @@ def test_each_command_names_what_exists(command: DocCommand) -> None:
     check(command.text)
 
 
-@pytest.mark.parametrize(("command", "says"), [
-    ("inferfleet nope --name q", "has no command 'nope'"),
-    ("inferfleet dead lists --name q", "inferfleet dead has no command 'lists'"),
-    ("inferfleet worker --name q --model m.pt --batch-rows 4", "has no option --batch-rows"),
-    ("inferfleet shadow --name q --promote --forced", "has no option --forced"),
-    ("docker compose exec supervisor inferfleet status --nmae ctr", "has no option --nmae"),
-    ("python -m tests.fixtures.export_onnx --out models --int4", "has no option --int4"),
-    ("python scripts/nope.py", "does not exist"),
-    ("python -m benchmarks.nope", "does not exist"),
-    ("./scripts/nope", "does not exist"),
-    ("pip install 'inferfleet[otel]'", "not on PyPI"),
-    ("pip install -e '.[otle]'", "no extra ['otle']"),
-    ("kubectl apply -f deploy/k9s/", "does not exist"),
-])
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        ("inferfleet nope --name q", "has no command 'nope'"),
+        ("inferfleet dead lists --name q", "inferfleet dead has no command 'lists'"),
+        ("inferfleet worker --name q --model m.pt --batch-rows 4", "has no option --batch-rows"),
+        ("inferfleet shadow --name q --promote --forced", "has no option --forced"),
+        ("docker compose exec supervisor inferfleet status --nmae ctr", "has no option --nmae"),
+        ("python -m tests.fixtures.export_onnx --out models --int4", "has no option --int4"),
+        ("python scripts/nope.py", "does not exist"),
+        ("python -m benchmarks.nope", "does not exist"),
+        ("./scripts/nope", "does not exist"),
+        ("pip install 'inferfleet[otel]'", "not on PyPI"),
+        ("pip install -e '.[otle]'", "no extra ['otle']"),
+        ("kubectl apply -f deploy/k9s/", "does not exist"),
+    ],
+)
 def test_a_misspelt_command_is_caught(command: str, says: str) -> None:
     with pytest.raises(AssertionError, match=re.escape(says)):
         check(command)
@@ -351,7 +403,11 @@ def _covering(command: DocCommand, patterns: dict[str, str]) -> list[str]:
 
 
 def test_each_block_command_is_run_by_a_test_or_exempt_with_a_reason() -> None:
-    uncovered = [str(c) for c in doc_commands() if c.in_block and not _covering(c, RUN_BY) + _covering(c, EXEMPT)]
+    uncovered = [
+        str(c)
+        for c in doc_commands()
+        if c.in_block and not _covering(c, RUN_BY) + _covering(c, EXEMPT)
+    ]
     assert uncovered == [], "add the test that runs each to RUN_BY, or a reason to EXEMPT"
 
 
@@ -363,8 +419,11 @@ def test_every_pattern_still_matches_a_command() -> None:
 
 @cache
 def _tests_in(path: Path) -> frozenset[str]:
-    return frozenset(n.name for n in ast.walk(ast.parse(path.read_text()))
-                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test_"))
+    return frozenset(
+        n.name
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test_")
+    )
 
 
 @pytest.mark.parametrize("test_id", sorted(set(RUN_BY.values())))

@@ -22,7 +22,8 @@ from benchmarks.gpu_bench import (
 
 
 def test_an_indented_json_report_is_read_whole_not_by_its_last_line():
-    """The old script kept `| tail -1` of `inferfleet bench --json`, which prints indented: it parsed `}`."""
+    """The old script kept `| tail -1` of `inferfleet bench --json`, which prints indented: it
+    parsed `}`."""
     report = {"setup": "x", "runs": [{"target": "fleet", "qps": 1234.5, "p99_ms": 9.9}]}
     printed = "progress noise\n" + json.dumps(report, indent=2) + "\n"
     assert printed.strip().splitlines()[-1] == "}"
@@ -33,8 +34,8 @@ def test_an_indented_json_report_is_read_whole_not_by_its_last_line():
 
 def test_the_workers_peak_memory_line_is_read_from_its_log():
     log = (
-        "... model loaded\n2026-01-01 INFO inferfleet.worker.serving.serve [7] consumer w0: peak GPU memory "
-        "1234 MiB allocated, 2048 MiB reserved on cuda:0\n"
+        "... model loaded\n2026-01-01 INFO inferfleet.worker.serving.serve [7] consumer w0: peak "
+        "GPU memory 1234 MiB allocated, 2048 MiB reserved on cuda:0\n"
     )
     assert parse_peak_line(log) == (1234, 2048)
     assert parse_peak_line("a CPU worker logs no peak\n") is None
@@ -126,7 +127,8 @@ def test_the_default_run_fits_the_budget_and_each_step_its_limit():
 
 
 def test_the_peak_line_a_gpu_worker_logs_is_the_one_the_bench_reads(monkeypatch, caplog):
-    """serve._log_peak_memory and gpu_bench's PEAK_LINE must not drift apart, or the GPU run shows `-`."""
+    """serve._log_peak_memory and gpu_bench's PEAK_LINE must not drift apart, or the GPU run shows
+    `-`."""
     import logging
     from types import SimpleNamespace
 

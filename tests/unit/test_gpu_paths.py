@@ -30,7 +30,8 @@ from inferfleet.worker.runtime.loading import ModelRuntime, apply_precision, loa
 from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.readers import load_model
 
-# -- 1 and 5: what a device error means ---------------------------------------------------------------
+# -- 1 and 5: what a device error means
+# ---------------------------------------------------------------
 
 ILLEGAL_ACCESS = (
     "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be "
@@ -50,10 +51,12 @@ DEVICE_ASSERT = (
         else RuntimeError(ILLEGAL_ACCESS),
         RuntimeError("CUDA error: unspecified launch failure"),
         RuntimeError(
-            "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, ...)`"
+            "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, "
+            "opb, ...)`"
         ),
         RuntimeError(
-            "[ONNXRuntimeError] : 1 : FAIL : CUDA failure 700: an illegal memory access was encountered"
+            "[ONNXRuntimeError] : 1 : FAIL : CUDA failure 700: an illegal memory access was "
+            "encountered"
         ),
     ],
 )
@@ -63,7 +66,8 @@ def test_sticky_cuda_errors_break_the_device(exc):
 
 
 def test_the_bisection_never_swallows_a_broken_device():
-    """DeviceBroken is no Exception: predict_isolated's `except Exception` lets it through at once."""
+    """DeviceBroken is no Exception: predict_isolated's `except Exception` lets it through at
+    once."""
     from inferfleet.worker.errors import DeviceBroken
     from inferfleet.worker.serving.batching import predict_isolated
 
@@ -117,14 +121,16 @@ def test_out_of_memory_is_recognised_on_a_torch_without_torch_OutOfMemoryError(m
     [
         "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
         "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
-        "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer of size 1048576",
+        "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested "
+        "buffer of size 1048576",
     ],
 )
 def test_library_allocation_failures_are_out_of_memory(message):
     assert is_out_of_memory(RuntimeError(message))
 
 
-# -- 2: .pt2 programs moved with their constants and graph-made tensors --------------------------------
+# -- 2: .pt2 programs moved with their constants and graph-made tensors
+# --------------------------------
 
 
 class _LiftedConstant(torch.nn.Module):
@@ -168,7 +174,8 @@ def test_an_exported_program_loaded_on_the_cpu_still_computes(tmp_path):
     )
 
 
-# -- 3: supervised children placed through the supervisor's own visible GPUs ---------------------------
+# -- 3: supervised children placed through the supervisor's own visible GPUs
+# ---------------------------
 
 
 def test_child_devices_map_through_the_parents_visible_gpus():
@@ -222,7 +229,8 @@ def test_a_supervisor_under_a_scheduler_starts_each_child_on_its_own_gpu(monkeyp
     assert children == [("cuda:0", "2"), ("cuda:0", "3")]  # each child sees one GPU, as its cuda:0
 
 
-# -- 6: a hot swap returns the old copy's memory --------------------------------------------------------
+# -- 6: a hot swap returns the old copy's memory
+# --------------------------------------------------------
 
 
 def test_switching_models_frees_the_old_copy_before_emptying_the_cache(monkeypatch, models_dir):
@@ -248,7 +256,8 @@ def test_switching_models_frees_the_old_copy_before_emptying_the_cache(monkeypat
     gc.collect()
 
 
-# -- 7: the current device, bf16 before Ampere, --compile without a compiler ---------------------------
+# -- 7: the current device, bf16 before Ampere, --compile without a compiler
+# ---------------------------
 
 
 def test_cuda_n_becomes_the_current_device_of_the_loading_thread(monkeypatch):

@@ -1,4 +1,5 @@
-"""WorkerMetrics and FleetMetrics against private registries: values change as the consumer reports."""
+"""WorkerMetrics and FleetMetrics against private registries: values change as the consumer
+reports."""
 
 from __future__ import annotations
 
@@ -209,7 +210,8 @@ def test_fleet_metrics_collect_the_supervisors_view(registry):
 
 
 def test_docs_list_exactly_the_metrics_the_code_exports():
-    """docs/metrics.md's table against the families in worker/metrics.py (what the deploy checks use too)."""
+    """docs/metrics.md's table against the families in worker/metrics.py (what the deploy checks use
+    too)."""
     import re
     from pathlib import Path
 
@@ -224,7 +226,8 @@ def test_docs_list_exactly_the_metrics_the_code_exports():
 
 
 def test_every_metric_the_docs_and_deploy_files_name_is_exported():
-    """Example queries, alert rules, probes and dashboards: a renamed metric leaves none of them behind."""
+    """Example queries, alert rules, probes and dashboards: a renamed metric leaves none of them
+    behind."""
     import re
     from pathlib import Path
 

@@ -1,4 +1,5 @@
-"""What pip installs: every subpackage, under one import name, and an SDK without the worker side."""
+"""What pip installs: every subpackage, under one import name, and an SDK without the worker
+side."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Pipeline stages without Redis: stage keys, the manifest's checks, stage intake and the forward encoder,
-and the splitter's refusals (bad split points, an --out that is not a split)."""
+"""Pipeline stages without Redis: stage keys, the manifest's checks, stage intake and the forward
+encoder, and the splitter's refusals (bad split points, an --out that is not a split)."""
 
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def test_a_forwarding_stage_keeps_deadline_reply_to_and_trace_for_the_next() -> 
     )  # deadlines hold at every stage
 
 
-def test_the_forward_encoder_writes_activations_in_the_contract_encoding_and_errors_as_replies() -> (
+def test_the_forward_encoder_writes_activations_in_contract_encoding_and_errors_as_replies() -> (
     None
 ):
     req = Request(
@@ -255,7 +255,8 @@ def test_the_forward_encoder_writes_activations_in_the_contract_encoding_and_err
     )
 
 
-# --------------------------------------------------------------------------- the splitter's refusals
+# --------------------------------------------------------------------------- the splitter's
+# refusals
 
 
 def test_split_refuses_a_name_that_is_not_a_submodule_naming_the_candidates(tmp_path: Path) -> None:
@@ -266,10 +267,15 @@ def test_split_refuses_a_name_that_is_not_a_submodule_naming_the_candidates(tmp_
         SplitError,
         match=r"blocks\.9 is not a submodule.*candidates: embed, blocks, head, blocks\.0",
     ):
-        split_model("tests.fixtures.build_models:stack", example, ["blocks.9"], str(tmp_path / "out"))
+        split_model(
+            "tests.fixtures.build_models:stack", example, ["blocks.9"], str(tmp_path / "out")
+        )
     with pytest.raises(SplitError, match="names a submodule twice"):
         split_model(
-            "tests.fixtures.build_models:stack", example, ["blocks.1", "blocks.1"], str(tmp_path / "out")
+            "tests.fixtures.build_models:stack",
+            example,
+            ["blocks.1", "blocks.1"],
+            str(tmp_path / "out"),
         )
     with pytest.raises(SplitError, match=r"give package\.module:callable"):
         split_model("nocolon", example, ["blocks.1"], str(tmp_path / "out"))
@@ -282,7 +288,10 @@ def test_split_refuses_an_out_directory_that_holds_something_else(tmp_path: Path
     (tmp_path / "keep.txt").write_text("mine")
     with pytest.raises(SplitError, match="exists and is not a split"):
         split_model(
-            "tests.fixtures.build_models:stack", np.zeros((2, 32), np.float32), ["blocks.1"], str(tmp_path)
+            "tests.fixtures.build_models:stack",
+            np.zeros((2, 32), np.float32),
+            ["blocks.1"],
+            str(tmp_path),
         )
     assert (tmp_path / "keep.txt").read_text() == "mine"
 

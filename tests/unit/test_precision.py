@@ -1,4 +1,5 @@
-"""--precision int8 (inferfleet.worker.runtime.quantize, ONNX Runtime's quantizer) and the ONNX Runtime backend."""
+"""--precision int8 (inferfleet.worker.runtime.quantize, ONNX Runtime's quantizer) and the ONNX
+Runtime backend."""
 
 from __future__ import annotations
 
@@ -42,10 +43,10 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 @functools.cache
 def documented_int8_bound() -> float:
     """The int8 accuracy docs/benchmarks.md states ("int8 moves outputs by at most X% of the output
-    range", max |int8 - fp32| over max |fp32|), as a fraction: the bound every int8 test holds to, so
-    the docs and the tests cannot drift apart. The docs measure 4096 rows of each example model
-    (benchmarks/accuracy_report.py); the tests' smaller inputs and toy nets stay within it (0.14-0.83%
-    measured when the bound was tied, from 3%)."""
+    range", max |int8 - fp32| over max |fp32|), as a fraction: the bound every int8 test holds to,
+    so the docs and the tests cannot drift apart. The docs measure 4096 rows of each example model
+    (benchmarks/accuracy_report.py); the tests' smaller inputs and toy nets stay within it
+    (0.14-0.83% measured when the bound was tied, from 3%)."""
     match = re.search(r"int8 moves outputs by at most\s+([0-9.]+)%", BENCHMARKS.read_text())
     assert match, "docs/benchmarks.md no longer states the int8 accuracy bound"
     return float(match.group(1)) / 100
@@ -82,7 +83,8 @@ class NoLinearHandler(TwoLayerHandler):
 
 
 def test_the_documented_int8_bound_covers_every_int8_row_of_the_accuracy_table():
-    """The prose's "at most X%" against the table it sums up (max rel err, to the prose's precision)."""
+    """The prose's "at most X%" against the table it sums up (max rel err, to the prose's
+    precision)."""
     bound, rows = documented_int8_bound(), []
     for line in BENCHMARKS.read_text().splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -289,6 +291,9 @@ def test_onnx_without_onnxruntime_says_what_to_install(onnx_models_dir, monkeypa
     monkeypatch.setitem(
         sys.modules, "onnxruntime", None
     )  # import onnxruntime now raises ImportError
-    said = r"needs onnxruntime: pip install onnxruntime \(or, in a checkout, pip install -e '\.\[onnx\]'\)"
+    said = (
+        r"needs onnxruntime: pip install onnxruntime "
+        r"\(or, in a checkout, pip install -e '\.\[onnx\]'\)"
+    )
     with pytest.raises(ModelLoadError, match=said):
         runtime(onnx_models_dir / "affine.onnx")

@@ -462,7 +462,8 @@ def test_other_redis_errors_become_inferfleet_errors(
     assert isinstance(info.value.__cause__, redis.exceptions.ResponseError)
 
 
-# --------------------------------------------------------------------------- deadlines and backpressure
+# --------------------------------------------------------------------------- deadlines and
+# backpressure
 
 
 def test_no_default_deadline_when_disabled(client: fakeredis.FakeRedis) -> None:

@@ -1,4 +1,5 @@
-"""The SDK's fast paths of the wire format: template bodies, peeked and lazily decoded replies, bulk id checks.
+"""The SDK's fast paths of the wire format: template bodies, peeked and lazily decoded replies, bulk
+id checks.
 
 Each is held to the general function it stands in for: the same bytes as
 encode_body, the same fields as decode_reply, the same verdicts as

@@ -1,4 +1,5 @@
-"""One consumer's Recovery against fakeredis: own-pending replay, orphans, the housekeeping schedule."""
+"""One consumer's Recovery against fakeredis: own-pending replay, orphans, the housekeeping
+schedule."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def delivered(client: fakeredis.FakeRedis, entry_id: bytes) -> int:
 
 def test_only_the_first_replay_after_a_start_counts_deliveries(client):
     """A later replay is the worker's own retry (a reply it could not write): no delivery counted,
-    however many times it happens, so a full Redis cannot push an innocent request to dead letter."""
+    however many times it happens, so a full Redis cannot push an innocent request to dead
+    letter."""
     (entry,) = held(client, 1)
     rec = recovery(client)
     rec.replay_own_pending()  # after a start: whoever held it under this name is gone

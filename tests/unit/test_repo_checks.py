@@ -16,7 +16,8 @@ def test_cli_docs_match_the_commands():
 
 
 def test_cli_docs_have_every_command_and_subcommand_with_its_options():
-    """Not the top level alone: ``dead list`` and any later group's commands, each with its options."""
+    """Not the top level alone: ``dead list`` and any later group's commands, each with its
+    options."""
     import click
 
     from inferfleet.worker.cli import main as cli
@@ -91,6 +92,33 @@ def test_ruff_is_clean_with_the_committed_config():
         text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_ruff_format_leaves_every_file_as_it_is():
+    # one layout for all: a diff then shows what changed, not how someone wraps lines
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_scripts_lua_and_toml_keep_to_100_columns():
+    # ruff holds the Python to 100; the same rule for the code it does not read
+    files = [ROOT / "Dockerfile", ROOT / "pyproject.toml", ROOT / ".ci" / "run"]
+    files += [f for f in (ROOT / "scripts").iterdir() if f.suffix in ("", ".sh")]
+    files += [*ROOT.glob("benchmarks/*.sh"), *ROOT.glob("*/lua/*.lua")]
+    long = [
+        f"{f.relative_to(ROOT)}:{n}"
+        for f in files
+        if f.is_file()
+        for n, line in enumerate(f.read_text().splitlines(), 1)
+        if len(line) > 100
+    ]
+    assert long == []
+    assert len(files) > 8  # the globs still find the files
 
 
 def test_the_ci_switch_is_any_value_but_empty_0_or_false():

@@ -1,4 +1,5 @@
-"""The row limit learned from out-of-memory errors: halve below the failed batch, double back later."""
+"""The row limit learned from out-of-memory errors: halve below the failed batch, double back
+later."""
 
 from __future__ import annotations
 

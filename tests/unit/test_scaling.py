@@ -1,4 +1,5 @@
-"""inferfleet.worker.fleet.scaling: the pure scaling policy, replayed on synthetic traces with a fake clock.
+"""inferfleet.worker.fleet.scaling: the pure scaling policy, replayed on synthetic traces with a
+fake clock.
 
 The simulator queues each step's arrivals, lets the live workers drain
 ``workers * capacity`` per step, observes the stream like the supervisor

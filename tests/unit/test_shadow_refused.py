@@ -1,4 +1,5 @@
-"""A shadow command Redis refuses stops the shadow on that worker (one shadow_failed alert), never the loop.
+"""A shadow command Redis refuses stops the shadow on that worker (one shadow_failed alert), never
+the loop.
 
 The real refusal (an ACL user without HINCRBYFLOAT) is in tests/integration/test_security.py;
 here a fake client refuses, to pin down the cases that test cannot reach cheaply: no
@@ -35,7 +36,8 @@ SHADOW_HASH = {
 
 
 class RefusingRedis:
-    """Reads the shadow hash (unless ``refuse_reads``); every script is refused, as an ACL without its commands."""
+    """Reads the shadow hash (unless ``refuse_reads``); every script is refused, as an ACL without
+    its commands."""
 
     def __init__(self, refuse_reads: bool = False) -> None:
         self.refuse_reads = refuse_reads

@@ -1,4 +1,5 @@
-"""The pure parts of sharing a fleet: lane order, the weighted round robin, names, refusals, scaling."""
+"""The pure parts of sharing a fleet: lane order, the weighted round robin, names, refusals,
+scaling."""
 
 from __future__ import annotations
 

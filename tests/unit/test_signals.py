@@ -42,7 +42,8 @@ def test_parent_death_signals_that_land_inside_stop_set_still_stop_the_worker():
         from inferfleet.worker.fleet.succession import watch_parent
         stop = threading.Event()
         watch_parent(stop, interval_s=3600)  # the pid check would not notice within the test
-        with stop._cond:  # the main thread inside stop.set(): where the kernel's second signal landed
+        # the main thread inside stop.set(): where the kernel's second signal landed
+        with stop._cond:
             signal.raise_signal(signal.SIGUSR1)
             signal.raise_signal(signal.SIGUSR1)
         print("stopped" if stop.wait(10) else "still serving")

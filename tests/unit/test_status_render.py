@@ -1,4 +1,5 @@
-"""``inferfleet status`` drawn from a QueueStatus: the candidate table and each worker's candidate column."""
+"""``inferfleet status`` drawn from a QueueStatus: the candidate table and each worker's candidate
+column."""
 
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def test_json_gives_the_candidate_and_each_workers_shadow_fields() -> None:
 
 
 def test_errors_and_reasons_show_literally_even_with_brackets() -> None:
-    """Exception texts carry brackets (``[Errno 2]``, tensor shapes); rich must not read them as markup."""
+    """Exception texts carry brackets (``[Errno 2]``, tensor shapes); rich must not read them as
+    markup."""
     worker = _worker("w1", "triple-1 failed", "[Errno 2] no such file [/red] x[1, 4]")
     worker.swap_error = "version v9: [bold]Missing[/bold]"
     status = QueueStatus(

@@ -1,4 +1,5 @@
-"""Rounds of packed commands: the bytes they pack, the commands they stand for, the replies they return.
+"""Rounds of packed commands: the bytes they pack, the commands they stand for, the replies they
+return.
 
 Against fakeredis (whose connections read each reply with read_response);
 tests/integration/test_transport.py runs the hiredis loop on a real Redis.

@@ -174,7 +174,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 class BenchFleet:
-    """``with BenchFleet(setup) as fleet:`` everything ``setup`` asks to start, stopped on the way out.
+    """``with BenchFleet(setup) as fleet:`` everything ``setup`` asks to start, stopped on the way
+    out.
 
     Resolves the Redis URL (a private :class:`EmbeddedRedis` when workers
     are spawned and no URL is given), starts ``setup.spawn`` ``inferfleet

@@ -20,11 +20,11 @@ its own (``first_ms``): a fleet worker loads and warms its model before it
 joins the group, the naive baseline (:mod:`inferfleet.worker.bench.naive`) loads it then.
 
 Schedules are pure; summaries, the markdown table, the comparison, JSON and
-the PNG live in :mod:`inferfleet.worker.bench.report`; :class:`~inferfleet.worker.bench.fleet.BenchFleet`
-starts and stops what a run needs (a private Redis, the ``--spawn`` workers
-and the naive server). Errors: :class:`BenchError` (bad options, a
-``ValueError``: the CLI exits 2) and :class:`FleetStartError` (something it
-started did not come up: exit 1). Every public name is re-exported here.
+the PNG live in :mod:`inferfleet.worker.bench.report`;
+:class:`~inferfleet.worker.bench.fleet.BenchFleet` starts and stops what a run needs (a private
+Redis, the ``--spawn`` workers and the naive server). Errors: :class:`BenchError` (bad options, a
+``ValueError``: the CLI exits 2) and :class:`FleetStartError` (something it started did not come up:
+exit 1). Every public name is re-exported here.
 """
 
 from __future__ import annotations
@@ -229,7 +229,8 @@ class OpenLoop:
             self._send_all()
             receiver.join()
         finally:
-            self.failed.set()  # stops the receiver if the sender stopped early (Ctrl-C, Redis error)
+            # stops the receiver if the sender stopped early (Ctrl-C, Redis error)
+            self.failed.set()
         if self.failure is not None:
             raise self.failure
         return self._samples()
@@ -323,7 +324,8 @@ def run_open(
     return OpenLoop(producer, pool, offsets, timeout_s, on_progress).run()
 
 
-# --------------------------------------------------------------------------- one target, every target
+# --------------------------------------------------------------------------- one target, every
+# target
 
 
 def _first_request_ms(producer: Producer, inputs: Any, timeout_s: float) -> float:

@@ -16,7 +16,8 @@ the same producer drives both. It checks no deadlines, reclaims nothing and
 never trims its stream: it is a yardstick, not a server. Torch runs with one
 intra-op thread by default, like each fleet worker.
 
-    python -m inferfleet.worker.bench.naive --name ctr-naive --model models/ctr.pt --redis-url redis://127.0.0.1:6390/0
+    python -m inferfleet.worker.bench.naive --name ctr-naive --model models/ctr.pt --redis-url \\
+        redis://127.0.0.1:6390/0
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: ``python -m inferfleet.worker.bench.naive --name Q --model PATH [--redis-url URL]``."""
+    """Entry point: ``python -m inferfleet.worker.bench.naive --name Q --model PATH [--redis-url
+    URL]``."""
     args = _parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s naive %(message)s"

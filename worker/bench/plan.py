@@ -108,7 +108,8 @@ class BenchPlan:
     def describe(self) -> str:
         """One line on the load, for report headings."""
         rows = f"{self.rows} row{'s' if self.rows != 1 else ''}"
-        return f"{self.requests:,} requests of {rows} per run after {self.warmup_requests:,} warm-up requests"
+        warmup = f"{self.warmup_requests:,} warm-up requests"
+        return f"{self.requests:,} requests of {rows} per run after {warmup}"
 
 
 # --------------------------------------------------------------------------- inputs
@@ -124,7 +125,8 @@ def _random_like(example: Any, rows: int, rng: np.random.Generator) -> Any:
         return rng.standard_normal(shape).astype(example.dtype)
     if example.dtype.kind == "b":
         return rng.integers(0, 2, shape).astype(bool)
-    # integers are often indices (embeddings, token ids): draw within the example's range, which the model takes
+    # integers are often indices (embeddings, token ids): draw within the example's range, which the
+    # model takes
     low, high = (int(example.min()), int(example.max())) if example.size else (0, 0)
     return rng.integers(low, high, shape, dtype=example.dtype, endpoint=True)
 

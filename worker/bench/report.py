@@ -169,7 +169,8 @@ def _row(cells: list[str]) -> str:
 
 
 def markdown_table(reports: list[BenchReport]) -> str:
-    """One row per run: target, mode, offered rate, QPS, latencies, first request, batch rows, errors."""
+    """One row per run: target, mode, offered rate, QPS, latencies, first request, batch rows,
+    errors."""
     lines = [_row(list(_COLUMNS)), _row(["---", "---"] + ["---:"] * (len(_COLUMNS) - 2))]
     for r in reports:
         first = f"{r.first_ms:.2f}" if r.first_ms is not None else "-"
@@ -318,7 +319,8 @@ def write_png(reports: list[BenchReport], path: str | Path, title: str = "") -> 
 def write_outputs(
     out_dir: str | Path, reports: list[BenchReport], markdown: str, setup: str = ""
 ) -> list[Path]:
-    """Write report.md, report.json and report.png into ``out_dir`` (created); return their paths."""
+    """Write report.md, report.json and report.png into ``out_dir`` (created); return their
+    paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "report.md", out / "report.json", out / "report.png"]

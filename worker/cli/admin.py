@@ -7,6 +7,7 @@ shard by shard for a sharded queue.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -20,13 +21,33 @@ __all__ = ["dead", "status"]
 
 
 @click.command()
-@queue_options(name=click.option("--name", default="", envvar=ENV_VARS["name"], show_envvar=True,
-                                 help="One queue (default: every queue under the prefix)."))
+@queue_options(
+    name=click.option(
+        "--name",
+        default="",
+        envvar=ENV_VARS["name"],
+        show_envvar=True,
+        help="One queue (default: every queue under the prefix).",
+    )
+)
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
-@click.option("--interval-s", type=float, default=1.0, show_default=True, envvar="INFERFLEET_STATUS_INTERVAL_S",
-              show_envvar=True, help="Refresh period with --watch.")
-@click.option("--json", "as_json", is_flag=True, envvar="INFERFLEET_STATUS_JSON", show_envvar=True,
-              help="Print one JSON document (for scripts) instead of tables.")
+@click.option(
+    "--interval-s",
+    type=float,
+    default=1.0,
+    show_default=True,
+    envvar="INFERFLEET_STATUS_INTERVAL_S",
+    show_envvar=True,
+    help="Refresh period with --watch.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    envvar="INFERFLEET_STATUS_JSON",
+    show_envvar=True,
+    help="Print one JSON document (for scripts) instead of tables.",
+)
 def status(queue: QueueConfig, watch: bool, interval_s: float, as_json: bool) -> None:
     """Show each queue: length, lag, pending, dead letters, consumers, workers and candidate.
 
@@ -35,10 +56,7 @@ def status(queue: QueueConfig, watch: bool, interval_s: float, as_json: bool) ->
     candidate version (inferfleet shadow) shows with how many workers have it loaded. Piped,
     the tables keep every column (not cut to 80 characters); --json prints the same as JSON.
     """
-    import time
-
     import redis
-    from rich.live import Live
 
     from inferfleet.producer.protocol import QueueKeys, shard_keys
     from inferfleet.worker.cli.status import find_queues, gather, render, with_stages
@@ -52,31 +70,43 @@ def status(queue: QueueConfig, watch: bool, interval_s: float, as_json: bool) ->
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise click.ClickException(f"Redis error: {exc}") from exc
 
+    def queues() -> list[QueueKeys]:
+        return keys_list or [QueueKeys(q, queue.prefix) for q in find_queues(client, queue.prefix)]
+
     def snapshot() -> Any:
         from rich.console import Group
 
-        queues = keys_list or [QueueKeys(q, queue.prefix) for q in find_queues(client, queue.prefix)]
-        if not queues:
+        found = queues()
+        if not found:
             return f"no queues under prefix {queue.prefix!r}"
-        return Group(*(render(gather(client, k)) for q in queues for k in with_stages(client, q)))
+        return Group(*(render(gather(client, k)) for q in found for k in with_stages(client, q)))
 
     console = _console()
     try:
         if as_json:
-            queues = keys_list or [QueueKeys(q, queue.prefix) for q in find_queues(client, queue.prefix)]
-            click.echo(json.dumps({"queues": [asdict(gather(client, k)) for k in queues]}, default=str))
+            states = [asdict(gather(client, k)) for k in queues()]
+            click.echo(json.dumps({"queues": states}, default=str))
             return
         if not watch:
             console.print(snapshot())
             return
-        with Live(snapshot(), console=console, refresh_per_second=4) as live:
-            while True:
-                time.sleep(interval_s)
-                live.update(snapshot())
+        _watch(console, snapshot, interval_s)
     except redis.exceptions.RedisError as exc:
         raise click.ClickException(f"Redis error: {exc}") from exc
     except KeyboardInterrupt:
         pass
+
+
+def _watch(console: Any, snapshot: Callable[[], Any], interval_s: float) -> None:
+    """Redraw ``snapshot()`` every ``interval_s`` in place until interrupted."""
+    import time
+
+    from rich.live import Live
+
+    with Live(snapshot(), console=console, refresh_per_second=4) as live:
+        while True:
+            time.sleep(interval_s)
+            live.update(snapshot())
 
 
 def _console() -> Any:
@@ -106,11 +136,23 @@ def dead() -> None:
 
 @dead.command("list")
 @pass_queue_config
-@click.option("--count", type=int, default=100, show_default=True, envvar="INFERFLEET_DEAD_LIST_COUNT",
-              show_envvar=True,
-              help="Most entries to show.")
-@click.option("--json", "as_json", is_flag=True, envvar="INFERFLEET_DEAD_LIST_JSON", show_envvar=True,
-              help="Print one JSON document (for scripts) instead of a table.")
+@click.option(
+    "--count",
+    type=int,
+    default=100,
+    show_default=True,
+    envvar="INFERFLEET_DEAD_LIST_COUNT",
+    show_envvar=True,
+    help="Most entries to show.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    envvar="INFERFLEET_DEAD_LIST_JSON",
+    show_envvar=True,
+    help="Print one JSON document (for scripts) instead of a table.",
+)
 def dead_list(queue: QueueConfig, count: int, as_json: bool) -> None:
     """List dead letters, oldest first (shard by shard)."""
     from datetime import datetime, timezone
@@ -121,19 +163,34 @@ def dead_list(queue: QueueConfig, count: int, as_json: bool) -> None:
 
     client, shard_keys = queue.connect()
     if as_json:
-        letters = [{**{k: v for k, v in vars(letter).items() if k != "fields"}, "queue": keys.name}
-                   for keys in shard_keys for letter in list_dead(client, keys, count)]
+        letters = [
+            {**{k: v for k, v in vars(letter).items() if k != "fields"}, "queue": keys.name}
+            for keys in shard_keys
+            for letter in list_dead(client, keys, count)
+        ]
         click.echo(json.dumps({"queue": queue.name, "dead": letters}))
         return
     table = Table(title=f"dead letters of {queue.name}", title_justify="left")
-    for column in ("dead id", "request id", "when (UTC)", "deliveries", "reason") + ("queue",) * (queue.shards > 1):
+    for column in ("dead id", "request id", "when (UTC)", "deliveries", "reason") + ("queue",) * (
+        queue.shards > 1
+    ):
         table.add_column(column)
     for keys in shard_keys:
         for letter in list_dead(client, keys, count):
-            when = datetime.fromtimestamp(letter.dead_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-            table.add_row(letter.dead_id, letter.request_id, when, str(letter.deliveries), letter.reason,
-                          *[keys.name] * (queue.shards > 1))
-    _console().print(table if table.row_count else f"no dead letters in {', '.join(k.dead for k in shard_keys)}")
+            when = datetime.fromtimestamp(letter.dead_ms / 1000, timezone.utc).strftime(
+                "%Y-%m-%d %H:%M:%S"
+            )
+            table.add_row(
+                letter.dead_id,
+                letter.request_id,
+                when,
+                str(letter.deliveries),
+                letter.reason,
+                *[keys.name] * (queue.shards > 1),
+            )
+    _console().print(
+        table if table.row_count else f"no dead letters in {', '.join(k.dead for k in shard_keys)}"
+    )
 
 
 @dead.command("show")
@@ -159,8 +216,11 @@ def dead_replay(queue: QueueConfig, ident: str | None, replay_all: bool) -> None
     if bool(ident) == replay_all:
         raise click.UsageError("give a dead id or request id, or --all")
     client, shard_keys = queue.connect()
-    found = ([(keys, letter) for keys in shard_keys for letter in list_dead(client, keys, 1_000_000)]
-             if replay_all else [_find_dead_in(client, shard_keys, ident or "")])
+    found = (
+        [(keys, letter) for keys in shard_keys for letter in list_dead(client, keys, 1_000_000)]
+        if replay_all
+        else [_find_dead_in(client, shard_keys, ident or "")]
+    )
     for keys, letter in found:
         new_id = replay_dead(client, keys, letter)
         click.echo(f"replayed {letter.request_id} as entry {new_id.decode()}")

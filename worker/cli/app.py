@@ -36,7 +36,8 @@ Examples (every command reads REDIS_URL, default redis://localhost:6379/0):
   inferfleet enqueue --name ctr --input models/features.npz --wait
   inferfleet status
   inferfleet dead list --name ctr
-  inferfleet save-model tests.fixtures.build_models:CTR --example models/features.npz --out ctr-packed.pt2
+  inferfleet save-model tests.fixtures.build_models:CTR --example models/features.npz \\
+      --out ctr-packed.pt2
 
 Guides: README.md ("Bring your own model"), docs/handlers.md, docs/cli.md."""
 

@@ -12,9 +12,27 @@ import click
 
 from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
 
-__all__ = ["VERSION_RE", "alerts", "check_model", "serving_pair", "swap", "wait_for"]
+__all__ = [
+    "VERSION_RE",
+    "alerts",
+    "check_model",
+    "check_wait_and_version",
+    "serving_pair",
+    "swap",
+    "wait_for",
+]
 
 VERSION_RE = re.compile(r"[A-Za-z0-9._:+-]{1,64}\Z")
+
+
+def check_wait_and_version(wait_s: float, version: str | None) -> None:
+    """--wait-s is 0 or more, and --version (if given) a version name (a usage error if not)."""
+    if wait_s < 0:
+        raise click.BadParameter("must be 0 or more", param_hint="--wait-s")
+    if version is not None and not VERSION_RE.match(version):
+        raise click.BadParameter(
+            f"{version!r}: use 1 to 64 of A-Z a-z 0-9 . _ : + -", param_hint="--version"
+        )
 
 
 def check_model(model: str, version: str | None, check: bool, fleet_model: str = "") -> str:
@@ -32,8 +50,11 @@ def check_model(model: str, version: str | None, check: bool, fleet_model: str =
     is_spec = is_handler_spec(model)
     if not is_spec and not os.path.isfile(model):
         if check or version is None:
-            raise click.BadParameter(f"model file {model!r} does not exist here (pass --no-check and --version "
-                                     f"if only the workers can see it)", param_hint="--model")
+            raise click.BadParameter(
+                f"model file {model!r} does not exist here (pass --no-check "
+                "and --version if only the workers can see it)",
+                param_hint="--model",
+            )
         return version
     if check:
         handler, example, default_version = _load_checked(model, "the model does not load")
@@ -44,7 +65,8 @@ def check_model(model: str, version: str | None, check: bool, fleet_model: str =
 
 
 def _check_pipeline(directory: str, version: str | None) -> str:
-    """A split's directory: every stage file checked against the manifest; its version is the split's."""
+    """A split's directory: every stage file checked against the manifest; its version is the
+    split's."""
     from inferfleet.worker.errors import ModelLoadError
     from inferfleet.worker.runtime.pipeline import read_manifest, stage_program
 
@@ -55,8 +77,10 @@ def _check_pipeline(directory: str, version: str | None) -> str:
     except ModelLoadError as exc:
         raise click.BadParameter(str(exc), param_hint="--model") from exc
     if version not in (None, manifest.version):
-        raise click.BadParameter(f"a split's version is its digest {manifest.version}: leave --version out",
-                                 param_hint="--version")
+        raise click.BadParameter(
+            f"a split's version is its digest {manifest.version}: leave --version out",
+            param_hint="--version",
+        )
     return manifest.version
 
 
@@ -94,30 +118,48 @@ def _run_example(handler: Any, inputs: Any, what: str) -> Any:
     from inferfleet.worker.runtime.loading import ModelRuntime
 
     try:
-        return ModelRuntime(handler, "check", "check", torch.device("cpu"), inputs).predict(inputs, {})
+        return ModelRuntime(handler, "check", "check", torch.device("cpu"), inputs).predict(
+            inputs, {}
+        )
     except Exception as exc:
-        raise click.BadParameter(f"{what} fails: {type(exc).__name__}: {exc}", param_hint="--model") from exc
+        raise click.BadParameter(
+            f"{what} fails: {type(exc).__name__}: {exc}", param_hint="--model"
+        ) from exc
 
 
 def _check_candidate(handler: Any, example: Any, fleet: tuple[Any, Any] | None) -> None:
-    """Run the candidate on its example and on the fleet's; refuse a different signature or bad outputs."""
+    """Run the candidate on its example and on the fleet's; refuse a different signature or bad
+    outputs."""
     from inferfleet.worker.runtime.signature import describe_spec, spec_of
 
     fleet_example = fleet[1] if fleet is not None else None
     if example is None and fleet_example is None:
-        raise click.BadParameter("the model has no example inputs to check it with (embed one, or pass --no-check)",
-                                 param_hint="--model")
-    if example is not None and fleet_example is not None and spec_of(example) != spec_of(fleet_example):
-        raise click.BadParameter(f"its signature {describe_spec(spec_of(example))} is not the one the fleet serves, "
-                                 f"{describe_spec(spec_of(fleet_example))}", param_hint="--model")
+        raise click.BadParameter(
+            "the model has no example inputs to check it with (embed one, or pass --no-check)",
+            param_hint="--model",
+        )
+    if (
+        example is not None
+        and fleet_example is not None
+        and spec_of(example) != spec_of(fleet_example)
+    ):
+        raise click.BadParameter(
+            f"its signature {describe_spec(spec_of(example))} is not the one "
+            f"the fleet serves, {describe_spec(spec_of(fleet_example))}",
+            param_hint="--model",
+        )
     inputs = fleet_example if fleet_example is not None else example
     outputs = _run_example(handler, inputs, "running the example through it")
     _check_outputs(outputs, inputs)
     if fleet is not None and fleet_example is not None:
         served = _run_example(fleet[0], inputs, "running the example through the served version")
         if spec_of(outputs) != spec_of(served):
-            raise click.BadParameter(f"its outputs {describe_spec(spec_of(outputs))} are not of the form the served "
-                                     f"version gives, {describe_spec(spec_of(served))}", param_hint="--model")
+            raise click.BadParameter(
+                f"its outputs {describe_spec(spec_of(outputs))} are not of "
+                "the form the served version gives, "
+                f"{describe_spec(spec_of(served))}",
+                param_hint="--model",
+            )
 
 
 def _check_outputs(outputs: Any, inputs: Any) -> None:
@@ -125,13 +167,19 @@ def _check_outputs(outputs: Any, inputs: Any) -> None:
 
     from inferfleet.producer.protocol import row_count
 
-    arrays = list(outputs.values()) if isinstance(outputs, dict) else (
-        [outputs] if isinstance(outputs, np.ndarray) else list(outputs))
+    arrays = (
+        list(outputs.values())
+        if isinstance(outputs, dict)
+        else ([outputs] if isinstance(outputs, np.ndarray) else list(outputs))
+    )
     rows = row_count(inputs)
     for array in arrays:
         if not isinstance(array, np.ndarray) or array.ndim == 0 or array.shape[0] != rows:
-            raise click.BadParameter(f"on the {rows}-row example it returned {getattr(array, 'shape', array)!r}, "
-                                     f"not {rows} rows", param_hint="--model")
+            raise click.BadParameter(
+                f"on the {rows}-row example it returned "
+                f"{getattr(array, 'shape', array)!r}, not {rows} rows",
+                param_hint="--model",
+            )
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             raise click.BadParameter("on the example it returned NaN or Inf", param_hint="--model")
 
@@ -160,7 +208,11 @@ def wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool:
             break
         time.sleep(0.2)
     for w in workers:
-        state = "ok" if w.version == version else ("FAILED: " + w.swap_error if w in failed else "still " + w.version)
+        state = (
+            "ok"
+            if w.version == version
+            else ("FAILED: " + w.swap_error if w in failed else "still " + w.version)
+        )
         click.echo(f"  {w.consumer}: {state}")
     if not workers:
         click.echo("  no live workers (new ones load this version at start)")
@@ -169,21 +221,55 @@ def wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool:
 
 @click.command()
 @pass_queue_config
-@click.option("--model", default=None, envvar="INFERFLEET_SWAP_MODEL", show_envvar=True,
-              help="The new model: a file every worker can read, module:Handler, or a "
-                   "split's directory (every stage of a pipeline swaps to it).")
-@click.option("--version", "version", default=None, envvar="INFERFLEET_SWAP_VERSION", show_envvar=True,
-              help="Its version (default: the file's hash).")
-@click.option("--rollback", is_flag=True,
-              help="Return to the last version the fleet served before the current one (never one that failed).")
-@click.option("--check/--no-check", default=True, show_default=True, envvar="INFERFLEET_SWAP_CHECK", show_envvar=True,
-              help="Load the model here first and run its example (and the served version's) through it: a "
-                   "broken file, another signature or bad outputs never reach the fleet.")
-@click.option("--wait-s", type=float, default=60.0, show_default=True, envvar="INFERFLEET_SWAP_WAIT_S",
-              show_envvar=True,
-              help="Wait this long for every live worker to switch (0: do not wait).")
-def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: bool, check: bool,
-         wait_s: float) -> None:
+@click.option(
+    "--model",
+    default=None,
+    envvar="INFERFLEET_SWAP_MODEL",
+    show_envvar=True,
+    help="The new model: a file every worker can read, module:Handler, or a "
+    "split's directory (every stage of a pipeline swaps to it).",
+)
+@click.option(
+    "--version",
+    "version",
+    default=None,
+    envvar="INFERFLEET_SWAP_VERSION",
+    show_envvar=True,
+    help="Its version (default: the file's hash).",
+)
+@click.option(
+    "--rollback",
+    is_flag=True,
+    help="Return to the last version the fleet served before the current one (never one "
+    "that failed).",
+)
+@click.option(
+    "--check/--no-check",
+    default=True,
+    show_default=True,
+    envvar="INFERFLEET_SWAP_CHECK",
+    show_envvar=True,
+    help="Load the model here first and run its example (and the served version's) "
+    "through it: a broken file, another signature or bad outputs never reach the "
+    "fleet.",
+)
+@click.option(
+    "--wait-s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    envvar="INFERFLEET_SWAP_WAIT_S",
+    show_envvar=True,
+    help="Wait this long for every live worker to switch (0: do not wait).",
+)
+def swap(
+    queue: QueueConfig,
+    model: str | None,
+    version: str | None,
+    rollback: bool,
+    check: bool,
+    wait_s: float,
+) -> None:
     """Publish a new model version to a queue's workers (hot swap), or roll back.
 
     Workers load and warm the new version in the background and switch between
@@ -198,23 +284,24 @@ def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: b
 
     if rollback == (model is not None):
         raise click.UsageError("give either --model (to publish a version) or --rollback")
-    if wait_s < 0:
-        raise click.BadParameter("must be 0 or more", param_hint="--wait-s")
-    if version is not None and not VERSION_RE.match(version):
-        raise click.BadParameter(f"{version!r}: use 1 to 64 of A-Z a-z 0-9 . _ : + -", param_hint="--version")
+    check_wait_and_version(wait_s, version)
     client, shard_list = queue.connect()
     try:
         if model is not None:
             version = check_model(model, version, check, serving_pair(client, shard_list[0])[0])
-        for keys in shard_list:  # one shard after another: each shard's switch is atomic, not all of them
+        # one shard after another: each shard's switch is atomic, not all of them
+        for keys in shard_list:
             if rollback:
                 published = do_rollback(client, keys)
             else:
                 assert model is not None and version is not None
                 published = publish(client, keys, model, version, serving_pair(client, keys))
-            click.echo(f"{keys.name}: version {published.version} ({published.model}) published as "
-                       f"#{published.seq}; previous {published.previous_version or 'none'}")
-        every_stage = [k for keys in shard_list for k in with_stages(client, keys)]  # a pipeline's stages too
+            click.echo(
+                f"{keys.name}: version {published.version} ({published.model}) published as "
+                f"#{published.seq}; previous {published.previous_version or 'none'}"
+            )
+        # a pipeline's stages too
+        every_stage = [k for keys in shard_list for k in with_stages(client, keys)]
         if wait_s and not wait_for(client, every_stage, published.version, wait_s):
             sys.exit(1)
     except NoPreviousVersion as exc:
@@ -225,12 +312,34 @@ def swap(queue: QueueConfig, model: str | None, version: str | None, rollback: b
 
 @click.command()
 @pass_queue_config
-@click.option("--count", type=int, default=20, show_default=True, envvar="INFERFLEET_ALERTS_COUNT", show_envvar=True,
-              help="Most alerts to show.")
-@click.option("--kind", default=None, envvar="INFERFLEET_ALERTS_KIND", show_envvar=True,
-              type=click.Choice(["low_confidence", "non_finite", "inconsistent", "swap_failed", "shadow_failed",
-                                 "shadow_divergence", "canary_rollback", "many"]),
-              help="Only alerts of this kind.")
+@click.option(
+    "--count",
+    type=int,
+    default=20,
+    show_default=True,
+    envvar="INFERFLEET_ALERTS_COUNT",
+    show_envvar=True,
+    help="Most alerts to show.",
+)
+@click.option(
+    "--kind",
+    default=None,
+    envvar="INFERFLEET_ALERTS_KIND",
+    show_envvar=True,
+    type=click.Choice(
+        [
+            "low_confidence",
+            "non_finite",
+            "inconsistent",
+            "swap_failed",
+            "shadow_failed",
+            "shadow_divergence",
+            "canary_rollback",
+            "many",
+        ]
+    ),
+    help="Only alerts of this kind.",
+)
 @click.option("--follow", is_flag=True, help="Keep printing new alerts until interrupted.")
 def alerts(queue: QueueConfig, count: int, kind: str | None, follow: bool) -> None:
     """Show a queue's alerts: low confidence, NaN/Inf outputs, inconsistent results, failed swaps,
@@ -245,7 +354,10 @@ def alerts(queue: QueueConfig, count: int, kind: str | None, follow: bool) -> No
 
     def show(alert: Alert) -> None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(alert.time_ms / 1000))
-        click.echo(f"{when} {alert.kind:<15} v{alert.version} {alert.consumer} {alert.rid or '-'}: {alert.detail}")
+        click.echo(
+            f"{when} {alert.kind:<15} v{alert.version} {alert.consumer} "
+            f"{alert.rid or '-'}: {alert.detail}"
+        )
 
     try:
         found = [(keys, a) for keys in shard_list for a in read_alerts(client, keys, count, kind)]
@@ -257,12 +369,15 @@ def alerts(queue: QueueConfig, count: int, kind: str | None, follow: bool) -> No
                 click.echo(f"no alerts in {', '.join(alerts_key(k) for k in shard_list)}")
             return
         last = {}
-        for keys in shard_list:  # from each stream's newest entry ("$" would skip any between two reads)
+        # from each stream's newest entry ("$" would skip any between two reads)
+        for keys in shard_list:
             newest = client.xrevrange(alerts_key(keys), count=1)
             last[alerts_key(keys)] = newest[0][0] if newest else "0-0"
         while True:  # one XREAD per shard: a cluster cannot read keys of several slots at once
             for stream in last:
-                for _, entries in client.xread({stream: last[stream]}, block=1000 // len(last)) or []:
+                for _, entries in (
+                    client.xread({stream: last[stream]}, block=1000 // len(last)) or []
+                ):
                     for entry_id, raw in entries:
                         last[stream] = entry_id
                         alert = Alert.from_entry(entry_id, raw)

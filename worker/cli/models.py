@@ -1,4 +1,5 @@
-"""``inferfleet save-model``: one file with a model, its example and its input spec (``save_model``)."""
+"""``inferfleet save-model``: one file with a model, its example and its input spec
+(``save_model``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ __all__ = ["save_model_command"]
 
 
 def _module_of(source: str) -> object:
-    """An ``nn.Module`` from ``module:attr`` (a module, a class or a factory) or a TorchScript file."""
+    """An ``nn.Module`` from ``module:attr`` (a module, a class or a factory) or a TorchScript
+    file."""
     import torch
 
     from inferfleet.worker.errors import ModelLoadError
@@ -41,7 +43,8 @@ def _module_of(source: str) -> object:
     "save-model",
     epilog="""\b
 Examples:
-  inferfleet save-model tests.fixtures.build_models:CTR --example models/features.npz --out ctr-packed.pt2""",
+  inferfleet save-model tests.fixtures.build_models:CTR --example models/features.npz \\
+      --out ctr-packed.pt2""",
 )
 @click.argument("source")
 @click.option(
@@ -51,7 +54,8 @@ Examples:
     type=click.Path(exists=True, dir_okay=False),
     envvar="INFERFLEET_SAVE_MODEL_EXAMPLE",
     show_envvar=True,
-    help="One request's inputs: .npy (one tensor) or .npz (arr_0.. positional, other names keyword).",
+    help="One request's inputs: .npy (one tensor) or .npz (arr_0.. positional, other names "
+    "keyword).",
 )
 @click.option(
     "--out",
@@ -69,7 +73,8 @@ Examples:
     help="Which dimensions vary, e.g. 'int64[N,L]' (default: only the batch, N).",
 )
 def save_model_command(source: str, example_path: str, out: str, input_spec: str | None) -> None:
-    """Save SOURCE (module:attr giving an nn.Module, or a TorchScript file) with its example and input spec.
+    """Save SOURCE (module:attr giving an nn.Module, or a TorchScript file) with its example and
+    input spec.
 
     A worker started on the result checks every request against the spec and warms up on the
     example, with no other option. The Python equivalent is inferfleet.worker.save_model.

@@ -44,7 +44,8 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 class SettingOption(click.Option):
-    """A click option built from a settings dataclass field by :func:`setting_option` (``setting``)."""
+    """A click option built from a settings dataclass field by :func:`setting_option`
+    (``setting``)."""
 
     def __init__(self, *args: Any, setting: Field[Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -60,11 +61,13 @@ def settings_field(settings: type, name: str) -> Field[Any]:
 
 
 def setting_option(settings: type, name: str, *decls: str, **attrs: Any) -> Decorator:
-    """A click option for the field ``name`` of ``settings``: the field's default, environment variable and help.
+    """A click option for the field ``name`` of ``settings``: the field's default, environment
+    variable and help.
 
-    ``decls`` name the option as click takes them (``--max-batch-rows``, ``--compile/--no-compile``);
-    ``attrs`` are the rest (``type``). A field without a default is a required option; one with a
-    default factory defaults to None, which the command leaves out so that the dataclass computes it.
+    ``decls`` name the option as click takes them (``--max-batch-rows``,
+    ``--compile/--no-compile``); ``attrs`` are the rest (``type``). A field without a default is a
+    required option; one with a default factory defaults to None, which the command leaves out so
+    that the dataclass computes it.
     """
     setting = settings_field(settings, name)
     if setting.default is not MISSING:
@@ -115,7 +118,8 @@ _QUEUE_PARAMS = tuple(f.name for f in fields(QueueConfig))
 
 
 def queue_options(name: Decorator = name_option) -> Decorator:
-    """The queue options, handed to the command as one :class:`QueueConfig` in its ``queue`` argument.
+    """The queue options, handed to the command as one :class:`QueueConfig` in its ``queue``
+    argument.
 
     ``name`` is the --name option (``status`` takes an optional one). --help shows --name first and
     the connection options last, around the command's own options, as every command always has.

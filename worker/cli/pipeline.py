@@ -36,21 +36,22 @@ def _signature(sig: dict) -> str:
 
 def _report(manifest: Any, out: str) -> None:
     click.echo(
-        f"split {manifest.model} into {len(manifest.stages)} stages in {out} (version {manifest.version}); "
-        f"the chained stages reproduce the model on the example"
+        f"split {manifest.model} into {len(manifest.stages)} stages in {out} (version "
+        f"{manifest.version}); the chained stages reproduce the model on the example"
     )
     click.echo(
         f"{'stage':>5}  {'starts at':<20} {'parameters':>12} {'bytes':>10}  inputs -> outputs"
     )
     for s in manifest.stages:
         click.echo(
-            f"{s.stage:>5}  {s.starts_at or '(inputs)':<20} {s.parameters:>12,} {_size(s.bytes):>10}  "
-            f"{_signature(s.inputs)} -> {_signature(s.outputs)}"
+            f"{s.stage:>5}  {s.starts_at or '(inputs)':<20} {s.parameters:>12,} "
+            f"{_size(s.bytes):>10}  {_signature(s.inputs)} -> {_signature(s.outputs)}"
         )
     total = sum(s.bytes for s in manifest.stages)
     click.echo(
-        f"total {sum(s.parameters for s in manifest.stages):,} parameters, {_size(total)}; the largest "
-        f"stage holds {max(s.bytes for s in manifest.stages) / max(total, 1):.0%} of the bytes"
+        f"total {sum(s.parameters for s in manifest.stages):,} parameters, {_size(total)}; the "
+        f"largest stage holds {max(s.bytes for s in manifest.stages) / max(total, 1):.0%} of the "
+        "bytes"
     )
 
 
@@ -60,7 +61,8 @@ def _report(manifest: Any, out: str) -> None:
     required=True,
     envvar="INFERFLEET_SPLIT_MODEL",
     show_envvar=True,
-    help="package.module:callable returning an nn.Module (from PYTHONPATH), or a .pt2 torch.export file.",
+    help="package.module:callable returning an nn.Module (from PYTHONPATH), or a .pt2 "
+    "torch.export file.",
 )
 @click.option(
     "--example",

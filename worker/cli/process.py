@@ -1,4 +1,5 @@
-"""What the commands that run a long-lived process share: the log options and set-up, the stop signals.
+"""What the commands that run a long-lived process share: the log options and set-up, the stop
+signals.
 
 The command line is the only part of inferfleet that configures logging.
 """

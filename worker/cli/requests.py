@@ -88,7 +88,7 @@ def producer_for(queue: QueueConfig, tenant: str | None = None) -> Producer:
     epilog="""\b
 Examples:
   inferfleet enqueue --name ctr --input models/features.npz --wait
-  inferfleet enqueue --name ctr --input models/features.npz      # prints the request id for 'result'"""
+  inferfleet enqueue --name ctr --input models/features.npz      # prints the id for 'result'"""
 )
 @pass_queue_config
 @click.option(
@@ -161,7 +161,8 @@ def enqueue(
     timeout_s: float,
     output: str | None,
 ) -> None:
-    """Enqueue one request from a .npy/.npz file; print its request id (or, with --wait, the reply)."""
+    """Enqueue one request from a .npy/.npz file; print its request id (or, with --wait, the
+    reply)."""
     try:
         inputs = load_inputs(input_path)
     except ValueError as exc:

@@ -11,7 +11,12 @@ from typing import Any
 
 import click
 
-from inferfleet.worker.cli.lifecycle import VERSION_RE, check_model, serving_pair, wait_for
+from inferfleet.worker.cli.lifecycle import (
+    check_model,
+    check_wait_and_version,
+    serving_pair,
+    wait_for,
+)
 from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
 from inferfleet.worker.serving.comparison import Thresholds
 
@@ -28,7 +33,9 @@ def _threshold_option(name: str, help: str) -> Callable[[Callable], Callable]:
     default = getattr(_THRESHOLDS, name)
     flag = "--" + name.replace("_", "-")
     env = _env(name.upper())
-    return click.option(flag, type=type(default), default=default, show_default=True, **env, help=help)
+    return click.option(
+        flag, type=type(default), default=default, show_default=True, **env, help=help
+    )
 
 
 def _env(name: str) -> dict[str, Any]:
@@ -43,11 +50,22 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-_COLUMNS = [("live", "live"), ("candidate", "candidate"), ("compared", "compared"), ("agreement", "agree"),
-            ("abs_error_max", "max abs"), ("rel_error_max", "max rel"), ("rank_corr", "rank corr"),
-            ("nonfinite_rows", "NaN/Inf"), ("candidate_errors", "cand err"),
-            ("live_ms_per_batch", "live ms"), ("candidate_ms_per_batch", "cand ms"),
-            ("canary_requests", "canary"), ("canary_failed", "canary fail"), ("verdict", "verdict")]
+_COLUMNS = [
+    ("live", "live"),
+    ("candidate", "candidate"),
+    ("compared", "compared"),
+    ("agreement", "agree"),
+    ("abs_error_max", "max abs"),
+    ("rel_error_max", "max rel"),
+    ("rank_corr", "rank corr"),
+    ("nonfinite_rows", "NaN/Inf"),
+    ("candidate_errors", "cand err"),
+    ("live_ms_per_batch", "live ms"),
+    ("candidate_ms_per_batch", "cand ms"),
+    ("canary_requests", "canary"),
+    ("canary_failed", "canary fail"),
+    ("verdict", "verdict"),
+]
 
 
 def _report(client: Any, shard_list: list, as_json: bool) -> dict[str, Any]:
@@ -62,13 +80,30 @@ def _report(client: Any, shard_list: list, as_json: bool) -> dict[str, Any]:
         pairs = []
         for live, version, stats in read_pairs(client, keys, cand.version if cand else None):
             reasons = verdict(stats, cand.thresholds) if cand else []
-            pairs.append({"live": live, "candidate": version, **stats.summary(),
-                          "verdict": "ok" if not reasons else "; ".join(reasons)})
+            pairs.append(
+                {
+                    "live": live,
+                    "candidate": version,
+                    **stats.summary(),
+                    "verdict": "ok" if not reasons else "; ".join(reasons),
+                }
+            )
         workers = {info.consumer: info.shadow for info in read_heartbeats(client, keys)}
-        report[keys.name] = {"candidate": None if cand is None else {
-            "model": cand.model, "version": cand.version, "state": cand.state, "sample": cand.sample,
-            "canary_percent": cand.canary, "reason": cand.reason, "thresholds": cand.thresholds.__dict__},
-            "pairs": pairs, "workers": workers}
+        report[keys.name] = {
+            "candidate": None
+            if cand is None
+            else {
+                "model": cand.model,
+                "version": cand.version,
+                "state": cand.state,
+                "sample": cand.sample,
+                "canary_percent": cand.canary,
+                "reason": cand.reason,
+                "thresholds": cand.thresholds.__dict__,
+            },
+            "pairs": pairs,
+            "workers": workers,
+        }
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
     else:
@@ -82,8 +117,11 @@ def _print_report(report: dict[str, Any]) -> None:
         if cand is None:
             click.echo(f"{name}: no candidate published")
             continue
-        click.echo(f"{name}: candidate {cand['version']} ({cand['model']}) {cand['state']}, sample {cand['sample']:g}, "
-                   f"canary {cand['canary_percent']:g}%" + (f" -- {cand['reason']}" if cand["reason"] else ""))
+        click.echo(
+            f"{name}: candidate {cand['version']} ({cand['model']}) {cand['state']}, sample "
+            f"{cand['sample']:g}, canary {cand['canary_percent']:g}%"
+            + (f" -- {cand['reason']}" if cand["reason"] else "")
+        )
         rows = [[_fmt(p[key]) for key, _ in _COLUMNS] for p in shard["pairs"]]
         table = [[title for _, title in _COLUMNS], *rows]
         widths = [max(len(r[i]) for r in table) for i in range(len(_COLUMNS) - 1)]
@@ -107,14 +145,20 @@ def _promote(client: Any, shard_list: list, force: bool, wait_s: float) -> None:
             raise click.ClickException(f"{keys.name}: no active candidate to promote")
         reasons = _evidence_against(client, keys, cand, 0.0 if force else wait_s)
         if reasons and not force:
-            raise click.ClickException(f"{keys.name}: candidate {cand.version} not promoted: {'; '.join(reasons)} "
-                                       f"(--force promotes it anyway)")
+            raise click.ClickException(
+                f"{keys.name}: candidate {cand.version} not promoted: "
+                f"{'; '.join(reasons)} (--force promotes it anyway)"
+            )
         candidates.append((keys, cand, reasons))
     for keys, cand, reasons in candidates:
         swapped = publish(client, keys, cand.model, cand.version, serving_pair(client, keys))
-        end_candidate(client, keys, "promoted", "forced: " + "; ".join(reasons) if reasons else "evidence met")
-        click.echo(f"{keys.name}: candidate {cand.version} promoted: published as #{swapped.seq}"
-                   + (" (forced)" if reasons else ""))
+        end_candidate(
+            client, keys, "promoted", "forced: " + "; ".join(reasons) if reasons else "evidence met"
+        )
+        click.echo(
+            f"{keys.name}: candidate {cand.version} promoted: published as #{swapped.seq}"
+            + (" (forced)" if reasons else "")
+        )
     if wait_s and not wait_for(client, shard_list, candidates[0][1].version, wait_s):
         sys.exit(1)
 
@@ -137,22 +181,32 @@ def _evidence_against(client: Any, keys: Any, cand: Any, wait_s: float) -> list[
         stats = [s for lv, _, s in read_pairs(client, keys, cand.version) if not live or lv == live]
         short = not stats or any(s.compared < cand.thresholds.min_compared for s in stats)
         if not short or time.monotonic() >= deadline:
-            return [r for s in stats for r in verdict(s, cand.thresholds)] if stats else ["nothing compared yet"]
+            return (
+                [r for s in stats for r in verdict(s, cand.thresholds)]
+                if stats
+                else ["nothing compared yet"]
+            )
         if not told:
-            click.echo(f"{keys.name}: waiting up to {wait_s:g} s for {cand.thresholds.min_compared} requests "
-                       f"compared ({sum(s.compared for s in stats)} so far)")
+            click.echo(
+                f"{keys.name}: waiting up to {wait_s:g} s for "
+                f"{cand.thresholds.min_compared} requests compared "
+                f"({sum(s.compared for s in stats)} so far)"
+            )
             told = True
         time.sleep(0.2)
 
 
 def _wait_loaded(client: Any, shard_list: list, version: str, timeout_s: float) -> bool:
-    """Until every live worker has loaded candidate ``version`` (or failed to); print each one's state."""
+    """Until every live worker has loaded candidate ``version`` (or failed to); print each one's
+    state."""
     from inferfleet.worker.heartbeat import read_heartbeats
 
     done = (f"{version} loaded", f"{version} failed")
     deadline = time.monotonic() + timeout_s
     while True:
-        states = {w.consumer: w.shadow for keys in shard_list for w in read_heartbeats(client, keys)}
+        states = {
+            w.consumer: w.shadow for keys in shard_list for w in read_heartbeats(client, keys)
+        }
         if all(s in done for s in states.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -165,20 +219,52 @@ def _wait_loaded(client: Any, shard_list: list, version: str, timeout_s: float) 
 
 @click.command()
 @pass_queue_config
-@click.option("--model", default=None, **_env("MODEL"),
-              help="Publish this candidate: a file every worker can read, or module:Handler.")
-@click.option("--version", "version", default=None, **_env("VERSION"), help="Its version (default: the file's hash).")
-@click.option("--sample", type=float, default=0.1, show_default=True, **_env("SAMPLE"),
-              help="Share of each worker's batches the candidate also computes, after their replies are written.")
-@click.option("--canary", type=float, default=None, **_env("CANARY"),
-              help="Percent of requests the candidate answers (0: shadow only); alone, changes the running one's.")
-@click.option("--report", is_flag=True, help="Print the comparison of the candidate with the live version.")
+@click.option(
+    "--model",
+    default=None,
+    **_env("MODEL"),
+    help="Publish this candidate: a file every worker can read, or module:Handler.",
+)
+@click.option(
+    "--version",
+    "version",
+    default=None,
+    **_env("VERSION"),
+    help="Its version (default: the file's hash).",
+)
+@click.option(
+    "--sample",
+    type=float,
+    default=0.1,
+    show_default=True,
+    **_env("SAMPLE"),
+    help="Share of each worker's batches the candidate also computes, after their "
+    "replies are written.",
+)
+@click.option(
+    "--canary",
+    type=float,
+    default=None,
+    **_env("CANARY"),
+    help="Percent of requests the candidate answers (0: shadow only); alone, changes "
+    "the running one's.",
+)
+@click.option(
+    "--report", is_flag=True, help="Print the comparison of the candidate with the live version."
+)
 @click.option("--json", "as_json", is_flag=True, **_env("JSON"), help="With --report: as JSON.")
-@click.option("--promote", is_flag=True, help="Swap to the candidate if the comparison meets the thresholds.")
+@click.option(
+    "--promote", is_flag=True, help="Swap to the candidate if the comparison meets the thresholds."
+)
 @click.option("--force", is_flag=True, help="With --promote: promote even if it does not.")
 @click.option("--stop", is_flag=True, help="Unload the candidate from every worker.")
-@click.option("--check/--no-check", default=True, show_default=True, **_env("CHECK"),
-              help="Load the candidate here first, so a broken file never reaches the fleet.")
+@click.option(
+    "--check/--no-check",
+    default=True,
+    show_default=True,
+    **_env("CHECK"),
+    help="Load the candidate here first, so a broken file never reaches the fleet.",
+)
 @_threshold_option(
     "min_agreement",
     "Least share of rows whose top-1 class (or decision) agrees.",
@@ -197,20 +283,43 @@ def _wait_loaded(client: Any, shard_list: list, version: str, timeout_s: float) 
 )
 @_threshold_option(
     "max_error_rate",
-    "Largest share of requests the candidate may fail (raise, NaN/Inf); a canary over it rolls back.",
+    "Largest share of requests the candidate may fail (raise, NaN/Inf); a canary over it rolls "
+    "back.",
 )
 @_threshold_option(
     "min_compared",
     "Requests compared before a promotion, a divergence alert or a rollback on divergence.",
 )
-@click.option("--wait-s", type=float, default=60.0, show_default=True, **_env("WAIT_S"),
-              help="Wait this long for every live worker to load the candidate (--model), or for "
-                   "--min-compared requests compared and every worker to switch (--promote); exit status 1 "
-                   "if one did not (0: do not wait).")
-def shadow(queue: QueueConfig, model: str | None, version: str | None, sample: float, canary: float | None,
-           report: bool, as_json: bool, promote: bool, force: bool, stop: bool, check: bool, min_agreement: float,
-           max_rel_error: float, min_rank_corr: float, decision_threshold: float, max_error_rate: float,
-           min_compared: int, wait_s: float) -> None:
+@click.option(
+    "--wait-s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    **_env("WAIT_S"),
+    help="Wait this long for every live worker to load the candidate (--model), or for "
+    "--min-compared requests compared and every worker to switch (--promote); exit "
+    "status 1 if one did not (0: do not wait).",
+)
+def shadow(
+    queue: QueueConfig,
+    model: str | None,
+    version: str | None,
+    sample: float,
+    canary: float | None,
+    report: bool,
+    as_json: bool,
+    promote: bool,
+    force: bool,
+    stop: bool,
+    check: bool,
+    min_agreement: float,
+    max_rel_error: float,
+    min_rank_corr: float,
+    decision_threshold: float,
+    max_error_rate: float,
+    min_compared: int,
+    wait_s: float,
+) -> None:
     """Run a candidate model version beside the live one, compare, then promote or stop it.
 
     --model publishes a candidate: every worker loads it in the background (the
@@ -223,7 +332,32 @@ def shadow(queue: QueueConfig, model: str | None, version: str | None, sample: f
     """
     import redis
 
+    _check_shadow_options(model, version, report, promote, stop, force, sample, canary, wait_s)
+    limits = (min_agreement, max_rel_error, min_rank_corr, decision_threshold, max_error_rate)
+    try:
+        thresholds = Thresholds(*limits, min_compared)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    client, shard_list = queue.connect()
+    flags = (report, as_json, promote, force, stop, wait_s)
+    try:
+        _act(client, shard_list, model, version, check, sample, canary, thresholds, flags)
+    except redis.exceptions.RedisError as exc:
+        raise click.ClickException(f"Redis error: {exc}") from exc
 
+
+def _check_shadow_options(
+    model: str | None,
+    version: str | None,
+    report: bool,
+    promote: bool,
+    stop: bool,
+    force: bool,
+    sample: float,
+    canary: float | None,
+    wait_s: float,
+) -> None:
+    """One action at a time, and each value in its range (a usage error names the option)."""
     actions = [model is not None, report, promote, stop, canary is not None and model is None]
     if sum(actions) != 1:
         raise click.UsageError("give one of --model, --report, --promote, --stop or --canary alone")
@@ -233,25 +367,20 @@ def shadow(queue: QueueConfig, model: str | None, version: str | None, sample: f
         raise click.BadParameter("must be from 0 to 1", param_hint="--sample")
     if canary is not None and not 0.0 <= canary <= 100.0:
         raise click.BadParameter("must be a percent from 0 to 100", param_hint="--canary")
-    if wait_s < 0:
-        raise click.BadParameter("must be 0 or more", param_hint="--wait-s")
-    if version is not None and not VERSION_RE.match(version):
-        raise click.BadParameter(f"{version!r}: use 1 to 64 of A-Z a-z 0-9 . _ : + -", param_hint="--version")
-    try:
-        thresholds = Thresholds(min_agreement, max_rel_error, min_rank_corr, decision_threshold, max_error_rate,
-                                min_compared)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
-    client, shard_list = queue.connect()
-    try:
-        _act(client, shard_list, model, version, check, sample, canary, thresholds,
-             (report, as_json, promote, force, stop, wait_s))
-    except redis.exceptions.RedisError as exc:
-        raise click.ClickException(f"Redis error: {exc}") from exc
+    check_wait_and_version(wait_s, version)
 
 
-def _act(client: Any, shard_list: list, model: str | None, version: str | None, check: bool, sample: float,
-         canary: float | None, thresholds: Any, flags: tuple) -> None:
+def _act(
+    client: Any,
+    shard_list: list,
+    model: str | None,
+    version: str | None,
+    check: bool,
+    sample: float,
+    canary: float | None,
+    thresholds: Any,
+    flags: tuple,
+) -> None:
     from inferfleet.worker.serving.rollout import end_candidate, publish_candidate, set_canary
 
     report, as_json, promote, force, stop, wait_s = flags
@@ -266,14 +395,23 @@ def _act(client: Any, shard_list: list, model: str | None, version: str | None, 
     elif model is not None:
         version = check_model(model, version, check)
         for keys in shard_list:
-            cand = publish_candidate(client, keys, model, version, sample, canary or 0.0, thresholds)
-            click.echo(f"{keys.name}: candidate {cand.version} ({cand.model}) published: sample {cand.sample:g}, "
-                       f"canary {cand.canary:g}%")
+            cand = publish_candidate(
+                client, keys, model, version, sample, canary or 0.0, thresholds
+            )
+            click.echo(
+                f"{keys.name}: candidate {cand.version} ({cand.model}) published: sample "
+                f"{cand.sample:g}, canary {cand.canary:g}%"
+            )
         if wait_s and not _wait_loaded(client, shard_list, cand.version, wait_s):
             sys.exit(1)
     else:
         for keys in shard_list:
             changed = set_canary(client, keys, canary or 0.0)
             if changed is None:
-                raise click.ClickException(f"{keys.name}: no active candidate (publish one with --model)")
-            click.echo(f"{keys.name}: candidate {changed.version} now answers {changed.canary:g}% of requests")
+                raise click.ClickException(
+                    f"{keys.name}: no active candidate (publish one with --model)"
+                )
+            click.echo(
+                f"{keys.name}: candidate {changed.version} now answers {changed.canary:g}% "
+                "of requests"
+            )

@@ -97,7 +97,8 @@ worker_options = _options(
 
 
 def worker_settings(options: dict[str, Any]) -> WorkerSettings:
-    """The settings the worker options give (an unset option takes the field's default); bad ones exit 2."""
+    """The settings the worker options give (an unset option takes the field's default); bad ones
+    exit 2."""
     try:
         return WorkerSettings(**{k: v for k, v in options.items() if v is not None})
     except ConfigError as exc:
@@ -108,9 +109,9 @@ def worker_settings(options: dict[str, Any]) -> WorkerSettings:
     epilog="""\b
 Examples:
   inferfleet worker --name ctr --model models/ctr.pt
-  inferfleet worker --name affine --model models/affine.pt2      # torch.export: spec and warm-up from the file
+  inferfleet worker --name affine --model models/affine.pt2   # torch.export: spec in the file
   inferfleet worker --name affine --model models/affine.pt --input-spec 'float32[N,16]'
-  inferfleet worker --name scale --model tests.handlers:Scale    # a handler, imported from the current directory"""
+  inferfleet worker --name scale --model tests.handlers:Scale   # a handler, from ./tests"""
 )
 @worker_options
 @_setting("device", "--device")

@@ -1,4 +1,5 @@
-"""``inferfleet limit`` and ``inferfleet cancel``: a shared fleet's limits, and taking a request back.
+"""``inferfleet limit`` and ``inferfleet cancel``: a shared fleet's limits, and taking a request
+back.
 
 Limits live in Redis (``PREFIX:{NAME}:limits``), so every producer and worker
 sees the same ones; a sharded queue gets them on every shard (each shard

@@ -45,20 +45,32 @@ class QueueStatus:
     workers: list[HeartbeatInfo] = field(default_factory=list)
     supervisor: dict[str, str] = field(default_factory=dict)
     lanes: list[LaneState] = field(default_factory=list)  # high, normal, low
-    limits: dict[str, Any] = field(default_factory=dict)  # read_limits(): limits in force, per-tenant counts
-    candidate: dict[str, Any] | None = None  # the last candidate published (candidate_status()); None: never one
+    # read_limits(): limits in force, per-tenant counts
+    limits: dict[str, Any] = field(default_factory=dict)
+    # the last candidate published (candidate_status()); None: never one
+    candidate: dict[str, Any] | None = None
 
 
-def candidate_status(client: redis.Redis, keys: QueueKeys, workers: list[HeartbeatInfo]) -> dict[str, Any] | None:
-    """The queue's candidate (``inferfleet shadow``) and how many of ``workers`` have it loaded or failed it."""
+def candidate_status(
+    client: redis.Redis, keys: QueueKeys, workers: list[HeartbeatInfo]
+) -> dict[str, Any] | None:
+    """The queue's candidate (``inferfleet shadow``) and how many of ``workers`` have it loaded or
+    failed it."""
     cand = read_candidate(client, keys)
     if cand is None:
         return None
     states = [w.shadow for w in workers]
-    return {"model": cand.model, "version": cand.version, "state": cand.state, "sample": cand.sample,
-            "canary_percent": cand.canary, "reason": cand.reason,
-            "loaded": states.count(f"{cand.version} loaded"), "failed": states.count(f"{cand.version} failed"),
-            "workers": len(workers)}
+    return {
+        "model": cand.model,
+        "version": cand.version,
+        "state": cand.state,
+        "sample": cand.sample,
+        "canary_percent": cand.canary,
+        "reason": cand.reason,
+        "loaded": states.count(f"{cand.version} loaded"),
+        "failed": states.count(f"{cand.version} failed"),
+        "workers": len(workers),
+    }
 
 
 def find_queues(client: redis.Redis, prefix: str) -> list[str]:
@@ -66,7 +78,7 @@ def find_queues(client: redis.Redis, prefix: str) -> list[str]:
     names = set()
     for key in client.scan_iter(match=f"{prefix}:{{*}}:requests", count=1000):
         text = key.decode()
-        names.add(text[text.index("{") + 1:text.rindex("}")])
+        names.add(text[text.index("{") + 1 : text.rindex("}")])
     return sorted(names)
 
 
@@ -79,8 +91,11 @@ def with_stages(client: redis.Redis, keys: QueueKeys) -> list[QueueKeys]:
 
 
 def gather(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
-    """Read a queue's status (an empty status if the queue does not exist yet); a stage's, for StageKeys."""
-    status = QueueStatus(f"{keys.name} stage {keys.stage}" if isinstance(keys, StageKeys) else keys.name)
+    """Read a queue's status (an empty status if the queue does not exist yet); a stage's, for
+    StageKeys."""
+    status = QueueStatus(
+        f"{keys.name} stage {keys.stage}" if isinstance(keys, StageKeys) else keys.name
+    )
     pipe = client.pipeline(transaction=False)
     pipe.xlen(keys.requests)
     pipe.xlen(keys.dead)
@@ -94,7 +109,9 @@ def gather(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
             if group is not None:
                 status.pending = group.pending
                 status.lag = group.lag
-                status.consumers = [_consumer(c) for c in client.xinfo_consumers(keys.requests, GROUP)]
+                status.consumers = [
+                    _consumer(c) for c in client.xinfo_consumers(keys.requests, GROUP)
+                ]
             else:
                 status.lag = status.length
         except redis.exceptions.ResponseError:
@@ -113,10 +130,19 @@ def _candidate_table(cand: dict[str, Any]) -> Table:
     """The candidate: what it is, its shares, how many workers have it loaded."""
     table = Table(title="candidate", show_header=True, title_justify="left")
     for column in ("model", "version", "state", "sample", "canary", "loaded", "failed"):
-        table.add_column(column, justify="left" if column in ("model", "version", "state") else "right")
+        table.add_column(
+            column, justify="left" if column in ("model", "version", "state") else "right"
+        )
     state = cand["state"] + (f" ({escape(cand['reason'])})" if cand["reason"] else "")
-    table.add_row(cand["model"], cand["version"], state, f"{cand['sample']:g}", f"{cand['canary_percent']:g}%",
-                  f"{cand['loaded']} of {cand['workers']}", str(cand["failed"]))
+    table.add_row(
+        cand["model"],
+        cand["version"],
+        state,
+        f"{cand['sample']:g}",
+        f"{cand['canary_percent']:g}%",
+        f"{cand['loaded']} of {cand['workers']}",
+        str(cand["failed"]),
+    )
     return table
 
 
@@ -126,28 +152,43 @@ def _sharing_tables(status: QueueStatus) -> list[Table]:
     for column in ("lane", "length", "waiting", "pending", "oldest wait"):
         lanes.add_column(column, justify="left" if column == "lane" else "right")
     for lane in status.lanes:
-        lanes.add_row(lane.name, str(lane.length), "unknown" if lane.lag is None else str(lane.lag),
-                      str(lane.pending), _age(lane.wait_s * 1000))
+        lanes.add_row(
+            lane.name,
+            str(lane.length),
+            "unknown" if lane.lag is None else str(lane.lag),
+            str(lane.pending),
+            _age(lane.wait_s * 1000),
+        )
     limits = status.limits or {}
     quotas = limits.get("tenants", {})
     counts = limits.get("counts", {})
     backlog = limits.get("max_backlog")
-    tenants = Table(title=f"limits: max_backlog {backlog if backlog else 'none'}", show_header=True,
-                    title_justify="left")
+    tenants = Table(
+        title=f"limits: max_backlog {backlog if backlog else 'none'}",
+        show_header=True,
+        title_justify="left",
+    )
     for column in ("tenant", "rate/s", "burst", "accepted", "refused"):
         tenants.add_column(column, justify="left" if column == "tenant" else "right")
     for name in sorted(set(quotas) | set(counts)):
         quota, count = quotas.get(name, {}), counts.get(name, {})
-        tenants.add_row(name, f"{quota['rate']:g}" if "rate" in quota else "-",
-                        f"{quota['burst']:g}" if "burst" in quota else "-",
-                        str(count.get("accepted", 0)), str(count.get("refused", 0)))
+        tenants.add_row(
+            name,
+            f"{quota['rate']:g}" if "rate" in quota else "-",
+            f"{quota['burst']:g}" if "burst" in quota else "-",
+            str(count.get("accepted", 0)),
+            str(count.get("refused", 0)),
+        )
     return [lanes, tenants]
 
 
 def _consumer(raw: dict) -> dict[str, Any]:
     name = raw["name"]
-    return {"name": name.decode() if isinstance(name, bytes) else name, "pending": int(raw["pending"]),
-            "idle_ms": int(raw["idle"])}
+    return {
+        "name": name.decode() if isinstance(name, bytes) else name,
+        "pending": int(raw["pending"]),
+        "idle_ms": int(raw["idle"]),
+    }
 
 
 def _age(ms: float) -> str:
@@ -159,33 +200,81 @@ def _age(ms: float) -> str:
 
 def render(status: QueueStatus) -> Group:
     """Tables for one queue, readable at a glance."""
+    candidate = [_candidate_table(status.candidate)] if status.candidate else []
+    return Group(
+        _summary_table(status), *_sharing_tables(status), *candidate, _workers_table(status)
+    )
+
+
+def _summary_table(status: QueueStatus) -> Table:
+    """The queue's one row: its stream, lag, pending, dead letters, workers and supervisor."""
     summary = Table(title=f"queue {status.name}", show_header=True, title_justify="left")
     for column in ("stream length", "lag", "pending", "dead letters", "workers", "supervisor"):
         summary.add_column(column, justify="right" if column != "supervisor" else "left")
     sup = status.supervisor
-    sup_text = (f"{sup.get('live', '?')} live, wants {sup.get('desired', '?')} ({sup.get('policy', '?')})"
-                if sup else "none")
+    sup_text = (
+        f"{sup.get('live', '?')} live, wants {sup.get('desired', '?')} ({sup.get('policy', '?')})"
+        if sup
+        else "none"
+    )
     if sup.get("disabled"):
         sup_text += f" [red]{sup['disabled']}[/red]"
-    summary.add_row(str(status.length), "unknown" if status.lag is None else str(status.lag),
-                    str(status.pending), str(status.dead), str(len(status.workers)), sup_text)
+    summary.add_row(
+        str(status.length),
+        "unknown" if status.lag is None else str(status.lag),
+        str(status.pending),
+        str(status.dead),
+        str(len(status.workers)),
+        sup_text,
+    )
+    return summary
+
+
+#: The workers table's columns, and those of them that are text (left-justified).
+_WORKER_COLUMNS = [
+    "consumer",
+    "pid",
+    "host",
+    "device",
+    "version",
+    "candidate",
+    "state",
+    "req/s",
+    "busy",
+    "requests",
+    "cache_hits",
+    "pending",
+    "idle",
+    "seen",
+]
+_TEXT_COLUMNS = {"consumer", "host", "device", "version", "candidate", "state"}
+
+
+def _workers_table(status: QueueStatus) -> Table:
+    """One row a worker with a heartbeat, then one a group consumer without (gone or foreign)."""
     workers = Table(show_header=True, title="workers", title_justify="left")
-    for column in ("consumer", "pid", "host", "device", "version", "candidate", "state", "req/s", "busy",
-                   "requests", "cache hits", "pending", "idle", "seen"):
-        workers.add_column(column, justify="left" if column in ("consumer", "host", "device", "version",
-                                                                  "candidate", "state") else "right")
+    for column in _WORKER_COLUMNS:
+        text = column in _TEXT_COLUMNS
+        workers.add_column(column.replace("_", " "), justify="left" if text else "right")
     consumers = {c["name"]: c for c in status.consumers}
     now_ms = time.time() * 1000
     for w in sorted(status.workers, key=lambda w: w.consumer):
         c = consumers.pop(w.consumer, {"pending": 0, "idle_ms": 0})
-        version = w.version + (f" [red](swap failed: {escape(w.swap_error)})[/red]" if w.swap_error else "")
+        version = w.version + (
+            f" [red](swap failed: {escape(w.swap_error)})[/red]" if w.swap_error else ""
+        )
         hits = "off" if w.cache_hit_rate is None else f"{w.cache_hit_rate:.0%}"
-        copy = (w.shadow or "-") + (f" [red]({escape(w.shadow_error)})[/red]" if w.shadow_error else "")
-        workers.add_row(w.consumer, str(w.pid), w.host, w.device, version, copy, w.state, f"{w.rate_rps:,.0f}",
-                        f"{w.busy:.0%}", f"{w.requests:,}", hits, str(c["pending"]), _age(c["idle_ms"]),
-                        _age(now_ms - w.last_seen_ms) + " ago")
-    for name, c in sorted(consumers.items()):  # in the group, but no heartbeat: gone or foreign
-        workers.add_row(f"[yellow]{name}[/yellow]", "-", "-", "-", "-", "-", "no heartbeat", "-", "-", "-", "-",
-                        str(c["pending"]), _age(c["idle_ms"]), "-")
-    candidate = [_candidate_table(status.candidate)] if status.candidate else []
-    return Group(summary, *_sharing_tables(status), *candidate, workers)
+        copy = (w.shadow or "-") + (
+            f" [red]({escape(w.shadow_error)})[/red]" if w.shadow_error else ""
+        )
+        workers.add_row(
+            *(w.consumer, str(w.pid), w.host, w.device, version, copy, w.state),
+            *(f"{w.rate_rps:,.0f}", f"{w.busy:.0%}", f"{w.requests:,}", hits),
+            *(str(c["pending"]), _age(c["idle_ms"]), _age(now_ms - w.last_seen_ms) + " ago"),
+        )
+    for name, c in sorted(consumers.items()):
+        workers.add_row(
+            f"[yellow]{name}[/yellow]", *["-"] * 5, "no heartbeat", *["-"] * 4,
+            str(c["pending"]), _age(c["idle_ms"]), "-",
+        )  # fmt: skip
+    return workers

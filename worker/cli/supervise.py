@@ -1,6 +1,7 @@
 """``inferfleet supervise``: run and size a fleet of workers for one queue.
 
-The supervisor's and the scaling policy's options come after the worker options (the workers' template).
+The supervisor's and the scaling policy's options come after the worker options (the workers'
+template).
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ def _install_fleet_stop_handlers(stop: threading.Event, supervisor: Supervisor) 
 
 
 def _fleet_metrics(template: WorkerSettings) -> FleetMetrics | None:
-    """With --metrics-port: the host's one /metrics endpoint (the children's, summed, and the fleet's)."""
+    """With --metrics-port: the host's one /metrics endpoint (the children's, summed, and the
+    fleet's)."""
     if not template.metrics_port:
         return None
     from inferfleet.worker.metrics import FleetMetrics

@@ -15,7 +15,8 @@ __all__ = ["child_visible_devices", "resolve_devices"]
 
 
 def resolve_devices(devices: str) -> list[str]:
-    """``auto`` -> every visible GPU, else the CPU; or an explicit ``cpu`` / ``cuda:0,cuda:1`` list."""
+    """``auto`` -> every visible GPU, else the CPU; or an explicit ``cpu`` / ``cuda:0,cuda:1``
+    list."""
     if devices == "auto":
         import torch  # only to count GPUs; children do the real work
 

@@ -115,7 +115,8 @@ def _lag_policy(obs: Observation, settings: PolicySettings, state: PolicyState) 
     if up_target > obs.workers:
         workers, reason = _scale_up(obs, settings, state, load, up_target)
         if high:
-            reason = f"high lane waited {obs.high_wait_s:.1f} s > {settings.target_high_wait_s:g} s; {reason}"
+            waited = f"{obs.high_wait_s:.1f} s > {settings.target_high_wait_s:g} s"
+            reason = f"high lane waited {waited}; {reason}"
     elif _desired(load.peak_arrivals_rps, load, settings) < obs.workers:
         workers, reason = _scale_down(obs, settings, state, load)
     else:
@@ -196,7 +197,8 @@ def _need_text(arrivals_rps: float, load: _Load, settings: PolicySettings) -> st
     for_arrivals, for_backlog = _needs(arrivals_rps, load, settings)
     what = "backlog" if load.lag_known else "pending (lag unknown)"
     if load.backlog > 0 and for_backlog >= for_arrivals:
-        return f"{what} {load.backlog} needs {for_backlog} workers to drain in {settings.target_drain_s:g} s"
+        drain = f"to drain in {settings.target_drain_s:g} s"
+        return f"{what} {load.backlog} needs {for_backlog} workers {drain}"
     return (
         f"arrivals ~{arrivals_rps:.0f} rps need {for_arrivals} workers at "
         f"{settings.target_utilization:.0%} of {load.capacity_rps:.0f} rps each"
@@ -231,7 +233,8 @@ def _scale_up(
 def _scale_down(
     obs: Observation, settings: PolicySettings, state: PolicyState, load: _Load
 ) -> tuple[int, str]:
-    """One worker fewer, if the lag is known, the cooldown and window passed, and the hysteresis holds."""
+    """One worker fewer, if the lag is known, the cooldown and window passed, and the hysteresis
+    holds."""
     smaller = obs.workers - 1
     quiet_s = obs.now_s - state.last_change_s
     if not load.lag_known:
@@ -249,7 +252,8 @@ def _scale_down(
 def _hysteresis(
     workers: int, smaller: int, settings: PolicySettings, load: _Load
 ) -> tuple[int, str]:
-    """``smaller`` if it would be at most down_utilization busy at the peak and the backlog is small."""
+    """``smaller`` if it would be at most down_utilization busy at the peak and the backlog is
+    small."""
     busy = _busy_fraction(load.peak_arrivals_rps, smaller, load.capacity_rps)
     at = f"{smaller} workers would be {busy:.0%} busy at peak ~{load.peak_arrivals_rps:.0f} rps"
     if busy > settings.down_utilization:

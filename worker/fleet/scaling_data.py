@@ -83,7 +83,8 @@ class PolicySettings:
     kind: str = field(
         default="lag",
         metadata={  # one of POLICY_KINDS
-            "help": "lag: drain-time target with cooldowns; article: queue>50 +1, <10 -1 every 5 s; fixed: min.",
+            "help": "lag: drain-time target with cooldowns; article: queue>50 +1, <10 -1 every 5 "
+            "s; fixed: min.",
             "env": "INFERFLEET_POLICY",
         },
     )
@@ -108,7 +109,8 @@ class PolicySettings:
     target_high_wait_s: float = field(
         default=0.0,
         metadata={
-            "help": "Scale up while the high lane's oldest request has waited longer than this (0: off)."
+            "help": "Scale up while the high lane's oldest request has waited longer than this (0: "
+            "off)."
         },
     )
     default_capacity_rps: float = 500.0  # per-worker capacity until one is measured

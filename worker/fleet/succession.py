@@ -84,7 +84,8 @@ def slot_consumer(name: str, index: int, token: str) -> str:
 
 
 def is_slot_of(consumer: str, name: str) -> bool:
-    """Whether ``consumer`` is a supervisor's slot of queue ``name`` (any incarnation, or an unnamed older one)."""
+    """Whether ``consumer`` is a supervisor's slot of queue ``name`` (any incarnation, or an unnamed
+    older one)."""
     return re.fullmatch(rf"{re.escape(name)}-s\d+(-[0-9a-f]{{6}})?", consumer) is not None
 
 
@@ -166,7 +167,8 @@ class SupervisorLease:
             raise LeaseHeld(f"another supervisor (pid {pid}) took the lease of {self.key} first")
 
     def renew(self) -> bool:
-        """Extend the lease (re-taking it if Redis lost it); False if another supervisor holds it now."""
+        """Extend the lease (re-taking it if Redis lost it); False if another supervisor holds it
+        now."""
         return self._try("")[0]
 
     def release(self) -> None:

@@ -170,7 +170,8 @@ class Supervisor:
             for keys in shard_keys(worker.name, worker.shards, worker.prefix)
         )
         self.keys = self.shard_keys[0]
-        #: What each GPU slot's child gets as CUDA_VISIBLE_DEVICES (ConfigError if one is not visible).
+        #: What each GPU slot's child gets as CUDA_VISIBLE_DEVICES (ConfigError if one is not
+        #: visible).
         self.visible = child_visible_devices(
             settings.devices, os.environ.get("CUDA_VISIBLE_DEVICES")
         )
@@ -208,8 +209,8 @@ class Supervisor:
         self.shutdown()
 
     def take_over(self, stop: threading.Event) -> None:
-        """Take the queue's lease on this host (:class:`LeaseHeld` if a live supervisor has it), then
-        drain what a dead predecessor left running here before starting anything."""
+        """Take the queue's lease on this host (:class:`LeaseHeld` if a live supervisor has it),
+        then drain what a dead predecessor left running here before starting anything."""
         while True:
             try:
                 self.lease.acquire()

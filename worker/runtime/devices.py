@@ -120,7 +120,8 @@ def release_device_memory(device: torch.device) -> None:
 
 
 def peak_memory_mib(device: torch.device) -> tuple[float, float] | None:
-    """(peak allocated, peak reserved) MiB of torch's allocator on a CUDA ``device``; None elsewhere."""
+    """(peak allocated, peak reserved) MiB of torch's allocator on a CUDA ``device``; None
+    elsewhere."""
     if device.type != "cuda":
         return None
     mib = 1024.0 * 1024.0

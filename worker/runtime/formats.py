@@ -89,12 +89,12 @@ def unservable_message(path: str, kind: str) -> str:
     )
     if kind == "torch-save":
         return (
-            f"{path!r} is a torch.save file (a state dict or a pickled module): it holds weights, not the "
-            f"code that runs them, and inferfleet never unpickles a model file. {how}"
+            f"{path!r} is a torch.save file (a state dict or a pickled module): it holds weights, "
+            f"not the code that runs them, and inferfleet never unpickles a model file. {how}"
         )
     return (
-        f"{path!r} is not a model file inferfleet can serve (TorchScript, torch.export .pt2 or ONNX, "
-        f"recognised by content). {how}"
+        f"{path!r} is not a model file inferfleet can serve (TorchScript, torch.export .pt2 or "
+        f"ONNX, recognised by content). {how}"
     )
 
 
@@ -109,7 +109,8 @@ def _dim_name(size: Any, names: dict[str, str]) -> int | str:
 
 
 def export_spec(program: Any) -> Hashable | None:
-    """The input spec of a ``torch.export.ExportedProgram``: one tensor, positional or keyword tensors.
+    """The input spec of a ``torch.export.ExportedProgram``: one tensor, positional or keyword
+    tensors.
 
     None when an input is not a tensor (the program then needs --input-spec or an example).
     """

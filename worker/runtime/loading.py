@@ -15,10 +15,10 @@ request body in its extra files ``inferfleet_example``, base64, or ONNX
 metadata_props; a spec in ``inferfleet_input_spec``; the signature a
 torch.export program or an ONNX graph carries, with its varying dimensions);
 the model's example. With a spec and no example, the example is synthesised
-(zeros: valid token ids and embedding indices too). This is the only module that knows about devices,
-threads and precision: fp16 and bf16 run under ``torch.autocast``, int8 is
-dynamic quantization of the linear layers on the CPU (:mod:`inferfleet.worker.runtime.quantize`
-for torch models, ONNX Runtime's quantizer for ``.onnx``).
+(zeros: valid token ids and embedding indices too). This is the only module that knows about
+devices, threads and precision: fp16 and bf16 run under ``torch.autocast``, int8 is dynamic
+quantization of the linear layers on the CPU (:mod:`inferfleet.worker.runtime.quantize` for torch
+models, ONNX Runtime's quantizer for ``.onnx``).
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` -> the first GPU if there is one, else the CPU. Validates cuda:N."""
@@ -142,7 +143,8 @@ class ModelRuntime:
         self.version = version
         self.device = device
         self.example = example
-        #: The spec (form, dtypes, trailing shapes; named dimensions vary) the model takes, if known.
+        #: The spec (form, dtypes, trailing shapes; named dimensions vary) the model takes, if
+        #: known.
         self.input_spec: Hashable | None = input_spec
         if input_spec is None and example is not None:
             self.input_spec = spec_of(example)
@@ -170,7 +172,8 @@ class ModelRuntime:
         return out
 
     def predict_requests(self, inputs: list[Any], rows: list[int], params: dict) -> list[Any]:
-        """Run one batch through a per-request handler: one output (numpy, text or bytes) per request."""
+        """Run one batch through a per-request handler: one output (numpy, text or bytes) per
+        request."""
         handler = self.handler
         with torch.inference_mode():
             items = [handler.decode_request(x, params) for x in inputs]
@@ -201,8 +204,9 @@ class ModelRuntime:
         if self.example is None or iters == 0:
             if iters:
                 log.warning(
-                    "no example inputs for %s: skipping warm-up and input checks, the first batch will be "
-                    "slower; give one with --warmup-input FILE.npz or --input-spec 'float32[N,16]' "
+                    "no example inputs for %s: skipping warm-up and input checks, the first batch "
+                    "will be slower; give one with --warmup-input FILE.npz or --input-spec "
+                    "'float32[N,16]' "
                     "(docs/handlers.md)",
                     self.name,
                 )

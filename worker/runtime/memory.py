@@ -45,7 +45,8 @@ def tune_allocator() -> bool:
     ok = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1 and ok
     if not ok:
         log.warning(
-            "could not tune the allocator (mallopt refused): batch buffers may be re-mapped each time"
+            "could not tune the allocator (mallopt refused): batch buffers may be re-mapped each "
+            "time"
         )
     return ok
 

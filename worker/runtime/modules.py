@@ -43,7 +43,8 @@ class ModuleHandler(Handler):
         if isinstance(self.module, torch.jit.ScriptModule):
             raise ValueError(
                 "--precision int8 cannot quantize a TorchScript model: serve its torch.export "
-                "form (.pt2) or its ONNX form (.onnx, see tests/fixtures/export_onnx.py) instead, or use fp32"
+                "form (.pt2) or its ONNX form (.onnx, see tests/fixtures/export_onnx.py) instead, "
+                "or use fp32"
             )
         if isinstance(self.module, torch.fx.GraphModule):
             swapped = quantize_graph(self.module)

@@ -184,7 +184,8 @@ def int8_weight_kind(cpu_flags: str | None = None, machine: str | None = None) -
 
 
 def quantize_onnx(source: str, target: str, weights: str | None = None) -> None:
-    """Write ``target``: ``source`` with its MatMul/Gemm weights int8 (per channel), activations dynamic.
+    """Write ``target``: ``source`` with its MatMul/Gemm weights int8 (per channel), activations
+    dynamic.
 
     ``weights`` is ``"s8"`` or ``"u8"`` (default :func:`int8_weight_kind`). A
     written copy suits CPUs of the kind it was written on: an ``s8`` copy saturates

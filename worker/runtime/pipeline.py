@@ -175,7 +175,8 @@ def read_manifest(directory: str) -> Manifest:
 
 
 def stage_program(directory: str, stage: int) -> tuple[str, Manifest]:
-    """The checked path of stage ``stage``'s program and the manifest (ModelLoadError if absent or altered)."""
+    """The checked path of stage ``stage``'s program and the manifest (ModelLoadError if absent or
+    altered)."""
     manifest = read_manifest(directory)
     if not 0 <= stage <= manifest.last:
         raise ModelLoadError(f"pipeline {directory!r} has stages 0 to {manifest.last}, not {stage}")

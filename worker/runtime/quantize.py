@@ -142,7 +142,8 @@ def quantize_graph(gm: fx.GraphModule) -> int:
 
 def quantize_handler(handler: Handler) -> None:
     """int8 for a handler: its own ``quantize()`` if it overrides it, else the default,
-    every ``nn.Linear`` inside its ``nn.Module`` attributes. Raises ValueError when there is none."""
+    every ``nn.Linear`` inside its ``nn.Module`` attributes. Raises ValueError when there is
+    none."""
     if type(handler).quantize is not Handler.quantize:
         handler.quantize()
         return

@@ -41,9 +41,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Name of the extra file (TorchScript and torch.export) or ONNX metadata_props key holding an example body.
+#: Name of the extra file (TorchScript and torch.export) or ONNX metadata_props key holding an
+#: example body.
 EXAMPLE_EXTRA_FILE = "inferfleet_example"
-#: Name of the extra file (or metadata_props key) holding an input spec in its written form (``int64[N,L]``).
+#: Name of the extra file (or metadata_props key) holding an input spec in its written form
+#: (``int64[N,L]``).
 SPEC_EXTRA_FILE = "inferfleet_input_spec"
 
 
@@ -113,8 +115,8 @@ def _exported_module(program: Any, device: torch.device) -> Any:
         from torch.export.passes import move_to_device_pass as move
     except ImportError:
         log.warning(
-            "torch %s has no torch.export.passes.move_to_device_pass: constants and devices written "
-            "into the .pt2 graph stay on the CPU (upgrade torch)",
+            "torch %s has no torch.export.passes.move_to_device_pass: constants and devices "
+            "written into the .pt2 graph stay on the CPU (upgrade torch)",
             torch.__version__,
         )
         return program.module().to(device)

@@ -174,7 +174,8 @@ def parse_spec(text: str) -> Hashable:
 
 
 def synthesize(spec: Hashable, rows: int = 1, length: int = 8) -> Any:
-    """Zero inputs of ``spec`` (``rows`` rows, each named dimension ``length`` long): a warm-up example.
+    """Zero inputs of ``spec`` (``rows`` rows, each named dimension ``length`` long): a warm-up
+    example.
 
     Zeros are valid where any value is: embedding indices, token ids, masks, features.
     """

@@ -50,7 +50,8 @@ _CANDIDATES = 24
 
 
 def load_splittable(model: str) -> torch.nn.Module:
-    """The module ``model`` names: ``package.module:callable`` (returning an nn.Module) or a ``.pt2`` file."""
+    """The module ``model`` names: ``package.module:callable`` (returning an nn.Module) or a
+    ``.pt2`` file."""
     if model.endswith(".pt2"):
         if not os.path.isfile(model):
             raise SplitError(f"model file {model!r} does not exist")
@@ -63,7 +64,8 @@ def load_splittable(model: str) -> torch.nn.Module:
     module_name, _, attr = model.partition(":")
     if not module_name or not attr:
         raise SplitError(
-            f"--model {model!r}: give package.module:callable (returning an nn.Module) or a .pt2 file"
+            f"--model {model!r}: give package.module:callable (returning an nn.Module) or a .pt2 "
+            "file"
         )
     try:
         target = getattr(importlib.import_module(module_name), attr)
@@ -76,7 +78,8 @@ def load_splittable(model: str) -> torch.nn.Module:
 
 
 def candidates(module: torch.nn.Module) -> list[str]:
-    """Submodules that usually make good split points: the children of the root and of its containers."""
+    """Submodules that usually make good split points: the children of the root and of its
+    containers."""
     found = [name for name, _ in module.named_children()]
     for name, child in module.named_modules():
         if name and isinstance(child, (torch.nn.Sequential, torch.nn.ModuleList)):
@@ -91,7 +94,8 @@ def _named(candidate_list: list[str]) -> str:
 
 
 def _check_names(module: torch.nn.Module, names: list[str]) -> list[str]:
-    """The split points in the order the model defines them; SplitError for unknown or repeated ones."""
+    """The split points in the order the model defines them; SplitError for unknown or repeated
+    ones."""
     order = {name: i for i, (name, _) in enumerate(module.named_modules()) if name}
     if not names:
         raise SplitError("give at least one --split-at name")
@@ -218,8 +222,8 @@ def _cut(module: torch.nn.Module, call: _Call, names: list[str]) -> list[torch.n
     if pipe.num_stages != len(names) + 1:
         raise SplitError(
             f"the graph cannot be cut at {', '.join(names)}: torch found {pipe.num_stages} stages, "
-            f"not {len(names) + 1} (a split point must be called once, on the main path, not inside "
-            f"a branch or a loop); candidates: {_named(candidates(module))}"
+            f"not {len(names) + 1} (a split point must be called once, on the main path, not "
+            f"inside a branch or a loop); candidates: {_named(candidates(module))}"
         )
     return [pipe.get_stage_module(i) for i in range(pipe.num_stages)]
 
@@ -309,7 +313,8 @@ def _verify(module: torch.nn.Module, paths: list[str], example: Any, atol: float
 def split_model(
     model: str, example: Any, names: list[str], out: str, atol: float = ATOL
 ) -> Manifest:
-    """Split ``model`` at ``names`` into ``out`` (created; its old stages are replaced). Returns the manifest.
+    """Split ``model`` at ``names`` into ``out`` (created; its old stages are replaced). Returns the
+    manifest.
 
     The saved stages are checked against the unsplit model on ``example``
     before the manifest is written, so a directory with a manifest always

@@ -1,4 +1,5 @@
-"""A fast-path round's reply call, sent behind the next read so that Redis runs it while the worker computes.
+"""A fast-path round's reply call, sent behind the next read so that Redis runs it while the worker
+computes.
 
 A Columns round is answered by one EVALSHA of the reply script
 (:mod:`~inferfleet.worker.serving.replies`). Sent and waited for at the end of
@@ -67,7 +68,8 @@ class BehindRead:
         self._held = _Held(packed, done)
 
     def send_with(self, before: bytes, answers: int) -> list[Any]:
-        """Send ``before`` (commands that answer ``answers`` times), then the held call, in one write.
+        """Send ``before`` (commands that answer ``answers`` times), then the held call, in one
+        write.
 
         Returns the answers to ``before``; the call's own answer is read by
         :meth:`settle`. On any error the connection is closed and the call
@@ -84,7 +86,8 @@ class BehindRead:
         return out
 
     def settle(self) -> None:
-        """Send the held call if it has not gone out, read its answer and report it to its ``done``."""
+        """Send the held call if it has not gone out, read its answer and report it to its
+        ``done``."""
         held, self._held = self._held, None
         if held is None:
             return

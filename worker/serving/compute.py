@@ -49,40 +49,66 @@ from inferfleet.worker.serving.replies import BatchEncoder, Encode
 from inferfleet.worker.serving.rowlimit import RowLimit
 from inferfleet.worker.serving.templates import ReplyTemplate
 
-__all__ = ["BatchComputer", "ColumnsComputed", "EncoderKind", "encode_answer", "model_error_message"]
+__all__ = [
+    "BatchComputer",
+    "ColumnsComputed",
+    "EncoderKind",
+    "encode_answer",
+    "model_error_message",
+]
 
 log = logging.getLogger(__name__)
 
 
 def model_error_message(exc: BaseException, limit: int = 2000) -> str:
     """One line that names the cause: the exception's last line (a TorchScript error ends with the
-    Python-level one, after pages of interpreter traceback), at most ``limit`` characters of its end."""
+    Python-level one, after pages of interpreter traceback), at most ``limit`` characters of its
+    end."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     cause = lines[-1] if lines else ""
     head = cause.split(":", 1)[0]
     if not (head.endswith(("Error", "Exception")) and " " not in head):
         cause = f"{type(exc).__name__}: {cause}" if cause else type(exc).__name__
-    return cause if len(cause) <= limit else "..." + cause[-(limit - 3):]
+    return cause if len(cause) <= limit else "..." + cause[-(limit - 3) :]
 
 
-def encode_answer(meta: tuple[str, str], req: Request, result: Any, infer_ms: float, batch_rows: int) -> Answer:
+def encode_answer(
+    meta: tuple[str, str], req: Request, result: Any, infer_ms: float, batch_rows: int
+) -> Answer:
     """The answer to ``req``: its outputs, or ``model_error`` for an exception or outputs the
     contract cannot carry. ``meta`` (name, version) names the model that computed it."""
     timing = reply_timing(req.picked_ms - req.enqueued_ms, infer_ms, batch_rows)
     if not isinstance(result, Exception):
         try:
-            return Answer(req.entry_id, req.reply_key, encode_reply_ok(req.rid, result, meta, timing), True,
-                          rid=req.rid, lane=req.lane)
+            return Answer(
+                req.entry_id,
+                req.reply_key,
+                encode_reply_ok(req.rid, result, meta, timing),
+                True,
+                rid=req.rid,
+                lane=req.lane,
+            )
         except Exception as exc:  # noqa: BLE001 - an output the contract cannot carry
             result = exc
     if isinstance(result, Cancelled):  # its cancel mark was taken
-        return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "cancelled", str(result), meta, timing),
-                      rid=req.rid, code="cancelled", lane=req.lane)
+        return Answer(
+            req.entry_id,
+            req.reply_key,
+            encode_reply_error(req.rid, "cancelled", str(result), meta, timing),
+            rid=req.rid,
+            code="cancelled",
+            lane=req.lane,
+        )
     message = model_error_message(result)
     log.warning("request %s: model error: %s", req.rid, clip(message))
-    return Answer(req.entry_id, req.reply_key, encode_reply_error(req.rid, "model_error", message, meta, timing),
-                  rid=req.rid, code="model_error", lane=req.lane)
-
+    return Answer(
+        req.entry_id,
+        req.reply_key,
+        encode_reply_error(req.rid, "model_error", message, meta, timing),
+        rid=req.rid,
+        code="model_error",
+        lane=req.lane,
+    )
 
 
 @dataclass(frozen=True)
@@ -161,8 +187,11 @@ class BatchComputer:
                 outputs = self.runtime.predict(cols.inputs, {})
             except Exception as exc:  # noqa: BLE001 - isolated request by request below
                 return self._infer_batch(cols.requests(), exc)
-            template = self.encoder.template(outputs.dtype, (cols.rows_each,) + outputs.shape[1:]) \
-                if type(outputs) is np.ndarray and outputs.shape[:1] == (cols.rows,) else None
+            template = (
+                self.encoder.template(outputs.dtype, (cols.rows_each,) + outputs.shape[1:])
+                if type(outputs) is np.ndarray and outputs.shape[:1] == (cols.rows,)
+                else None
+            )
             if template is None or self.results.batch_suspicious(outputs):
                 return self._infer_batch(cols.requests(), outputs)
             infer_s = time.perf_counter() - started
@@ -171,45 +200,62 @@ class BatchComputer:
 
     def _infer_batch(self, batch: list[Request], computed: Any = None) -> list[Answer]:
         """Compute one batch and encode its answers; a batch that raises is bisected so only the
-        guilty requests fail. ``computed``: what the whole batch gave already (outputs or an exception)."""
+        guilty requests fail. ``computed``: what the whole batch gave already (outputs or an
+        exception)."""
         rows_total = sum(r.rows for r in batch)
         started = time.perf_counter()
         suspicious = False
 
         def predict(part: Sequence[Request]) -> list[Any]:
             nonlocal suspicious
-            try:
-                if computed is not None and part is batch:
-                    if isinstance(computed, Exception):
-                        raise computed
-                    outputs = computed
-                elif self.runtime.per_request:  # the handler decodes, collates and splits (docs/handlers.md)
-                    outputs = self.runtime.predict_requests([r.inputs for r in part], [r.rows for r in part],
-                                                            part[0].params)
-                else:
-                    outputs = self.runtime.predict(concat_inputs(part), part[0].params)
-            except Exception as exc:
-                if is_out_of_memory(exc):
-                    self._out_of_memory(sum(r.rows for r in part))
-                elif is_device_broken(exc):  # no retry, no reply, no ack: the process must exit
-                    raise DeviceBroken(self.consumer, exc) from exc
-                raise
-            parts = outputs if self.runtime.per_request else split_outputs(outputs, [r.rows for r in part])
+            whole = computed if computed is not None and part is batch else None
+            outputs = self._forward(part, whole)
             suspicious = suspicious or self.results.batch_suspicious(outputs)
-            return parts
+            if self.runtime.per_request:
+                return outputs  # type: ignore[no-any-return]
+            return split_outputs(outputs, [r.rows for r in part])
 
-        answered = predict_isolated(batch, self.guard(predict) if self.guard is not None else predict)
+        answered = predict_isolated(
+            batch, self.guard(predict) if self.guard is not None else predict
+        )
         version = self.runtime.version
-        results = [self.results.review(req, res, version, suspicious) for req, res in zip(batch, answered)]
+        results = [
+            self.results.review(req, res, version, suspicious) for req, res in zip(batch, answered)
+        ]
         infer_ms = (time.perf_counter() - started) * 1000.0
-        self._batch_done(rows_total, infer_ms / 1000.0, lambda: [(r.picked_ms - r.enqueued_ms) / 1000.0
-                                                                 for r in batch])
+        self._batch_done(
+            rows_total,
+            infer_ms / 1000.0,
+            lambda: [(r.picked_ms - r.enqueued_ms) / 1000.0 for r in batch],
+        )
         if self.on_computed is not None:  # the shadow keeps a sample of the live batches
             self.on_computed(batch, results)
         self.cache_round.remember(batch, results, infer_ms, rows_total)
         return self.encoder.encode(batch, results, infer_ms, rows_total)
 
-    def _batch_done(self, rows: int, infer_s: float, queue_waits_s: Callable[[], list[float]]) -> None:
+    def _forward(self, part: Sequence[Request], computed: Any) -> Any:
+        """One forward pass over ``part`` (or what it already gave: outputs or an exception)."""
+        try:
+            if computed is not None:
+                if isinstance(computed, Exception):
+                    raise computed
+                return computed
+            # the handler decodes, collates and splits (docs/handlers.md)
+            if self.runtime.per_request:
+                return self.runtime.predict_requests(
+                    [r.inputs for r in part], [r.rows for r in part], part[0].params
+                )
+            return self.runtime.predict(concat_inputs(part), part[0].params)
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                self._out_of_memory(sum(r.rows for r in part))
+            elif is_device_broken(exc):  # no retry, no reply, no ack: the process must exit
+                raise DeviceBroken(self.consumer, exc) from exc
+            raise
+
+    def _batch_done(
+        self, rows: int, infer_s: float, queue_waits_s: Callable[[], list[float]]
+    ) -> None:
         """After every forward pass: the row limit, memory hygiene, the counters, a debug line."""
         if self.row_limit.batch_computed():
             log.info("consumer %s: row limit raised to %d", self.consumer, self.row_limit.rows)
@@ -224,5 +270,10 @@ class BatchComputer:
         self.runtime.release_memory()
         before = self.row_limit.rows
         if self.row_limit.out_of_memory(rows):
-            log.warning("consumer %s: out of memory on %d rows; row limit %d -> %d",
-                        self.consumer, rows, before, self.row_limit.rows)
+            log.warning(
+                "consumer %s: out of memory on %d rows; row limit %d -> %d",
+                self.consumer,
+                rows,
+                before,
+                self.row_limit.rows,
+            )

@@ -1,8 +1,8 @@
 """The consumer loop: read, batch, infer, reply, acknowledge, reclaim, trim.
 
 The loop is thin: what to batch, how to split and what to answer is decided
-by the pure modules (:mod:`inferfleet.worker.serving.batching`, :mod:`inferfleet.worker.serving.intake`); this
-module only moves bytes between them and Redis.
+by the pure modules (:mod:`inferfleet.worker.serving.batching`,
+:mod:`inferfleet.worker.serving.intake`); this module only moves bytes between them and Redis.
 
 Replies and acknowledgements are written once per round, atomically, by
 :class:`inferfleet.worker.serving.replies.ReplyWriter`: whoever acknowledges
@@ -59,8 +59,11 @@ __all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_gr
 log = logging.getLogger(__name__)
 
 #: Errors the loop waits out: Redis unreachable, or full (maxmemory with noeviction).
-_RETRYABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-              redis.exceptions.OutOfMemoryError)
+_RETRYABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+)
 
 
 def _describe_outage(exc: Exception) -> str:
@@ -87,9 +90,13 @@ def leave_group(client: redis.Redis, keys: QueueKeys, consumer: str) -> bool:
     must stay so another worker can reclaim them.)
     """
     try:
-        mine = client.xpending_range(keys.requests, GROUP, min="-", max="+", count=1, consumername=consumer)
+        mine = client.xpending_range(
+            keys.requests, GROUP, min="-", max="+", count=1, consumername=consumer
+        )
         if mine:
-            log.warning("consumer %s leaves %d+ pending entries for others to reclaim", consumer, len(mine))
+            log.warning(
+                "consumer %s leaves %d+ pending entries for others to reclaim", consumer, len(mine)
+            )
             return False
         client.xgroup_delconsumer(keys.requests, GROUP, consumer)
         return True
@@ -103,10 +110,15 @@ def _entries(items: list[Request | Answer | Columns]) -> int:
     return sum(len(item) if isinstance(item, Columns) else 1 for item in items)
 
 
-def dead_letter(intake: Intake, entry_id: bytes, fields: Any, delivered: int, settings: WorkerSettings) -> Answer:
-    """The answer to an entry delivered ``delivered`` times, over ``max_deliveries``: dead-lettered."""
-    reason = (f"delivery {delivered} is over the limit of {settings.max_deliveries}: "
-              f"every worker that computed it died or lost it")
+def dead_letter(
+    intake: Intake, entry_id: bytes, fields: Any, delivered: int, settings: WorkerSettings
+) -> Answer:
+    """The answer to an entry delivered ``delivered`` times, over ``max_deliveries``:
+    dead-lettered."""
+    reason = (
+        f"delivery {delivered} is over the limit of {settings.max_deliveries}: "
+        f"every worker that computed it died or lost it"
+    )
     log.error("request entry %s dead-lettered: %s", entry_id.decode(errors="replace"), reason)
     answer = intake.refuse_entry(entry_id, fields, "dead_letter", reason)
     answer.dead = dead_fields(entry_id, fields, reason, delivered, settings.consumer)
@@ -130,21 +142,30 @@ class Consumer:
     consumer because the shadow reads its runtime and writers.
     """
 
-    def __init__(self, settings: WorkerSettings, runtime: ModelRuntime, client: redis.Redis, *,
-                 counters: Counters | None = None, watcher: ModelWatcher | None = None,
-                 model_source: str | None = None,
-                 hooks: Callable[[Consumer], Hooks] | None = None) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        runtime: ModelRuntime,
+        client: redis.Redis,
+        *,
+        counters: Counters | None = None,
+        watcher: ModelWatcher | None = None,
+        model_source: str | None = None,
+        hooks: Callable[[Consumer], Hooks] | None = None,
+    ) -> None:
         self.settings = settings
         self.runtime = runtime
         self.redis = client
         self.keys = settings.queue_keys  # its shard's keys when the queue is sharded
-        self.intake = Intake(self.keys, settings.limits, runtime.model_meta,
-                             runtime.input_spec, runtime.accepts_params, runtime.per_request)
+        self.intake = self._intake(runtime)
         self._ready = False
-        self.loop_at_s = time.time()  # when the loop last went round (wall clock: another process reads it)
+        # when the loop last went round (wall clock: another process reads it)
+        self.loop_at_s = time.time()
         self._prefetched: list[Request | Answer | Columns] = []  # read ahead, answered next round
         self._pool: ThreadPoolExecutor | None = None
-        self.prefetch = settings.prefetch == "on" or (settings.prefetch == "auto" and runtime.device.type == "cuda")
+        self.prefetch = settings.prefetch == "on" or (
+            settings.prefetch == "auto" and runtime.device.type == "cuda"
+        )
         self.row_limit = RowLimit(settings.max_batch_rows)  # lowered after an out-of-memory error
         self._next_stats_log = time.monotonic() + 10.0
         if counters is None:  # its metrics are labelled NAME, for every shard
@@ -157,24 +178,51 @@ class Consumer:
         # every request needs a digest of its own (the result cache, the consistency check), or the
         # handler decodes each request itself (per-request hooks: docs/handlers.md)
         self.columnar = not self.results.keyed and not runtime.per_request
-        self.recovery = Recovery(client, self.keys, settings, self.counters)
-        self.cache_round = CacheRound(self.results, self.counters)
-        # a read-ahead thread reads while this one writes: nothing may be held between them
-        self.replies = ReplyWriter(client, self.keys, settings.reply_ttl_s, runtime.model_meta, self.counters,
-                                   hold_behind_reads=not self.prefetch)
-        self.lanes = LaneReader(self.keys)
-        self.work = LaneWork(client, self.keys, settings, self.counters, self.replies, self.recovery)
+        self._writers(client, runtime)
         self.computer = self._computer(runtime, BatchEncoder)
         self.watcher = watcher  # follows hot swaps
-        self.model_source = settings.model if model_source is None else model_source  # the runtime's file or handler
+        # the runtime's file or handler
+        self.model_source = settings.model if model_source is None else model_source
         # shadow/canary and tracing, one call per read, batch, round (serve.py)
         self.hooks: Hooks | None = None if hooks is None else hooks(self)
 
+    def _intake(self, runtime: ModelRuntime) -> Intake:
+        """The admission check for ``runtime``'s inputs, parameters and reply metadata."""
+        limits, meta, spec = self.settings.limits, runtime.model_meta, runtime.input_spec
+        return Intake(self.keys, limits, meta, spec, runtime.accepts_params, runtime.per_request)
+
+    def _writers(self, client: redis.Redis, runtime: ModelRuntime) -> None:
+        """What reads, recovers and answers: built once, each given what it works with."""
+        self.recovery = Recovery(client, self.keys, self.settings, self.counters)
+        self.cache_round = CacheRound(self.results, self.counters)
+        # a read-ahead thread reads while this one writes: nothing may be held between them
+        self.replies = ReplyWriter(
+            client,
+            self.keys,
+            self.settings.reply_ttl_s,
+            runtime.model_meta,
+            self.counters,
+            hold_behind_reads=not self.prefetch,
+        )
+        self.lanes = LaneReader(self.keys)
+        self.work = LaneWork(
+            client, self.keys, self.settings, self.counters, self.replies, self.recovery
+        )
+
     def _computer(self, runtime: ModelRuntime, encoder: EncoderKind) -> BatchComputer:
         """The batch computer for ``runtime``, its answers encoded by ``encoder``."""
-        return BatchComputer(self.settings, runtime, self.results, self.cache_round, self.counters,
-                             self.row_limit, guard=self.work.recheck_cancels,  # a bisect retry rechecks
-                             on_computed=self._computed, encoder=encoder)
+        return BatchComputer(
+            self.settings,
+            runtime,
+            self.results,
+            self.cache_round,
+            self.counters,
+            # a bisect retry rechecks
+            self.row_limit,
+            guard=self.work.recheck_cancels,
+            on_computed=self._computed,
+            encoder=encoder,
+        )
 
     def _computed(self, batch: list[Request], results: list[Any]) -> None:
         if self.hooks is not None:  # the shadow keeps a sample of the live batches
@@ -186,7 +234,8 @@ class Consumer:
         """Serve until ``stop`` is set; Redis outages are waited out with backoff."""
         backoff = 0.1
         while not stop.is_set():
-            self.loop_at_s = time.time()  # once a round (or a retry): the heartbeat's loop_ms, for liveness
+            # once a round (or a retry): the heartbeat's loop_ms, for liveness
+            self.loop_at_s = time.time()
             try:
                 if not self._ready:
                     self.prepare()
@@ -210,8 +259,12 @@ class Consumer:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         self.leave()
-        log.info("consumer %s stopped after %d requests in %d batches",
-                 self.settings.consumer, self.counters.requests, self.counters.batches)
+        log.info(
+            "consumer %s stopped after %d requests in %d batches",
+            self.settings.consumer,
+            self.counters.requests,
+            self.counters.batches,
+        )
 
     def _finish_prefetched(self) -> None:
         """Answer what was read ahead, and write the replies held for the next read, before stopping
@@ -222,8 +275,11 @@ class Consumer:
                 self._answer(items)
             self.replies.settle()
         except redis.exceptions.RedisError as exc:
-            log.warning("consumer %s could not answer its read-ahead or held entries: %s",
-                        self.settings.consumer, exc)
+            log.warning(
+                "consumer %s could not answer its read-ahead or held entries: %s",
+                self.settings.consumer,
+                exc,
+            )
 
     def leave(self) -> bool:
         """Leave the group if this consumer holds no pending entries (:func:`leave_group`)."""
@@ -237,8 +293,13 @@ class Consumer:
             self.redis.xgroup_createconsumer(stream, GROUP, self.settings.consumer)
         self.work.prepare()  # the reply script and the function library
         self._ready = True
-        log.info("consumer %s serving %s (max %d rows, wait %.1f ms)", self.settings.consumer,
-                 self.keys.requests, self.settings.max_batch_rows, self.settings.max_wait_ms)
+        log.info(
+            "consumer %s serving %s (max %d rows, wait %.1f ms)",
+            self.settings.consumer,
+            self.keys.requests,
+            self.settings.max_batch_rows,
+            self.settings.max_wait_ms,
+        )
 
     def run_once(self) -> int:
         """One round: collect entries, answer them, acknowledge. Returns entries handled.
@@ -264,8 +325,12 @@ class Consumer:
             handled = self._run_suspect(suspect, lane)
             self.counters.busy(time.perf_counter() - started)
             return handled
-        items = collect(self._read, self.row_limit.rows, self.settings.max_wait_s,
-                        rows_of=lambda item: 0 if isinstance(item, Answer) else item.rows)
+        items = collect(
+            self._read,
+            self.row_limit.rows,
+            self.settings.max_wait_s,
+            rows_of=lambda item: 0 if isinstance(item, Answer) else item.rows,
+        )
         if items:
             started = time.perf_counter()
             ahead = self._read_ahead() if self.prefetch else None
@@ -284,7 +349,9 @@ class Consumer:
         The entries are held in ``_prefetched`` until the next round.
         """
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"read-ahead-{self.settings.consumer}")
+            self._pool = ThreadPoolExecutor(
+                1, thread_name_prefix=f"read-ahead-{self.settings.consumer}"
+            )
         return self._pool.submit(self._read, self.row_limit.rows, 0.0)
 
     def _answer(self, items: list[Request | Answer | Columns]) -> None:
@@ -295,21 +362,29 @@ class Consumer:
         for cols in merge_columns(columns) if columns else ():
             computed = self.computer.infer_columns(cols)
             if isinstance(computed, ColumnsComputed):  # answered now, from its reply template
-                self.replies.write_columns(computed.cols, computed.template, computed.outputs,
-                                           computed.infer_ms)
+                self.replies.write_columns(
+                    computed.cols, computed.template, computed.outputs, computed.infer_ms
+                )
             else:  # it left the fast path: answered with the rest
                 fallback.extend(computed)
         answers.extend(fallback)
         requests = [item for item in items if isinstance(item, Request)]
         if self.work.cancels_pending() and requests:
-            requests = self.work.drop_cancelled(requests, answers, lambda req: encode_answer(
-                self.runtime.model_meta, req, Cancelled(), 0.0, 0))
+            requests = self.work.drop_cancelled(
+                requests,
+                answers,
+                lambda req: encode_answer(self.runtime.model_meta, req, Cancelled(), 0.0, 0),
+            )
         requests, hits = self.cache_round.start(requests, self.runtime.version)
         meta = self.runtime.model_meta
-        answers.extend(encode_answer(meta, req, outputs, 0.0, 0) for req, outputs in hits)  # 0 rows: not computed
+        # 0 rows: not computed
+        answers.extend(encode_answer(meta, req, outputs, 0.0, 0) for req, outputs in hits)
         for batch in form_batches(requests, self.row_limit.rows):
-            computed = (self.computer.infer(batch) if self.hooks is None else
-                        self.hooks.infer(batch, self.runtime, self.computer.infer))
+            computed = (
+                self.computer.infer(batch)
+                if self.hooks is None
+                else self.hooks.infer(batch, self.runtime, self.computer.infer)
+            )
             answers.extend(self.work.carry_lanes(computed, batch))
         answers.extend(encode_answer(meta, *duplicate) for duplicate in self.cache_round.finish())
         alerts = self.results.take_alerts()
@@ -318,7 +393,8 @@ class Consumer:
         self.work.write(answers)
         self.results.flush()  # after the replies: a cache write must never delay or block one
         if self.hooks is not None:
-            self.hooks.replied(self.runtime)  # after the replies: they never wait for a candidate or spans
+            # after the replies: they never wait for a candidate or spans
+            self.hooks.replied(self.runtime)
         self.counters.answered(_entries(items), sum(1 for a in answers if not a.ok))
 
     # -- reading -----------------------------------------------------------
@@ -333,18 +409,22 @@ class Consumer:
         block = self.settings.idle_block_ms if timeout_s is None else None
         entries, lanes = self.lanes.read_behind(self.replies.behind, self.settings.consumer, count)
         if not entries:
-            if block is not None:  # never wait for entries with a held call's answer unread (its counts, its errors)
+            # never wait for entries with a held call's answer unread (its counts, its errors)
+            if block is not None:
                 self.replies.settle()
             entries, lanes = self.lanes.read(self.redis, self.settings.consumer, count, block)
         self.work.read_said(self.lanes.cancels)
         now_ms = time.time() * 1000.0
         special = lanes is not None or self.work.limits.active or self.lanes.cancels
         traced = self.hooks is not None and self.hooks.active  # a shadow, tracing: per request
-        if self.columnar and not special and not traced:  # the normal lane only, no limits, no cancel marks
+        # the normal lane only, no limits, no cancel marks
+        if self.columnar and not special and not traced:
             return admit_read(self.intake, entries, now_ms)
         admit = self.intake.admit_fast
-        items = [admit(entry_id, fields if isinstance(fields, dict) else fields_of(fields), now_ms)
-                 for entry_id, fields in entries]
+        items = [
+            admit(entry_id, fields if isinstance(fields, dict) else fields_of(fields), now_ms)
+            for entry_id, fields in entries
+        ]
         if special:
             self.work.after_read(self.intake, entries, items, lanes)
         return items if self.hooks is None else self.hooks.read(entries, items)
@@ -357,16 +437,22 @@ class Consumer:
         """
         entry_id, fields, delivered = delivery
         if not fields:
-            self.work.write([Answer(entry_id, None, None, lane=lane)])  # deleted while pending: acknowledge only
+            # deleted while pending: acknowledge only
+            self.work.write([Answer(entry_id, None, None, lane=lane)])
             return 1
         attempt = self.work.recoveries[lane].start_attempt(entry_id, delivered)
         if attempt is None:
             return 0  # no longer ours: answered elsewhere
         if attempt > self.settings.max_deliveries:
-            self.work.write(self.work.on_lane(
-                [dead_letter(self.intake, entry_id, fields, attempt, self.settings)], lane))
+            self.work.write(
+                self.work.on_lane(
+                    [dead_letter(self.intake, entry_id, fields, attempt, self.settings)], lane
+                )
+            )
         else:
-            self._answer(self.work.on_lane([self.intake.admit(entry_id, fields, time.time() * 1000.0)], lane))
+            self._answer(
+                self.work.on_lane([self.intake.admit(entry_id, fields, time.time() * 1000.0)], lane)
+            )
         return 1
 
     # -- model hot swap ----------------------------------------------------
@@ -379,7 +465,16 @@ class Consumer:
             return
         self.counters.swap(outcome)
         if outcome == "failed":
-            self._alert([Alert("swap_failed", self.watcher.error, self.settings.consumer, self.runtime.version)])
+            self._alert(
+                [
+                    Alert(
+                        "swap_failed",
+                        self.watcher.error,
+                        self.settings.consumer,
+                        self.runtime.version,
+                    )
+                ]
+            )
         elif outcome == "ok" and isinstance(loaded, ModelRuntime):
             self.switch_runtime(loaded, published.model)
 
@@ -393,25 +488,35 @@ class Consumer:
         entries finish on the old copy."""
         self._finish_prefetched()
         old, self.runtime, self.model_source = self.runtime, new, source
-        self.intake = Intake(self.keys, self.settings.limits, new.model_meta, new.input_spec, new.accepts_params,
-                             new.per_request)
+        self.intake = self._intake(new)
         self.columnar = not self.results.keyed and not new.per_request
         self.results.model_changed()
         self.replies.model_meta = new.model_meta
         self.computer.use(new)
         self.work.model_changed(new.model_meta)
         self.counters.model_version(new.version)
-        log.info("consumer %s switched model %s from version %s to %s", self.settings.consumer,
-                 self.settings.name, old.version, new.version)
+        log.info(
+            "consumer %s switched model %s from version %s to %s",
+            self.settings.consumer,
+            self.settings.name,
+            old.version,
+            new.version,
+        )
         device = old.device
         del old
         gc.collect()  # the old copy's tensors go now, not at some later collection...
-        release_device_memory(device)  # ...so the cache they leave can be returned (two workers share a GPU)
+        # ...so the cache they leave can be returned (two workers share a GPU)
+        release_device_memory(device)
 
     def heartbeat_fields(self) -> dict[str, Any]:
         """What the heartbeat publishes besides the counters: version, swap error, cache use."""
-        return {"version": self.runtime.version, "model": self.model_source, "loop_ms": int(self.loop_at_s * 1000),
-                "swap_error": self.watcher.error if self.watcher else "", **self.results.cache_fields()}
+        return {
+            "version": self.runtime.version,
+            "model": self.model_source,
+            "loop_ms": int(self.loop_at_s * 1000),
+            "swap_error": self.watcher.error if self.watcher else "",
+            **self.results.cache_fields(),
+        }
 
     # -- housekeeping ------------------------------------------------------
 
@@ -428,5 +533,12 @@ class Consumer:
             totals = self.counters.snapshot()
             s, self._window = totals - self._window, totals
             if s.requests:
-                log.info("consumer %s: %d requests, %d batches, %.1f rows/batch, %d errors in the last 10 s",
-                         self.settings.consumer, s.requests, s.batches, s.rows / max(s.batches, 1), s.errors)
+                log.info(
+                    "consumer %s: %d requests, %d batches, %.1f rows/batch, %d errors in the "
+                    "last 10 s",
+                    self.settings.consumer,
+                    s.requests,
+                    s.batches,
+                    s.rows / max(s.batches, 1),
+                    s.errors,
+                )

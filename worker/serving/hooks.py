@@ -30,7 +30,8 @@ class Hooks:
 
     @property
     def active(self) -> bool:
-        """Tracing is on or a candidate is loaded: reads take the per-request path, not the columnar one."""
+        """Tracing is on or a candidate is loaded: reads take the per-request path, not the columnar
+        one."""
         return self.tracing is not None or (self.shadow is not None and self.shadow.ready)
 
     def read(self, entries: Sequence[tuple[bytes, Any]], items: list[Any]) -> list[Any]:
@@ -45,7 +46,8 @@ class Hooks:
         live: ModelRuntime,
         compute: Callable[[list[Request]], list[Answer]],
     ) -> list[Answer]:
-        """One batch's answers: the canary's when it is due and succeeds, else ``compute``'s (the live model)."""
+        """One batch's answers: the canary's when it is due and succeeds, else ``compute``'s (the
+        live model)."""
         shadow, tracing = self.shadow, self.tracing
         version = live.version
         started = tracing.now() if tracing is not None else 0

@@ -1,4 +1,5 @@
-"""Priority lanes on the worker side: one XREADGROUP over the lanes, a weighted round robin per read.
+"""Priority lanes on the worker side: one XREADGROUP over the lanes, a weighted round robin per
+read.
 
 A queue (or shard) has three lanes, streams read by group ``workers``:
 ``requests:high``, ``requests`` (normal: the contract's stream) and
@@ -49,7 +50,8 @@ Entry = tuple[bytes, Any]  # (entry id, fields) as the XREADGROUP reply has them
 
 
 def lane_view(keys: QueueKeys, lane: int) -> QueueKeys:
-    """``keys`` with ``requests`` naming the lane's stream: what Recovery and ReplyWriter of a lane use."""
+    """``keys`` with ``requests`` naming the lane's stream: what Recovery and ReplyWriter of a lane
+    use."""
     if lane == NORMAL:
         return keys
     view = copy.copy(keys)
@@ -65,7 +67,8 @@ def favoured_order(read_no: int) -> tuple[int, ...]:
 def pick(
     order: Sequence[int], candidates: Sequence[list[Entry]], count: int
 ) -> tuple[list[Entry], list[int]]:
-    """Take up to ``count`` entries from ``candidates`` (one list per lane, each consumed) in ``order``.
+    """Take up to ``count`` entries from ``candidates`` (one list per lane, each consumed) in
+    ``order``.
 
     Returns the entries and, in step, each one's lane. Pure: what is left in
     ``candidates`` is what the caller holds.
@@ -117,7 +120,8 @@ class LaneReader:
     def read(
         self, client: redis.Redis, consumer: str, count: int, block: int | None
     ) -> tuple[list[Entry], list[int] | None]:
-        """One read of up to ``count`` entries; ``block`` ms as XREADGROUP takes it (None: do not block)."""
+        """One read of up to ``count`` entries; ``block`` ms as XREADGROUP takes it (None: do not
+        block)."""
         wanted = [stream for lane, stream in enumerate(self.streams) if not self.held[lane]]
         if self.holding:
             block = None  # something is ready now
@@ -133,7 +137,8 @@ class LaneReader:
     def read_behind(
         self, behind: BehindRead | None, consumer: str, count: int
     ) -> tuple[list[Entry], list[int] | None]:
-        """:meth:`read`, not blocking, with ``behind``'s unsent reply call after it in one write (behind.py).
+        """:meth:`read`, not blocking, with ``behind``'s unsent reply call after it in one write
+        (behind.py).
 
         Nothing (``[]``) where no call waits to go out or entries are held.
         """
@@ -165,7 +170,8 @@ class LaneReader:
         return taken, lanes
 
     def drop_held(self) -> None:
-        """Forget the held entries (after a lost connection: they come back as this consumer's pending)."""
+        """Forget the held entries (after a lost connection: they come back as this consumer's
+        pending)."""
         self.held = [[], [], []]
 
     def shares(self) -> dict[str, int]:

@@ -190,7 +190,8 @@ class ModelWatcher:
             self._done = (published, outcome)
 
     def take(self) -> tuple[str, Published, object]:
-        """Second check, between rounds: ("none"|"failed"|"stale"|"ok", published, runtime-or-error)."""
+        """Second check, between rounds: ("none"|"failed"|"stale"|"ok", published,
+        runtime-or-error)."""
         with self._lock:
             done, self._done = self._done, None
         if done is None:

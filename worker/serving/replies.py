@@ -114,7 +114,8 @@ class ReplyWriter:
     def write_columns(
         self, cols: Columns, template: ReplyTemplate, outputs: np.ndarray, infer_ms: float
     ) -> None:
-        """Reply ok to every request of ``cols`` and XACK it, in one script call packed from ``template``.
+        """Reply ok to every request of ``cols`` and XACK it, in one script call packed from
+        ``template``.
 
         ``outputs`` holds every request's rows in order, each request's part
         of the template's dtype and shape. The same script and the same
@@ -163,12 +164,14 @@ class ReplyWriter:
             self.behind.settle()
 
     def drop_held(self) -> None:
-        """Forget a held call after a lost connection: its entries are pending on us, and replayed."""
+        """Forget a held call after a lost connection: its entries are pending on us, and
+        replayed."""
         if self.behind is not None:
             self.behind.drop()
 
     def _columns_done(self, cols: Columns, pushed: int, failed: list[int]) -> None:
-        """Count a Columns round's replies and answer those whose key held another type elsewhere."""
+        """Count a Columns round's replies and answer those whose key held another type
+        elsewhere."""
         self.counters.replied_ok(len(cols) - len(failed))
         if pushed < len(cols) - len(failed):
             self.counters.replies_skipped(len(cols) - len(failed) - pushed)
@@ -191,7 +194,8 @@ class ReplyWriter:
             )
 
     def _packed_call(self, reply_keys: list[bytes], packed_args: bytes) -> bytes:
-        """The reply script's EVALSHA over ``reply_keys`` and the RESP-packed (entry id, payload) pairs."""
+        """The reply script's EVALSHA over ``reply_keys`` and the RESP-packed (entry id, payload)
+        pairs."""
         return pack_evalsha(
             self._script.sha,
             self.keys.requests.encode(),
@@ -202,7 +206,8 @@ class ReplyWriter:
         )
 
     def _call_packed(self, packed: bytes) -> Any:
-        """Send a packed EVALSHA of the reply script and return its answer (loading the script if Redis lost it)."""
+        """Send a packed EVALSHA of the reply script and return its answer (loading the script if
+        Redis lost it)."""
         return call_packed(self.redis.connection_pool, packed, self.load)
 
     def _run_script(self, answers: list[Answer]) -> tuple[int, list[int]]:
@@ -243,7 +248,8 @@ class ReplyWriter:
             self._run_script([Answer(retry[i].entry_id, None, None) for i in failed])
 
     def _count(self, answers: list[Answer], failed: list[int]) -> None:
-        """Replies written, by code, for the metrics; each error reply logged (debug) with its id."""
+        """Replies written, by code, for the metrics; each error reply logged (debug) with its
+        id."""
         self.counters.replied(answers, failed)
         if log.isEnabledFor(logging.DEBUG):
             for a in answers:
@@ -256,9 +262,11 @@ class ReplyWriter:
 def _packed_pairs(
     cols: Columns, template: ReplyTemplate, tail: bytes, data: bytes, queued: bytes
 ) -> bytes:
-    """The script's (entry id, reply) arguments of a Columns batch as RESP bulk strings, in one join."""
+    """The script's (entry id, reply) arguments of a Columns batch as RESP bulk strings, in one
+    join."""
     size = template.nbytes
-    around = {}  # id length -> the reply's fixed parts, the first with the reply's RESP header before it
+    # id length -> the reply's fixed parts, the first with the reply's RESP header before it
+    around = {}
     for length in set(map(len, cols.rids)):
         head, *rest = template.payload_parts(length, tail)
         reply_length = template.reply_length(length, tail)
@@ -279,7 +287,8 @@ def _packed_pairs(
     return b"".join(pieces)
 
 
-#: The general encoder a BatchEncoder falls back on: (meta, request, result, infer_ms, batch_rows) -> Answer.
+#: The general encoder a BatchEncoder falls back on: (meta, request, result, infer_ms, batch_rows)
+#: -> Answer.
 Encode = Callable[[tuple[str, str], Any, Any, float, int], Answer]
 
 
@@ -318,7 +327,8 @@ class BatchEncoder:
         return self.template(result.dtype, result.shape)
 
     def template(self, dtype: np.dtype, shape: tuple[int, ...]) -> ReplyTemplate | None:
-        """The template of ok replies whose outputs are one tensor of ``dtype`` and ``shape`` (None: none)."""
+        """The template of ok replies whose outputs are one tensor of ``dtype`` and ``shape`` (None:
+        none)."""
         key = (dtype, shape)
         if key not in self._templates:
             self._templates[key] = self._make(dtype, shape) if len(self._templates) < 64 else None

@@ -139,7 +139,8 @@ def publish_candidate(
 
 
 def set_canary(client: redis.Redis, keys: QueueKeys, percent: float) -> Candidate | None:
-    """Change the active candidate's canary share (0: back to shadow only); None if none is active."""
+    """Change the active candidate's canary share (0: back to shadow only); None if none is
+    active."""
     current = read_candidate(client, keys)
     if current is None or not current.active:
         return None
@@ -157,7 +158,8 @@ def set_canary(client: redis.Redis, keys: QueueKeys, percent: float) -> Candidat
 def end_candidate(
     client: redis.Redis, keys: QueueKeys, state: str, reason: str, seq: int | None = None
 ) -> bool:
-    """Move an active candidate to ``state`` (promoted, stopped, rolled_back); False if none was active."""
+    """Move an active candidate to ``state`` (promoted, stopped, rolled_back); False if none was
+    active."""
     ended = script(client, "rollout_end")(
         keys=[shadow_key(keys)],
         args=[state, reason, str(_now_ms()), "" if seq is None else str(seq)],

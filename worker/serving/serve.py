@@ -64,12 +64,17 @@ def _freeze_startup_heap() -> None:
     """
     gc.collect()
     gc.freeze()
-    log.debug("%d start-up objects frozen out of the garbage collector's walks", gc.get_freeze_count())
+    log.debug(
+        "%d start-up objects frozen out of the garbage collector's walks", gc.get_freeze_count()
+    )
 
 
 def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
-    client = worker_client(settings.redis_url, settings.cluster, block_s=settings.idle_block_ms / 1000.0)
-    label = settings.name if settings.stage is None else stage_label(settings)  # a stage's metrics are its own
+    client = worker_client(
+        settings.redis_url, settings.cluster, block_s=settings.idle_block_ms / 1000.0
+    )
+    # a stage's metrics are its own
+    label = settings.name if settings.stage is None else stage_label(settings)
     counters = Counters(worker_metrics(label, settings.metrics_port))
     loaded = _load_current(settings, client, counters, stop)
     if loaded is None:
@@ -77,17 +82,29 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     runtime, seen_seq, source = loaded
     watcher = ModelWatcher(client, settings.queue_keys, settings, load_runtime, seen_seq)
     kind = Consumer if settings.stage is None else StageConsumer  # one stage of a split model
-    consumer = kind(settings, runtime, client, counters=counters, watcher=watcher, model_source=source,
-                    hooks=lambda c: Hooks(_shadow_runner(c, client), tracing_from_env(settings.name)))
+    consumer = kind(
+        settings,
+        runtime,
+        client,
+        counters=counters,
+        watcher=watcher,
+        model_source=source,
+        hooks=lambda c: Hooks(_shadow_runner(c, client), tracing_from_env(settings.name)),
+    )
     hooks = consumer.hooks
     assert hooks is not None
     if stop.is_set():
         return consumer
-    heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), consumer.keys, settings.consumer,
-                          consumer.counters, {"device": str(runtime.device)},
-                          interval_s=settings.heartbeat_s,
-                          extra=lambda: {**consumer.heartbeat_fields(), **hooks.heartbeat_fields()},
-                          file=settings.heartbeat_file or None)
+    heartbeat = Heartbeat(
+        worker_client(settings.redis_url, settings.cluster),
+        consumer.keys,
+        settings.consumer,
+        consumer.counters,
+        {"device": str(runtime.device)},
+        interval_s=settings.heartbeat_s,
+        extra=lambda: {**consumer.heartbeat_fields(), **hooks.heartbeat_fields()},
+        file=settings.heartbeat_file or None,
+    )
     heartbeat.state = "serving"
     heartbeat.start()
     try:
@@ -104,32 +121,49 @@ def _log_peak_memory(consumer: Consumer) -> None:
     """On a GPU, what torch's allocator held at most (benchmarks/gpu_bench.py reads this line)."""
     peak = peak_memory_mib(consumer.runtime.device)
     if peak is not None:
-        log.info("consumer %s: peak GPU memory %.0f MiB allocated, %.0f MiB reserved on %s",
-                 consumer.settings.consumer, peak[0], peak[1], consumer.runtime.device)
+        log.info(
+            "consumer %s: peak GPU memory %.0f MiB allocated, %.0f MiB reserved on %s",
+            consumer.settings.consumer,
+            peak[0],
+            peak[1],
+            consumer.runtime.device,
+        )
 
 
 def _shadow_runner(consumer: Consumer, client: redis.Redis) -> ShadowRunner:
-    """The consumer's side of ``inferfleet shadow``; its alerts are counted and published like the consumer's."""
+    """The consumer's side of ``inferfleet shadow``; its alerts are counted and published like the
+    consumer's."""
 
     def alert(alerts: list[Alert]) -> None:
         for each in alerts:
             consumer.counters.alert(each.kind)
         publish_alerts(client, consumer.keys, alerts)
 
-    return ShadowRunner(client, consumer.keys, consumer.settings, load_runtime, consumer.counters, alert,
-                        encode_answer, canary_allowed=not consumer.results.keyed)
+    return ShadowRunner(
+        client,
+        consumer.keys,
+        consumer.settings,
+        load_runtime,
+        consumer.counters,
+        alert,
+        encode_answer,
+        canary_allowed=not consumer.results.keyed,
+    )
 
 
 def _read_published(settings: WorkerSettings, client: redis.Redis) -> Published | None:
     try:
         return read_published(client, settings.queue_keys)
     except redis.exceptions.RedisError as exc:
-        log.warning("cannot read the published model version (%s): loading --model %s", exc, settings.model)
+        log.warning(
+            "cannot read the published model version (%s): loading --model %s", exc, settings.model
+        )
         return None
 
 
-def _load_current(settings: WorkerSettings, client: redis.Redis, counters: Counters,
-                  stop: threading.Event) -> tuple[ModelRuntime, int, str] | None:
+def _load_current(
+    settings: WorkerSettings, client: redis.Redis, counters: Counters, stop: threading.Event
+) -> tuple[ModelRuntime, int, str] | None:
     """Load the fleet's published model if ``inferfleet swap`` set one, else ``--model``.
 
     So a worker started after a swap never serves another version than the
@@ -141,12 +175,22 @@ def _load_current(settings: WorkerSettings, client: redis.Redis, counters: Count
     """
     published = _read_published(settings, client)
     while True:
-        if published is None or (published.model, published.version) == (settings.model, settings.model_version):
+        if published is None or (published.model, published.version) == (
+            settings.model,
+            settings.model_version,
+        ):
             return load_runtime(settings), published.seq if published else 0, settings.model
-        log.info("queue %s: the fleet serves version %s (%s), not --model %s: loading that",
-                 settings.name, published.version, published.model, settings.model)
+        log.info(
+            "queue %s: the fleet serves version %s (%s), not --model %s: loading that",
+            settings.name,
+            published.version,
+            published.model,
+            settings.model,
+        )
         try:
-            runtime = load_runtime(replace(settings, model=published.model, model_version=published.version))
+            runtime = load_runtime(
+                replace(settings, model=published.model, model_version=published.version)
+            )
         except ModelLoadError as exc:
             published = _wait_for_loadable(settings, client, counters, published, exc, stop)
             if stop.is_set():
@@ -159,30 +203,62 @@ def _load_current(settings: WorkerSettings, client: redis.Redis, counters: Count
         return runtime, published.seq, published.model
 
 
-def _wait_for_loadable(settings: WorkerSettings, client: redis.Redis, counters: Counters, published: Published,
-                       error: ModelLoadError, stop: threading.Event) -> Published | None:
-    """Out of the group, loudly, until another version is published (returned; None if the hash was deleted:
-    then ``--model`` is the fleet's version again) or ``stop`` is set."""
+def _announce_cannot_load(
+    settings: WorkerSettings,
+    client: redis.Redis,
+    counters: Counters,
+    published: Published,
+    error: ModelLoadError,
+) -> str:
+    """Say loudly, in the log, the counters and the alerts, that ``published`` does not load."""
     detail = f"version {published.version}: {error}"
-    log.error("CANNOT SERVE: the fleet's published version %s (%s) does not load here: %s. This worker stays out of "
-              "the group (it does not serve another version) until a version it can load is published "
-              "(inferfleet swap --rollback, or --model)", published.version, published.model, error)
+    log.error(
+        "CANNOT SERVE: the fleet's published version %s (%s) does not load here: %s. This "
+        "worker stays out of the group (it does not serve another version) until a version "
+        "it can load is published "
+        "(inferfleet swap --rollback, or --model)",
+        published.version,
+        published.model,
+        error,
+    )
     counters.swap("failed")
     counters.alert("swap_failed")
-    heartbeat = Heartbeat(worker_client(settings.redis_url, settings.cluster), settings.queue_keys,
-                          settings.consumer, counters, {"device": settings.device}, interval_s=settings.heartbeat_s,
-                          extra=lambda: {"version": "none", "model": published.model, "swap_error": detail})
-    heartbeat.state = "cannot-load"
     try:
-        publish_alerts(client, settings.queue_keys, [Alert("swap_failed", detail, settings.consumer, "none")])
+        alert = Alert("swap_failed", detail, settings.consumer, "none")
+        publish_alerts(client, settings.queue_keys, [alert])
     except redis.exceptions.RedisError as exc:
         log.warning("cannot publish the swap_failed alert: %s", exc)
+    return detail
+
+
+def _wait_for_loadable(
+    settings: WorkerSettings,
+    client: redis.Redis,
+    counters: Counters,
+    published: Published,
+    error: ModelLoadError,
+    stop: threading.Event,
+) -> Published | None:
+    """Out of the group, loudly, until another version is published (returned; None if the hash was
+    deleted: then ``--model`` is the fleet's version again) or ``stop`` is set."""
+    detail = _announce_cannot_load(settings, client, counters, published, error)
+    heartbeat = Heartbeat(
+        worker_client(settings.redis_url, settings.cluster),
+        settings.queue_keys,
+        settings.consumer,
+        counters,
+        {"device": settings.device},
+        interval_s=settings.heartbeat_s,
+        extra=lambda: {"version": "none", "model": published.model, "swap_error": detail},
+    )
+    heartbeat.state = "cannot-load"
     heartbeat.start()
     try:
         while not stop.wait(max(settings.housekeeping_s, 0.5)):
             try:
                 current = read_published(client, settings.queue_keys)
-            except redis.exceptions.RedisError as exc:  # keep waiting: never fall back on a Redis error
+            # keep waiting: never fall back on a Redis error
+            except redis.exceptions.RedisError as exc:
                 log.warning("cannot read the published model version (%s): still waiting", exc)
                 continue
             if current is None or current.seq != published.seq:

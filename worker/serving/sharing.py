@@ -320,9 +320,9 @@ class LaneWork:
         return [req for req in requests if req.rid not in marked]
 
     def recheck_cancels(self, predict: Predict) -> Predict:
-        """``predict`` that, on a bisect retry (every call after the first: a model error, rare), first
-        looks the part's cancel marks up (one round trip): the marked requests get a :class:`Cancelled`
-        result and are not computed."""
+        """``predict`` that, on a bisect retry (every call after the first: a model error, rare),
+        first looks the part's cancel marks up (one round trip): the marked requests get a
+        :class:`Cancelled` result and are not computed."""
         calls = 0
         cancelled: set[str] = set()
 

@@ -76,7 +76,8 @@ def stage_label(settings: WorkerSettings) -> str:
 
 @dataclass(slots=True)
 class Forward(Answer):
-    """A request's activations for the next stage: the entry's field-value pairs (``payload`` is the body)."""
+    """A request's activations for the next stage: the entry's field-value pairs (``payload`` is the
+    body)."""
 
     fields: list = field(default_factory=list)
 
@@ -116,7 +117,8 @@ class StageIntake(Intake):
                 "model_error",
                 (
                     f"pipeline version changed while the request was in flight (this stage serves "
-                    f"{self.version.decode()}, its activations came from {seen.decode(errors='replace')}): retry"
+                    f"{self.version.decode()}, its activations came from "
+                    f"{seen.decode(errors='replace')}): retry"
                 ),
             )
         if self.carry:
@@ -125,7 +127,8 @@ class StageIntake(Intake):
 
 
 class ForwardEncoder:
-    """Encodes one batch's results as :class:`Forward` entries (errors as replies, by ``general``)."""
+    """Encodes one batch's results as :class:`Forward` entries (errors as replies, by
+    ``general``)."""
 
     def __init__(self, model_meta: tuple[str, str], general: Encode) -> None:
         self.model_meta = model_meta
@@ -192,8 +195,8 @@ class ForwardWriter(ReplyWriter):
 
 
 class StageConsumer(Consumer):
-    """A :class:`Consumer` of one stage: its stream (``settings.queue_keys``), and for every stage but
-    the last a forwarding encoder and writer. Its metrics are labelled :func:`stage_label`."""
+    """A :class:`Consumer` of one stage: its stream (``settings.queue_keys``), and for every stage
+    but the last a forwarding encoder and writer. Its metrics are labelled :func:`stage_label`."""
 
     def __init__(
         self,
