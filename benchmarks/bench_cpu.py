@@ -14,7 +14,8 @@ Two kinds of run, each repeated ``--runs`` times with the targets interleaved
   nothing pending or undelivered. Reported: the worker's and redis-server's
   CPU per request while draining, redis-server's per XADD, and the drain
   rate. Targets: ``fleet`` (``inferfleet worker``) and ``plain``
-  (benchmarks/plain_worker.py, about thirty lines with none of the guarantees).
+  (``python -m inferfleet.worker.bench.naive --batch N``, the naive server's batched
+  yardstick: about thirty lines with none of the guarantees).
 * ``sdk``: N requests through the SDK end to end with one fleet worker
   (``Producer.map``, ``submit_many`` + ``results``, ``AsyncProducer.map``):
   the client's CPU per request beside the worker's and redis-server's (and
@@ -75,7 +76,7 @@ def start_worker(
     target: str, url: str, model: str, rows: int, extra: list[str]
 ) -> subprocess.Popen:
     if target == "plain":
-        cmd = [sys.executable, "-m", "benchmarks.plain_worker", "--count", str(rows)]
+        cmd = [sys.executable, "-m", "inferfleet.worker.bench.naive", "--batch", str(rows)]
     else:
         cmd = [
             sys.executable,

@@ -152,3 +152,40 @@ def test_bad_options_exit_2_with_a_message_and_no_traceback(args, message):
     )
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_naive_servers_batched_mode_answers_each_request_with_the_models_rows(
+    redis_url, models_dir
+):
+    """``naive --batch N``, bench_cpu's plain yardstick: a pre-filled stream is read N at a
+    time and each request gets its own rows of one forward pass."""
+    import torch
+
+    from inferfleet import Producer
+
+    x = np.random.default_rng(0).standard_normal((120, 16)).astype(np.float32)
+    with Producer(redis_url, "plain-yardstick") as producer:
+        ids = producer.submit_many([row[None] for row in x])  # queued before the server reads
+        cmd = [sys.executable, "-m", "inferfleet.worker.bench.naive", "--batch", "32"]
+        cmd += ["--name", "plain-yardstick", "--model", str(models_dir / "affine.pt")]
+        server = subprocess.Popen([*cmd, "--redis-url", redis_url], cwd=ROOT)
+        try:
+            replies = producer.results(ids, timeout_s=60)
+        finally:
+            server.terminate()
+            assert server.wait(timeout=30) == 0
+    want = torch.jit.load(str(models_dir / "affine.pt"))(torch.from_numpy(x)).detach().numpy()
+    got = np.concatenate([r.outputs for r in replies])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert max(r.timing["batch_rows"] for r in replies) == 32
+
+
+def test_the_naive_server_refuses_a_batch_under_one():
+    out = subprocess.run(
+        [sys.executable, "-m", "inferfleet.worker.bench.naive", "--name", "q", "--model", "m.pt"]
+        + ["--batch", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--batch must be 1 or more, not 0" in out.stderr

@@ -16,6 +16,10 @@ the same producer drives both. It checks no deadlines, reclaims nothing and
 never trims its stream: it is a yardstick, not a server. Torch runs with one
 intra-op thread by default, like each fleet worker.
 
+With ``--batch N`` it is instead the batched yardstick of benchmarks/bench_cpu.py's
+``plain`` target (:func:`serve_batched`): what a first batched worker would be, the model
+loaded at the start, none of the fleet's guarantees.
+
     python -m inferfleet.worker.bench.naive --name ctr-naive --model models/ctr.pt --redis-url \\
         redis://127.0.0.1:6390/0
 """
@@ -32,6 +36,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import redis
 import torch
 
@@ -45,8 +50,10 @@ from inferfleet.producer.protocol import (
     decode_body,
     encode_reply_error,
     encode_reply_ok,
+    pack,
     parse_entry,
     row_count,
+    unpack,
 )
 from inferfleet.worker.connections import admin_client
 from inferfleet.worker.handler import Handler
@@ -55,7 +62,7 @@ from inferfleet.worker.runtime.readers import load_model
 from inferfleet.worker.serving.consumer import ensure_group
 from inferfleet.worker.signals import on_signals
 
-__all__ = ["NaiveServer", "main"]
+__all__ = ["NaiveServer", "main", "serve_batched"]
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +159,51 @@ class NaiveServer:
         return handler
 
 
+def serve_batched(
+    client: redis.Redis,
+    keys: QueueKeys,
+    handler: Handler,
+    count: int,
+    consumer: str,
+    stop: threading.Event,
+) -> int:
+    """The batched yardstick: read ``count`` entries, one forward pass, pipelined replies.
+
+    About thirty lines of serving, what a first batched worker would be: one bounded
+    msgpack decode per entry, the rows concatenated, one RPUSH + EXPIRE per reply and one XACK
+    for the read. No validation, deadlines, error isolation or exactly-once replies:
+    what the fleet worker adds costs what it costs against this (benchmarks/bench_cpu.py).
+    """
+    ensure_group(client, keys.requests)
+    client.xgroup_createconsumer(keys.requests, GROUP, consumer)
+    meta, served = {"name": keys.name, "version": "plain"}, 0
+    while not stop.is_set():
+        read = client.xreadgroup(
+            GROUP, consumer, {keys.requests: ">"}, count=count, block=_BLOCK_MS
+        )
+        if not read:
+            continue
+        entries = read[0][1]
+        bodies = [unpack(fields[b"body"])["inputs"] for _, fields in entries]
+        x = np.concatenate(
+            [np.frombuffer(b["data"], b["dtype"]).reshape(b["shape"]) for b in bodies]
+        )
+        with torch.inference_mode():
+            y = to_numpy(handler.predict(torch.from_numpy(x), {}))
+        pipe = client.pipeline(transaction=False)
+        for (_, fields), row in zip(entries, y):
+            rid = fields[b"id"].decode()
+            out = {"dtype": str(row.dtype), "shape": [1, *row.shape], "data": row.tobytes()}
+            timing = {"queued_ms": 0.0, "infer_ms": 0.0, "batch_rows": len(y)}
+            reply = {"id": rid, "ok": True, "outputs": out, "model": meta, "timing": timing}
+            pipe.rpush(keys.reply(rid), pack(reply))
+            pipe.expire(keys.reply(rid), DEFAULT_REPLY_TTL_S)
+        pipe.xack(keys.requests, GROUP, *[entry_id for entry_id, _ in entries])
+        pipe.execute()
+        served += len(entries)
+    return served
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m inferfleet.worker.bench.naive", description=__doc__.splitlines()[0]
@@ -163,11 +215,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL)
     parser.add_argument("--prefix", default=DEFAULT_PREFIX)
     parser.add_argument("--consumer", default=f"naive-{socket.gethostname()}-{os.getpid()}")
+    parser.add_argument(
+        "--batch", type=int, default=1, help="N > 1: the batched yardstick, N entries a read"
+    )
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument(
         "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.batch < 1:
+        parser.error(f"--batch must be 1 or more, not {args.batch}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -181,9 +239,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_interop_threads(1)
     stop = threading.Event()
     on_signals((signal.SIGTERM, signal.SIGINT), lambda _: stop.set())
-    client = admin_client(args.redis_url)
-    server = NaiveServer(client, QueueKeys(args.name, args.prefix), args.model, args.consumer)
-    log.info("naive server on %s: %d requests served", args.name, server.serve(stop))
+    client, keys = admin_client(args.redis_url), QueueKeys(args.name, args.prefix)
+    if args.batch > 1:
+        handler = load_model(args.model, torch.device("cpu"))[0]
+        served = serve_batched(client, keys, handler, args.batch, args.consumer, stop)
+    else:
+        served = NaiveServer(client, keys, args.model, args.consumer).serve(stop)
+    log.info("naive server on %s: %d requests served", args.name, served)
 
 
 if __name__ == "__main__":
