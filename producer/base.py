@@ -39,6 +39,7 @@ from inferfleet.producer.protocol import (
     workers_group,
 )
 from inferfleet.producer.sharing import (
+    CANCEL_TTL_S,
     cancel_keys,
     enqueue_keys,
     lane_keys,
@@ -258,7 +259,7 @@ class ProducerBase:
         for shard, positions in group_by_shard(rids, self.shards):
             mine = [rids[p] for p in positions]
             keys = cancel_keys(self.shard_keys[shard], mine)
-            calls.append(["inferfleet_cancel", len(keys), *keys, defaults.CANCEL_BOUND_MS, *mine])
+            calls.append(["inferfleet_cancel", len(keys), *keys, CANCEL_TTL_S * 1000, *mine])
         return calls
 
     def _check_open(self) -> None:

@@ -36,5 +36,3 @@ POLL_S = 0.05
 WAIT_S = 1.0
 #: how often a producer looks whether fleet-wide limits are in force (one EXISTS)
 LIMITS_S = 1.0
-#: a cancel mark of a request without a deadline lives at most this long
-CANCEL_BOUND_MS = 3_600_000

@@ -491,7 +491,7 @@ class Consumer:
         self.intake = self._intake(new)
         self.columnar = not self.results.keyed and not new.per_request
         self.results.model_changed()
-        self.replies.model_meta = new.model_meta
+        self.replies.model_changed(new.model_meta)
         self.computer.use(new)
         self.work.model_changed(new.model_meta)
         self.counters.model_version(new.version)

@@ -51,8 +51,8 @@ class ReplyWriter:
     """Writes one consumer's answers: dead letters, replies and acknowledgements, counted.
 
     ``model_meta`` (name, version) names the model in the ``bad_request``
-    written when a reply key holds another type; the consumer sets it when it
-    switches models. ``hold_behind_reads``: hold each Columns round's call
+    written when a reply key holds another type; :meth:`model_changed` follows a
+    hot swap. ``hold_behind_reads``: hold each Columns round's call
     until the next read (:mod:`~inferfleet.worker.serving.behind`), only on a
     plain Redis client (a cluster routes the call itself) and only for a
     consumer whose reads and writes take turns on one thread.
@@ -83,6 +83,10 @@ class ReplyWriter:
             if hold_behind_reads and self._direct
             else None
         )
+
+    def model_changed(self, model_meta: tuple[str, str]) -> None:
+        """Name ``model_meta`` in the replies written from now on (after a hot swap)."""
+        self.model_meta = model_meta
 
     def load(self) -> None:
         """Load the script now (at start: a missing permission shows before the first reply)."""
