@@ -26,17 +26,39 @@ from inferfleet.producer.connections import redis_url as resolve_url
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
     BodyEncoder,
+    QueueKeys,
     Reply,
     validate_request_id,
 )
+from inferfleet.producer.reader import AsyncReplyReader
 from inferfleet.producer.sharing import (
     LIBRARY,
     limits_key,
     validate_priority,
 )
 from inferfleet.producer.transport import Round, arun
+from inferfleet.producer.writes import AsyncWriteBatcher
 
 __all__ = ["AsyncProducer"]
+
+
+async def _replies_in(box: asyncio.Queue, wait_s: float) -> list[Reply]:
+    """Every reply the reader has put in ``box``, after waiting up to ``wait_s`` for the first;
+    an error it put there is raised."""
+    items = []
+    if box.empty():
+        try:
+            items.append(await asyncio.wait_for(box.get(), wait_s))
+        except asyncio.TimeoutError:
+            return []
+    while not box.empty():
+        items.append(box.get_nowait())
+    replies: list[Reply] = []
+    for item in items:
+        if isinstance(item, Exception):
+            raise item
+        replies += item
+    return replies
 
 
 class AsyncProducer(ProducerBase):
@@ -62,8 +84,23 @@ class AsyncProducer(ProducerBase):
         )
         self._owns_client = client is None
         self.cluster = cluster or isinstance(client, AsyncRedisCluster)
+        self._url = resolve_url(redis_url)
         with translate_errors():
-            self.redis = client or connect_async(resolve_url(redis_url), self.cluster)
+            self.redis = client or connect_async(self._url, self.cluster)
+        self._fresh_io()
+
+    def _fresh_io(self) -> None:
+        self._limits_reading: asyncio.Future | None = None
+        self._replies = AsyncReplyReader(self.redis, self.inboxes, self.cluster)
+        self._writes = AsyncWriteBatcher(lambda round_: arun(self.redis, round_, keep_errors=True))
+
+    def _reset_io(self) -> None:
+        """In a forked child: new connections where this producer made its client (asyncio
+        connections know nothing of forks; a client passed in is the caller's to replace),
+        a new reply reader and write batcher."""
+        if self._owns_client:
+            self.redis = connect_async(self._url, self.cluster)
+        self._fresh_io()
 
     async def _make_room(self, adding: int) -> None:
         """Enforce max_backlog before sending ``adding`` requests (raise or wait)."""
@@ -82,20 +119,27 @@ class AsyncProducer(ProducerBase):
     async def _check_limits(self) -> bool:
         """Whether fleet-wide limits are in force.
 
-        One EXISTS a second at most; loads the functions once.
+        One EXISTS a second at most, however many tasks send at once (they await
+        the same read); loads the functions once.
         """
         if self._limits_due():
-            with translate_errors():
-                in_force = bool(await self.redis.exists(limits_key(self.keys)))
-                if in_force and not self._library_loaded:
-                    self._library_loaded = True
-                    # every worker loads it too: a producer user without FUNCTION LOAD does without
-                    try:
-                        await self.redis.function_load(LIBRARY, replace=True)
-                    except redis.exceptions.ResponseError:
-                        pass
-            self._limits_read(in_force)
+            reading = self._limits_reading
+            if reading is None or reading.done():
+                reading = self._limits_reading = asyncio.ensure_future(self._read_limits())
+            await asyncio.shield(reading)
         return self._admitting()
+
+    async def _read_limits(self) -> None:
+        with translate_errors():
+            in_force = bool(await self.redis.exists(limits_key(self.keys)))
+            if in_force and not self._library_loaded:
+                self._library_loaded = True
+                # every worker loads it too: a producer user without FUNCTION LOAD does without
+                try:
+                    await self.redis.function_load(LIBRARY, replace=True)
+                except redis.exceptions.ResponseError:
+                    pass
+        self._limits_read(in_force)
 
     async def submit(
         self,
@@ -109,16 +153,16 @@ class AsyncProducer(ProducerBase):
     ) -> str:
         """Enqueue one request on the lane of ``priority`` and return its request id."""
         rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
+        await self._send_one(rid, keys, fields, priority)
+        return rid
+
+    async def _send_one(self, rid: str, keys: QueueKeys, fields: dict, priority: str) -> None:
+        """One request's XADD (or FCALL), sent with the other tasks' of this loop tick."""
         lane = self.lanes[self.shard_of(rid)][validate_priority(priority)]
         await self._make_room(1)
+        await self._check_limits()
         with translate_errors():
-            if await self._check_limits():
-                await self.redis.execute_command(
-                    *self._fcall_args(keys, lane, [rid], [fields["body"]], fields.items())
-                )
-            else:
-                await self.redis.xadd(lane, fields)
-        return rid
+            await self._writes.write(self._write_args(keys, lane, rid, fields))
 
     async def cancel(self, request_id: str) -> str:
         """Cancel a request no worker has computed yet (see Producer.cancel)."""
@@ -178,10 +222,31 @@ class AsyncProducer(ProducerBase):
     ) -> Any:
         """Submit (with the timeout as deadline), wait and return the outputs.
 
-        Raises on an error reply.
+        Raises on an error reply. The reply comes to this producer's inbox, where
+        its one reader task hands it to this call: any number of tasks of one loop
+        may await ``infer`` on one producer; cancelling one leaves the others be.
         """
-        rid = await self.submit(inputs, params, deadline_s=timeout_s, priority=priority)
-        return (await self.result(rid, timeout_s)).outputs
+        rid, keys, fields = self._entry(inputs, params, timeout_s, to_inbox=True)
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def hand(got: Any) -> None:
+            if not done.done():
+                done.set_result(got)
+
+        self._replies.expect(hand, [rid], [self.shard_of(rid)])
+        timer = loop.call_later(timeout_s, hand, None)
+        try:
+            await self._send_one(rid, keys, fields, priority)
+            got = await done
+        finally:
+            timer.cancel()
+            self._replies.forget([rid])
+        if got is None:
+            raise errors.ReplyTimeout(await self._missing(rid, timeout_s))
+        if isinstance(got, Exception):
+            raise got
+        return got[0].raise_for_error().outputs
 
     async def submit_many(
         self,
@@ -241,13 +306,12 @@ class AsyncProducer(ProducerBase):
         priority: str = defaults.PRIORITY,
     ) -> list[Reply]:
         """Run every input through the fleet; replies in input order (see Producer.map)."""
-        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
         replies: list[Any] = []
-        while calls.active:
-            taken = await self._map_round(calls, timeout_s, raise_errors, None)
-            replies += [None] * (calls.sent - len(replies))
-            for index, reply in taken:
-                replies[index] = reply
+        async for index, reply in self._mapped(
+            inputs, params, timeout_s, window, deadline_s, raise_errors, None, priority
+        ):
+            replies += [None] * (index + 1 - len(replies))
+            replies[index] = reply
         return replies
 
     async def imap(
@@ -264,36 +328,66 @@ class AsyncProducer(ProducerBase):
         priority: str = defaults.PRIORITY,
     ) -> AsyncIterator[Reply]:
         """Like :meth:`map`, but an async iterator of replies as they come (see Producer.imap)."""
-        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
         ready: dict[int, Reply] = {}
         next_out = 0
-        while calls.active:
-            for index, reply in await self._map_round(calls, timeout_s, raise_errors, on_send):
-                if ordered:
-                    ready[index] = reply
-                else:
-                    yield reply
-            while ordered and next_out in ready:
+        async for index, reply in self._mapped(
+            inputs, params, timeout_s, window, deadline_s, raise_errors, on_send, priority
+        ):
+            if not ordered:
+                yield reply
+                continue
+            ready[index] = reply
+            while next_out in ready:
                 yield ready.pop(next_out)
                 next_out += 1
+
+    async def _mapped(
+        self,
+        inputs: Iterable[Any],
+        params: Mapping[str, Any] | None,
+        timeout_s: float,
+        window: int,
+        deadline_s: float | None,
+        raise_errors: bool,
+        on_send: Callable[[list[str]], None] | None,
+        priority: str,
+    ) -> AsyncIterator[tuple[int, Reply]]:
+        """(input index, reply) of a map/imap call as replies come (see Producer._mapped)."""
+        box: asyncio.Queue = asyncio.Queue()
+        calls = MapRun(
+            self,
+            inputs,
+            params,
+            window,
+            deadline_s,
+            validate_priority(priority),
+            lambda rids, shards: self._replies.expect(box.put_nowait, rids, shards),
+        )
+        try:
+            while calls.active:
+                for taken in await self._map_round(calls, box, timeout_s, raise_errors, on_send):
+                    yield taken
+        finally:
+            self._replies.forget(calls.in_flight.ids())
 
     async def _map_round(
         self,
         calls: MapRun,
+        box: asyncio.Queue,
         timeout_s: float,
         raise_errors: bool,
         on_send: Callable[[list[str]], None] | None,
     ) -> list[tuple[int, Reply]]:
-        """One round trip of map/imap: send what the window allows, wait for and pop replies."""
+        """One round of map/imap: send what the window allows, take what the reader brought."""
         round_ = Round()
         await self._check_limits()
         batch = calls.fill(round_)
-        calls.queue_pops(round_, self._block_keys, defaults.POLL_S)
-        if on_send is not None and batch:
-            on_send(batch)
-        with translate_errors():
-            popped = calls.popped(await arun(self.redis, round_))
-        taken = calls.take(popped, raise_errors)
+        if batch:
+            if on_send is not None:
+                on_send(batch)
+            with translate_errors():
+                await arun(self.redis, round_)
+        taken = calls.take(await _replies_in(box, defaults.POLL_S), raise_errors)
         calls.check_stall(timeout_s)
         return taken
 
@@ -325,9 +419,14 @@ class AsyncProducer(ProducerBase):
         return sum_shards(lengths, [next(found) if n else [] for n in lengths])
 
     async def close(self) -> None:
-        """Release the connection pool (if this producer created it)."""
-        if not self._closed and self._owns_client:
-            await self.redis.aclose()
+        """Stop the reply reader and release the connection pool (if this producer created it).
+
+        A call still waiting for a reply raises InferfleetError.
+        """
+        if not self._closed:
+            await self._replies.aclose()
+            if self._owns_client:
+                await self.redis.aclose()
         self._closed = True
 
     async def __aenter__(self) -> AsyncProducer:

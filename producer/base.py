@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain, count
 from typing import Any
@@ -47,6 +48,18 @@ from inferfleet.producer.sharing import (
 )
 from inferfleet.producer.tracing import current_traceparent, traceparent_fields
 from inferfleet.producer.transport import Round
+
+#: Every producer of this process, so that a forked child can give each a new identity.
+_LIVE: weakref.WeakSet[ProducerBase] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for producer in list(_LIVE):
+        producer._forked()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def sum_shards(lengths: Sequence[int], groups: Sequence[list[dict]]) -> tuple[int | None, int]:
@@ -136,15 +149,31 @@ class ProducerBase:
         self.full_wait_s = full_wait_s
         # (monotonic time of the last read, backlog since): re-read every BACKLOG_CACHE_S
         self._backlog_seen = (-defaults.BACKLOG_CACHE_S, 0)
+        self._new_identity()
+        _LIVE.add(self)
+        self.cluster = False  # set by the subclass: one BLPOP may then name one shard's key only
+        self._closed = False
+
+    def _new_identity(self) -> None:
+        """Draw the token behind this producer's request ids and inboxes, and its id counter.
+
+        Drawn again in a forked child (:func:`_after_fork`): a child that kept the
+        parent's would send the same ids and pop the same inbox.
+        """
         token = os.urandom(6).hex()
         self._rid_base = f"{token}-"
         self._rids = count()
         #: this producer's reply inbox in each shard (one BLPOP cannot span cluster slots)
         self.inboxes = tuple(keys.inbox(f"p-{token}") for keys in self.shard_keys)
         self.inbox = self.inboxes[0]
-        self._turn = 0  # which shard's inbox a cluster client blocks on next
-        self.cluster = False  # set by the subclass: one BLPOP may then name one shard's key only
-        self._closed = False
+
+    def _forked(self) -> None:
+        """In a forked child: a new identity, and none of the parent's in-flight state."""
+        self._new_identity()
+        self._reset_io()
+
+    def _reset_io(self) -> None:
+        """Drop the reader, the write batcher and their locks (the subclasses have them)."""
 
     def new_request_id(self) -> str:
         """A request id unique to this producer (random base + counter)."""
@@ -192,6 +221,13 @@ class ProducerBase:
         if self.tenant is not None:
             fields["tenant"] = self.tenant
         return rid, keys, fields
+
+    def _write_args(self, keys: QueueKeys, lane: str, rid: str, fields: dict) -> list[Any]:
+        """The one command that sends one request: its XADD, or its FCALL while the queue has
+        fleet-wide limits (call ``_check_limits`` first)."""
+        if self._admitting():
+            return self._fcall_args(keys, lane, [rid], [fields["body"]], fields.items())
+        return ["XADD", lane, "*", *chain.from_iterable(fields.items())]
 
     # -- sharing a fleet: lanes, admission, cancellation (no I/O) --
 
@@ -378,15 +414,6 @@ class ProducerBase:
             base = self.keys.reply("")
             return ReplyScan([base + rid for rid in rids])
         return ReplyScan([self.shard_keys[shard_for(rid, self.shards)].reply(rid) for rid in rids])
-
-    def _block_keys(self, waiting: list[int]) -> list[str]:
-        """Inboxes a map round's BLPOP waits on: every waiting one, or on a cluster
-        (where one BLPOP cannot span slots) one shard's in turn; the round's LPOPs
-        still pop every waiting inbox once the BLPOP returns."""
-        if not self.cluster or len(waiting) == 1:
-            return [self.inboxes[shard] for shard in waiting]
-        self._turn += 1
-        return [self.inboxes[waiting[self._turn % len(waiting)]]]
 
     @staticmethod
     def _replies_missing(scan: ReplyScan, asked: int, timeout_s: float) -> errors.ReplyTimeout:

@@ -1,8 +1,8 @@
 """The bookkeeping of the producer's bulk calls, with no I/O of its own.
 
 :class:`MapRun` is one ``map``/``imap`` call between round trips: which
-inputs the next round sends (at most ``window`` in flight), which inboxes it
-pops, and which popped replies are this call's. :class:`ReplyScan` is one
+inputs the next round sends (at most ``window`` in flight), and which of the
+replies the producer's reader handed it are this call's. :class:`ReplyScan` is one
 ``results`` call: which reply keys the next round polls, in input order, so
 that a round probes about as many keys as are likely answered. The
 producers (``client.py``) only run the :class:`~inferfleet.producer.transport.Round`
@@ -84,21 +84,9 @@ class InFlight:
                 return index
         return None
 
-    def take(
-        self, shard: int, popped: Sequence[bytes], raise_errors: bool
-    ) -> list[tuple[int, Reply]]:
-        """(input index, reply) of each reply popped from ``shard``'s inbox that this call waits for
-        (others are stale replies of an earlier, abandoned call)."""
-        pop = self._where[shard].pop
-        taken = [
-            (index, reply)
-            for reply in lazy_replies(popped)
-            if (index := pop(reply.id, None)) is not None
-        ]
-        if raise_errors:
-            for _, reply in taken:
-                reply.raise_for_error()
-        return taken
+    def ids(self) -> list[str]:
+        """Every request id still owed a reply."""
+        return [rid for where in self._where for rid in where]
 
     def shards(self) -> list[int]:
         """Shards with requests in flight: the inboxes worth popping."""
@@ -116,6 +104,7 @@ class MapRun:
         window: int,
         deadline_s: float | None,
         lane: int = 1,
+        expect: Callable[[list[str], list[int]], None] | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
@@ -126,8 +115,8 @@ class MapRun:
         self.deadline_s = deadline_s
         self.lane = lane  # 0 high, 1 normal, 2 low
         self.in_flight = InFlight(sender.shards)
-        self._inbox_shard = {inbox.encode(): shard for shard, inbox in enumerate(sender.inboxes)}
-        self._tail: tuple[list[int], bool] = ([], False)
+        #: registers ids (with their shards) with the producer's reply reader before they are sent
+        self.expect = expect
         self.sent = 0
         self.exhausted = False
         self.last_progress = time.monotonic()
@@ -154,43 +143,20 @@ class MapRun:
         for shard, positions in self.sender.queue_xadds(
             round_, rids, bodies, fields, True, self.lane
         ):
-            self.in_flight.add_many(
-                shard, [rids[p] for p in positions], [self.sent + p for p in positions]
-            )
+            mine = [rids[p] for p in positions]
+            self.in_flight.add_many(shard, mine, [self.sent + p for p in positions])
+            if self.expect is not None:
+                self.expect(mine, [shard] * len(mine))
         self.sent += len(batch)
         return rids
 
-    def queue_pops(
-        self, round_: Round, block_keys: Callable[[list[int]], list[str]], timeout_s: float
-    ) -> None:
-        """Queue a BLPOP (up to ``timeout_s``) on the inboxes ``block_keys`` picks among the waiting
-        shards', then an LPOP of each waiting shard's inbox: one round trip waits and collects."""
-        waiting = self.in_flight.shards()
-        block = block_keys(waiting) if waiting else []
-        if block:
-            round_.blpop(block, timeout_s)
-        for shard in waiting:
-            round_.lpop(self.sender.inboxes[shard], POP_COUNT)
-        self._tail = (waiting, bool(block))
-
-    def popped(self, replies: Sequence[Any]) -> list[tuple[int, list[bytes] | None]]:
-        """(shard, replies) that the round's trailing BLPOP and LPOPs took."""
-        waiting, blocked = self._tail
-        tail = replies[len(replies) - len(waiting) - blocked :]
-        found: list[tuple[int, list[bytes] | None]] = []
-        if blocked and tail[0]:  # [key, reply] or None when it timed out
-            found.append((self._inbox_shard[tail[0][0]], [tail[0][1]]))
-        found += zip(waiting, tail[blocked:])
-        return found
-
-    def take(
-        self, popped: Iterable[tuple[int, list[bytes] | None]], raise_errors: bool
-    ) -> list[tuple[int, Reply]]:
-        """(input index, reply) of the replies popped, per shard, that this call waits for."""
-        taken = []
-        for shard, raws in popped:
-            if raws:
-                taken += self.in_flight.take(shard, raws, raise_errors)
+    def take(self, replies: Iterable[Reply], raise_errors: bool) -> list[tuple[int, Reply]]:
+        """(input index, reply) of each of ``replies`` this call sent (others are skipped)."""
+        pop = self.in_flight.pop
+        taken = [(index, reply) for reply in replies if (index := pop(reply.id)) is not None]
+        if raise_errors:
+            for _, reply in taken:
+                reply.raise_for_error()
         if taken:
             self.last_progress = time.monotonic()
         return taken

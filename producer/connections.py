@@ -55,6 +55,7 @@ __all__ = [
     "refusal",
     "socket_timeout_for",
     "translate_errors",
+    "translated",
 ]
 
 #: Where clients connect when neither an argument nor ``$REDIS_URL`` says otherwise.
@@ -158,18 +159,40 @@ def refusal(message: str) -> errors.InferfleetError | None:
     return None
 
 
+#: redis-py's class for an ``OOM`` error reply (its message then lacks the ``OOM`` word)
+_OUT_OF_MEMORY = getattr(redis.exceptions, "OutOfMemoryError", redis.exceptions.ResponseError)
+if _OUT_OF_MEMORY is redis.exceptions.ResponseError:  # pragma: no cover - an old redis-py
+    _OUT_OF_MEMORY = ()  # type: ignore[assignment]
+
+
+def translated(exc: BaseException) -> BaseException:
+    """The SDK's exception for a redis-py one (any other is returned as it is).
+
+    A write refused because Redis is at ``maxmemory`` (``OOM ...``) is
+    :class:`~inferfleet.producer.errors.QueueFull`: nothing was written, and
+    backing off is what a caller does about a full queue and a full Redis alike.
+    """
+    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        return errors.ConnectionError(f"Redis connection failed: {exc}")
+    if isinstance(exc, redis.exceptions.ResponseError):
+        if isinstance(exc, _OUT_OF_MEMORY) or str(exc).startswith("OOM "):
+            return errors.QueueFull(
+                f"Redis is out of memory and refused the write ({exc}): nothing was enqueued; "
+                "back off and retry once workers have drained the queue (or raise maxmemory)",
+                None,
+            )
+        return refusal(str(exc)) or errors.InferfleetError(f"Redis error: {exc}")
+    if isinstance(exc, redis.exceptions.RedisError):
+        return errors.InferfleetError(f"Redis error: {exc}")
+    if isinstance(exc, redis.exceptions.RedisClusterException):  # not a RedisError: cross-slot
+        return errors.InferfleetError(f"Redis Cluster error: {exc}")
+    return exc
+
+
 @contextmanager
 def translate_errors() -> Iterator[None]:
     """The one seam where redis-py exceptions become the SDK's own (``raise ... from``)."""
     try:
         yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise errors.ConnectionError(f"Redis connection failed: {exc}") from exc
-    except redis.exceptions.ResponseError as exc:
-        raise refusal(str(exc)) or errors.InferfleetError(f"Redis error: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        raise errors.InferfleetError(f"Redis error: {exc}") from exc
-    except (
-        redis.exceptions.RedisClusterException
-    ) as exc:  # not a RedisError: cross-slot and the like
-        raise errors.InferfleetError(f"Redis Cluster error: {exc}") from exc
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise translated(exc) from exc

@@ -85,12 +85,14 @@ class ReplyTimeout(InferfleetError, TimeoutError):
 
 
 class QueueFull(InferfleetError):
-    """The queue's backlog is over the producer's ``max_backlog``: back off and retry.
+    """The queue's backlog is over the producer's ``max_backlog``, or Redis is out of memory:
+    back off and retry.
 
-    Nothing was enqueued. ``backlog`` is the backlog that was seen.
+    Nothing was enqueued. ``backlog`` is the backlog that was seen (None when
+    Redis itself refused the write at ``maxmemory``).
     """
 
-    def __init__(self, message: str, backlog: int) -> None:
+    def __init__(self, message: str, backlog: int | None) -> None:
         super().__init__(message)
         self.backlog = backlog
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
+from queue import Empty, SimpleQueue
 from typing import Any
 
 import redis
@@ -28,12 +30,14 @@ from inferfleet.producer.protocol import (
     Reply,
     validate_request_id,
 )
+from inferfleet.producer.reader import ReplyReader
 from inferfleet.producer.sharing import (
     LIBRARY,
     limits_key,
     validate_priority,
 )
 from inferfleet.producer.transport import Round, run
+from inferfleet.producer.writes import WriteBatcher
 
 __all__ = ["Producer"]
 
@@ -70,6 +74,23 @@ def _missing(client: Any, keys: QueueKeys, request_id: str, timeout_s: float) ->
     except redis.exceptions.RedisError:
         return f"no reply to {request_id!r} within {timeout_s} s"
     return missing_reply_message(request_id, timeout_s, keys, groups)
+
+
+def _replies_in(box: SimpleQueue, wait_s: float) -> list[Reply]:
+    """Every reply the reader has put in ``box``, after waiting up to ``wait_s`` for the first;
+    an error it put there is raised."""
+    try:
+        items = [box.get(timeout=wait_s)]
+    except Empty:
+        return []
+    while not box.empty():
+        items.append(box.get_nowait())
+    replies: list[Reply] = []
+    for item in items:
+        if isinstance(item, Exception):
+            raise item
+        replies += item
+    return replies
 
 
 class Producer(ProducerBase):
@@ -115,6 +136,13 @@ class Producer(ProducerBase):
         self.cluster = cluster or isinstance(client, RedisCluster)
         with translate_errors():
             self.redis = client or connect(resolve_url(redis_url), self.cluster)
+        self._reset_io()
+
+    def _reset_io(self) -> None:
+        """A new reply reader, write batcher and locks (at start, and in a forked child)."""
+        self._limits_lock = threading.Lock()
+        self._replies = ReplyReader(self.redis, self.inboxes, self.cluster)
+        self._writes = WriteBatcher(lambda round_: run(self.redis, round_, keep_errors=True))
 
     def _make_room(self, adding: int) -> None:
         """Enforce max_backlog before sending ``adding`` requests (raise or wait)."""
@@ -133,20 +161,26 @@ class Producer(ProducerBase):
     def _check_limits(self) -> bool:
         """Whether fleet-wide limits are in force.
 
-        One EXISTS a second at most; loads the functions once.
+        One EXISTS a second at most, however many threads send at once (one reads,
+        the others wait for it); loads the functions once.
         """
         if self._limits_due():
-            with translate_errors():
-                in_force = bool(self.redis.exists(limits_key(self.keys)))
-                if in_force and not self._library_loaded:
-                    self._library_loaded = True
-                    # every worker loads it too: a producer user without FUNCTION LOAD does without
-                    try:
-                        self.redis.function_load(LIBRARY, replace=True)
-                    except redis.exceptions.ResponseError:
-                        pass
-            self._limits_read(in_force)
+            with self._limits_lock:
+                if self._limits_due():
+                    self._read_limits()
         return self._admitting()
+
+    def _read_limits(self) -> None:
+        with translate_errors():
+            in_force = bool(self.redis.exists(limits_key(self.keys)))
+            if in_force and not self._library_loaded:
+                self._library_loaded = True
+                # every worker loads it too: a producer user without FUNCTION LOAD does without
+                try:
+                    self.redis.function_load(LIBRARY, replace=True)
+                except redis.exceptions.ResponseError:
+                    pass
+        self._limits_read(in_force)
 
     # -- one request -------------------------------------------------------
 
@@ -162,16 +196,16 @@ class Producer(ProducerBase):
     ) -> str:
         """Enqueue one request on the lane of ``priority`` and return its request id."""
         rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
+        self._send_one(rid, keys, fields, priority)
+        return rid
+
+    def _send_one(self, rid: str, keys: QueueKeys, fields: dict, priority: str) -> None:
+        """One request's XADD (or FCALL), sent with the other threads' concurrent ones."""
         lane = self.lanes[self.shard_of(rid)][validate_priority(priority)]
         self._make_room(1)
+        self._check_limits()
         with translate_errors():
-            if self._check_limits():
-                self.redis.execute_command(
-                    *self._fcall_args(keys, lane, [rid], [fields["body"]], fields.items())
-                )
-            else:
-                self.redis.xadd(lane, fields)
-        return rid
+            self._writes.write(self._write_args(keys, lane, rid, fields))
 
     def cancel(self, request_id: str) -> str:
         """Cancel a request no worker has computed yet: answered ``cancelled``, never computed.
@@ -231,11 +265,23 @@ class Producer(ProducerBase):
     ) -> Any:
         """Submit (with the timeout as deadline), wait and return the outputs.
 
-        Raises on an error reply.
+        Raises on an error reply. The reply comes to this producer's inbox,
+        where its one reader thread hands it to this call: any number of
+        threads may call ``infer`` on one producer at once.
         """
-        return self.result(
-            self.submit(inputs, params, deadline_s=timeout_s, priority=priority), timeout_s
-        ).outputs
+        rid, keys, fields = self._entry(inputs, params, timeout_s, to_inbox=True)
+        box: SimpleQueue = SimpleQueue()
+        self._replies.expect(box.put, [rid], [self.shard_of(rid)])
+        try:
+            self._send_one(rid, keys, fields, priority)
+            got = box.get(timeout=timeout_s)
+        except Empty:
+            raise errors.ReplyTimeout(_missing(self.redis, keys, rid, timeout_s)) from None
+        finally:
+            self._replies.forget([rid])
+        if isinstance(got, Exception):
+            raise got
+        return got[0].raise_for_error().outputs
 
     # -- many requests -----------------------------------------------------
 
@@ -310,13 +356,12 @@ class Producer(ProducerBase):
         of requests cost a handful of round trips. ``timeout_s`` is the longest
         wait for any next reply; on a stall ReplyTimeout is raised.
         """
-        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
         replies: list[Any] = []
-        while calls.active:
-            taken = self._map_round(calls, timeout_s, raise_errors, None)
-            replies += [None] * (calls.sent - len(replies))
-            for index, reply in taken:
-                replies[index] = reply
+        for index, reply in self._mapped(
+            inputs, params, timeout_s, window, deadline_s, raise_errors, None, priority
+        ):
+            replies += [None] * (index + 1 - len(replies))
+            replies[index] = reply
         return replies
 
     def imap(
@@ -337,36 +382,67 @@ class Producer(ProducerBase):
         ``on_send``, if given, is called with the ids of each pipeline of
         requests just before it is sent (benchmarks time requests with it).
         """
-        calls = MapRun(self, inputs, params, window, deadline_s, validate_priority(priority))
         ready: dict[int, Reply] = {}
         next_out = 0
-        while calls.active:
-            for index, reply in self._map_round(calls, timeout_s, raise_errors, on_send):
-                if ordered:
-                    ready[index] = reply
-                else:
-                    yield reply
-            while ordered and next_out in ready:
+        for index, reply in self._mapped(
+            inputs, params, timeout_s, window, deadline_s, raise_errors, on_send, priority
+        ):
+            if not ordered:
+                yield reply
+                continue
+            ready[index] = reply
+            while next_out in ready:
                 yield ready.pop(next_out)
                 next_out += 1
+
+    def _mapped(
+        self,
+        inputs: Iterable[Any],
+        params: Mapping[str, Any] | None,
+        timeout_s: float,
+        window: int,
+        deadline_s: float | None,
+        raise_errors: bool,
+        on_send: Callable[[list[str]], None] | None,
+        priority: str,
+    ) -> Iterator[tuple[int, Reply]]:
+        """(input index, reply) of a map/imap call as replies come; its ids are forgotten at the
+        end, however it ends (a reply that still comes is dropped)."""
+        box: SimpleQueue = SimpleQueue()
+        calls = MapRun(
+            self,
+            inputs,
+            params,
+            window,
+            deadline_s,
+            validate_priority(priority),
+            lambda rids, shards: self._replies.expect(box.put, rids, shards),
+        )
+        try:
+            while calls.active:
+                yield from self._map_round(calls, box, timeout_s, raise_errors, on_send)
+        finally:
+            self._replies.forget(calls.in_flight.ids())
 
     def _map_round(
         self,
         calls: MapRun,
+        box: SimpleQueue,
         timeout_s: float,
         raise_errors: bool,
         on_send: Callable[[list[str]], None] | None,
     ) -> list[tuple[int, Reply]]:
-        """One round trip of a map/imap call: send what the window allows, wait, pop replies."""
+        """One round of a map/imap call: send what the window allows, take what the reader
+        brought (waiting up to POLL_S for the first)."""
         round_ = Round()
         self._check_limits()
         batch = calls.fill(round_)
-        calls.queue_pops(round_, self._block_keys, defaults.POLL_S)
-        if on_send is not None and batch:
-            on_send(batch)
-        with translate_errors():
-            popped = calls.popped(run(self.redis, round_))
-        taken = calls.take(popped, raise_errors)
+        if batch:
+            if on_send is not None:
+                on_send(batch)
+            with translate_errors():
+                run(self.redis, round_)
+        taken = calls.take(_replies_in(box, defaults.POLL_S), raise_errors)
         calls.check_stall(timeout_s)
         return taken
 
@@ -400,9 +476,14 @@ class Producer(ProducerBase):
         return sum_shards(lengths, [next(found) if n else [] for n in lengths])
 
     def close(self) -> None:
-        """Release the connection pool (if this producer created it)."""
-        if not self._closed and self._owns_client:
-            self.redis.close()
+        """Stop the reply reader and release the connection pool (if this producer created it).
+
+        A call still waiting for a reply raises InferfleetError.
+        """
+        if not self._closed:
+            self._replies.close()
+            if self._owns_client:
+                self.redis.close()
         self._closed = True
 
     def __enter__(self) -> Producer:

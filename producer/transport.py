@@ -210,16 +210,19 @@ def _direct(client: Any, plain: type) -> bool:
 # --------------------------------------------------------------------------- sync
 
 
-def run(client: Any, round_: Round) -> list[Any]:
-    """Send ``round_`` on ``client`` and return one reply a command (raises the first error
-    reply)."""
+def run(client: Any, round_: Round, keep_errors: bool = False) -> list[Any]:
+    """Send ``round_`` on ``client`` and return one reply a command.
+
+    Raises the first error reply, or with ``keep_errors`` returns it in its
+    place (the writes of several callers sent together each get their own).
+    """
     if not round_.replies:
         return []
     if not _direct(client, redis.Redis):
         pipe = client.pipeline(transaction=False)
         for args in round_.commands():
             pipe.execute_command(*args)
-        return list(pipe.execute())
+        return list(pipe.execute(raise_on_error=not keep_errors))
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
@@ -227,7 +230,7 @@ def run(client: Any, round_: Round) -> list[Any]:
         replies = _read(conn, round_.replies)
     finally:
         pool.release(conn)
-    return _raise_first_error(replies)
+    return replies if keep_errors else _raise_first_error(replies)
 
 
 def _read(conn: Any, count: int) -> list[Any]:
@@ -277,7 +280,7 @@ def _read_each(conn: Any, count: int) -> list[Any]:
 # --------------------------------------------------------------------------- asyncio
 
 
-async def arun(client: Any, round_: Round) -> list[Any]:
+async def arun(client: Any, round_: Round, keep_errors: bool = False) -> list[Any]:
     """The asyncio twin of :func:`run`."""
     if not round_.replies:
         return []
@@ -285,7 +288,7 @@ async def arun(client: Any, round_: Round) -> list[Any]:
         pipe = client.pipeline(transaction=False)
         for args in round_.commands():
             pipe.execute_command(*args)
-        return list(await pipe.execute())
+        return list(await pipe.execute(raise_on_error=not keep_errors))
     pool = client.connection_pool
     conn = await pool.get_connection()
     try:
@@ -293,7 +296,7 @@ async def arun(client: Any, round_: Round) -> list[Any]:
         replies = await _aread(conn, round_.replies)
     finally:
         await pool.release(conn)
-    return _raise_first_error(replies)
+    return replies if keep_errors else _raise_first_error(replies)
 
 
 async def _aread(conn: Any, count: int) -> list[Any]:

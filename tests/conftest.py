@@ -209,6 +209,22 @@ def spawn_worker(redis_url: str, redis_client: redis.Redis):
             proc.stderr.close()
 
 
+@pytest.fixture(scope="session")
+def affine(models_dir: Path):
+    """The example affine model's direct forward pass: what every reply of a fleet serving
+    ``models/affine.pt`` must equal."""
+    import numpy as np
+    import torch
+
+    model = torch.jit.load(str(models_dir / "affine.pt")).eval()
+
+    def forward(x):
+        with torch.no_grad():
+            return model(torch.from_numpy(np.array(x))).numpy()
+
+    return forward
+
+
 #: Where the example pipeline is cut: three stages of two residual blocks each
 #: (tests/fixtures/build_models.py stack).
 STACK_SPLIT_AT = ["blocks.2", "blocks.4"]

@@ -22,7 +22,6 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-import torch
 from redis.cluster import RedisCluster
 
 from inferfleet.producer import AsyncProducer, Producer
@@ -59,18 +58,6 @@ def consumers(client: RedisCluster, stream: str) -> set[str]:
         return {c["name"].decode() for c in client.xinfo_consumers(stream, GROUP)}
     except Exception:  # noqa: BLE001 - no stream or group yet
         return set()
-
-
-@pytest.fixture(scope="module")
-def affine(models_dir: Path) -> Callable[[np.ndarray], np.ndarray]:
-    """The model's direct forward pass: what every reply must equal."""
-    model = torch.jit.load(str(models_dir / "affine.pt")).eval()
-
-    def forward(x: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return model(torch.from_numpy(np.array(x))).numpy()
-
-    return forward
 
 
 def start_workers(

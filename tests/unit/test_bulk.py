@@ -24,6 +24,7 @@ from inferfleet.producer.protocol import (
     decode_body,
     encode_reply_error,
     encode_reply_ok,
+    lazy_replies,
     parse_entry,
     shard_for,
 )
@@ -60,20 +61,16 @@ def test_fill_keeps_the_window_and_sends_each_shard_its_own_inbox() -> None:
         assert command[7] == "deadline" and int(command[8]) > time.time() * 1000
         assert decode_body(command[6])[1] == {"p": 1}
     assert calls.fill(Round()) == []  # the window is full
-    calls.queue_pops(round_, producer._block_keys, 0.05)
-    *_, blpop = list(round_.commands())[: len(commands) + 1]
-    assert (
-        blpop[0] == "BLPOP" and blpop[-1] == "0.050"
-    )  # one BLPOP on the waiting inboxes, then the LPOPs
-    lpops = list(round_.commands())[len(commands) + 1 :]
-    assert sorted(c[1] for c in lpops) == sorted({producer.inboxes[shard_for(r, 3)] for r in rids})
-    assert set(blpop[1:-1]) == {c[1] for c in lpops}  # not a cluster: one BLPOP names them all
-    replies = (
-        [b"1-0"] * len(commands)
-        + [[producer.inboxes[0].encode(), ok("stale")]]
-        + [None] * len(lpops)
-    )
-    assert calls.popped(replies)[0] == (0, [ok("stale")])
+
+
+def test_fill_registers_each_shard_s_ids_before_anything_is_sent() -> None:
+    producer = offline(shards=3)
+    expected: list[tuple[list[str], list[int]]] = []
+    calls = MapRun(producer, [X] * 20, None, 20, None, 1, lambda r, s: expected.append((r, s)))
+    rids = calls.fill(Round())
+    assert sorted(r for group, _ in expected for r in group) == sorted(rids)
+    for group, shards in expected:
+        assert shards == [shard_for(rid, 3) for rid in group] and len(set(shards)) == 1
 
 
 def test_take_puts_replies_at_their_input_index_and_ignores_stale_ones() -> None:
@@ -81,11 +78,11 @@ def test_take_puts_replies_at_their_input_index_and_ignores_stale_ones() -> None
     calls = MapRun(producer, [X] * 3, None, window=10, deadline_s=None)
     rids = calls.fill(Round())
     assert calls.exhausted
-    taken = calls.take([(0, [ok(rids[2]), ok("stale-1"), ok(rids[0])])], raise_errors=False)
+    taken = calls.take(lazy_replies([ok(rids[2]), ok("stale-1"), ok(rids[0])]), raise_errors=False)
     assert [(i, r.id) for i, r in taken] == [(2, rids[2]), (0, rids[0])]
     assert calls.active and len(calls.in_flight) == 1
     with pytest.raises(errors.Expired):
-        calls.take([(0, [encode_reply_error(rids[1], "expired", "late")])], raise_errors=True)
+        calls.take(lazy_replies([encode_reply_error(rids[1], "expired", "late")]), True)
     assert not calls.active
 
 
@@ -111,8 +108,9 @@ def test_in_flight_adds_many_and_takes_per_shard() -> None:
     in_flight.add_many(1, ["a", "b"], [5, 6])
     in_flight.add("c", 0, 7)
     assert len(in_flight) == 3 and in_flight.shards() == [0, 1]
-    assert in_flight.take(0, [ok("a")], raise_errors=False) == []  # not shard 0's
-    assert [i for i, _ in in_flight.take(1, [ok("b"), ok("a")], raise_errors=False)] == [6, 5]
+    assert sorted(in_flight.ids()) == ["a", "b", "c"]
+    assert in_flight.pop("a", 0) is None  # not shard 0's
+    assert in_flight.pop("b") == 6 and in_flight.pop("a", 1) == 5
     assert in_flight.pop("c", 0) == 7 and len(in_flight) == 0
 
 

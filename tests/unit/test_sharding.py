@@ -107,10 +107,18 @@ def test_in_flight_counts_per_shard_and_ignores_stale_replies() -> None:
 
 
 def test_a_cluster_client_blocks_on_one_shard_inbox_in_turn() -> None:
+    from inferfleet.producer.reader import ReadPlan
+
     producer = _producer(3)
-    assert producer._block_keys([0, 2]) == [producer.inboxes[0], producer.inboxes[2]]
-    producer.cluster = True  # one BLPOP cannot span slots
-    turns = {tuple(producer._block_keys([0, 2])) for _ in range(4)}
+
+    def blocked(plan: ReadPlan) -> tuple[str, ...]:
+        blpop, *lpops = plan.round([0, 2]).commands()
+        assert [c[1] for c in lpops] == [producer.inboxes[0], producer.inboxes[2]]
+        return tuple(blpop[1:-1])
+
+    assert blocked(ReadPlan(producer.inboxes, False)) == producer.inboxes  # every inbox at once
+    cluster = ReadPlan(producer.inboxes, True)  # one BLPOP cannot span slots
+    turns = {blocked(cluster) for _ in range(4)}
     assert turns == {(producer.inboxes[0],), (producer.inboxes[2],)}
 
 

@@ -1,0 +1,210 @@
+"""One reply reader per producer, shared by every call that waits on its inboxes.
+
+A producer's ``infer``, ``map`` and ``imap`` calls, from any number of threads
+(:class:`ReplyReader`, a daemon thread) or asyncio tasks
+(:class:`AsyncReplyReader`, a task on the caller's loop), send requests whose
+``reply_to`` is the producer's inbox and register their ids with the reader.
+The reader pops the inbox in bulk (one BLPOP, then ``LPOP inbox 1000``) and
+hands each reply to the call that waits for it
+(:class:`~inferfleet.producer.waiting.Waiting`), so a process holds one
+blocked connection however many calls wait, and no call takes another's
+reply. While nothing waits the reader sends nothing.
+
+If a read fails (Redis gone, the connection dropped) every waiting call ends
+with :class:`~inferfleet.producer.errors.ConnectionError`: the replies that
+read had popped are lost with it, so the message says what a caller can do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from inferfleet.producer import defaults, errors
+from inferfleet.producer.connections import translated
+from inferfleet.producer.transport import Round, arun, run
+from inferfleet.producer.waiting import Sink, Waiting, popped_replies, queue_reads
+
+__all__ = ["AsyncReplyReader", "ReadPlan", "ReplyReader", "lost_replies"]
+
+
+def lost_replies(exc: BaseException) -> errors.InferfleetError:
+    """What every waiting call raises when the reader's read failed with ``exc``."""
+    sdk = translated(exc)
+    if not isinstance(sdk, errors.ConnectionError):
+        return sdk if isinstance(sdk, errors.InferfleetError) else errors.InferfleetError(str(exc))
+    lost = errors.ConnectionError(
+        f"{sdk}; the replies the producer's reader had just popped from its inbox are lost, "
+        "and the requests still in flight may yet be computed: send again what you still "
+        "need (with submit/result a reply waits in its own key until collected)"
+    )
+    lost.__cause__ = exc
+    return lost
+
+
+class ReadPlan:
+    """Which inboxes a round reads: the blocking key(s) and how long to block."""
+
+    def __init__(self, inboxes: Sequence[str], cluster: bool) -> None:
+        self.inboxes = list(inboxes)
+        self.cluster = cluster
+        self._turn = 0
+
+    def round(self, shards: list[int]) -> Round:
+        """BLPOP every inbox (on a cluster, where one BLPOP spans one slot, the waiting shards'
+        in turn, briefly), then LPOP each waiting shard's."""
+        round_ = Round()
+        if not self.cluster:
+            queue_reads(round_, self.inboxes, self.inboxes, defaults.WAIT_S, shards)
+            return round_
+        self._turn += 1
+        block = [self.inboxes[shards[self._turn % len(shards)]]]
+        block_s = defaults.WAIT_S if len(shards) == 1 else defaults.POLL_S
+        queue_reads(round_, self.inboxes, block, block_s, shards)
+        return round_
+
+
+class _Reader:
+    """What both readers hold: the routing table and the plan of their reads."""
+
+    def __init__(self, client: Any, inboxes: Sequence[str], cluster: bool) -> None:
+        self._client = client
+        self._plan = ReadPlan(inboxes, cluster)
+        self._waiting = Waiting(len(inboxes))
+        self._closed = False
+
+    @property
+    def dropped(self) -> int:
+        """Replies popped that no call waited for any more."""
+        return self._waiting.dropped
+
+    @property
+    def waiting(self) -> int:
+        """Replies some call still waits for."""
+        return len(self._waiting)
+
+    def _closed_error(self) -> errors.InferfleetError:
+        return errors.InferfleetError("this producer was closed while the call waited")
+
+
+class ReplyReader(_Reader):
+    """The reader thread of a :class:`~inferfleet.producer.Producer`; started on first use."""
+
+    def __init__(self, client: Any, inboxes: Sequence[str], cluster: bool) -> None:
+        super().__init__(client, inboxes, cluster)
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def expect(self, sink: Sink, rids: Iterable[str], shards: Iterable[int]) -> None:
+        """Hand the replies of ``rids`` to ``sink`` (a list of replies, or an exception)."""
+        with self._cond:
+            if self._closed:
+                raise errors.InferfleetError("this producer is closed")
+            self._waiting.add(sink, rids, shards)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="inferfleet-replies", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def forget(self, rids: Iterable[str]) -> None:
+        """Stop waiting for ``rids``: a reply that still comes is dropped."""
+        with self._cond:
+            self._waiting.discard(rids)
+
+    def close(self) -> None:
+        """Stop the thread (after its current read) and end every wait with an error."""
+        with self._cond:
+            self._closed = True
+            sinks = self._waiting.clear()
+            self._cond.notify()
+        for sink in sinks:
+            sink(self._closed_error())
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                shards = self._waiting.shards()
+            try:
+                raws = popped_replies(run(self._client, self._plan.round(shards)))
+            except Exception as exc:  # noqa: BLE001 - handed to every waiting call
+                self._fail(exc)
+                continue
+            with self._cond:
+                routed = self._waiting.route(raws)
+            for sink, replies in routed:
+                sink(replies)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            sinks = self._waiting.clear()
+        failure = lost_replies(exc)
+        for sink in sinks:
+            sink(failure)
+
+
+class AsyncReplyReader(_Reader):
+    """The reader task of an :class:`~inferfleet.producer.AsyncProducer`, on the callers' loop.
+
+    Started by the first call that waits; a call from another loop (the first
+    one closed) starts a new task there.
+    """
+
+    def __init__(self, client: Any, inboxes: Sequence[str], cluster: bool) -> None:
+        super().__init__(client, inboxes, cluster)
+        self._task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+
+    def expect(self, sink: Sink, rids: Iterable[str], shards: Iterable[int]) -> None:
+        """Hand the replies of ``rids`` to ``sink``; call from a coroutine on the callers' loop."""
+        if self._closed:
+            raise errors.InferfleetError("this producer is closed")
+        self._waiting.add(sink, rids, shards)
+        task = self._task
+        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run(self._wake))
+        assert self._wake is not None
+        self._wake.set()
+
+    def forget(self, rids: Iterable[str]) -> None:
+        """Stop waiting for ``rids``: a reply that still comes is dropped."""
+        self._waiting.discard(rids)
+
+    async def aclose(self) -> None:
+        """Cancel the task and end every wait with an error."""
+        self._closed = True
+        for sink in self._waiting.clear():
+            sink(self._closed_error())
+        task, self._task = self._task, None
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self, wake: asyncio.Event) -> None:
+        while not self._closed:
+            if not self._waiting:
+                wake.clear()
+                await wake.wait()
+                continue
+            try:
+                raws = popped_replies(
+                    await arun(self._client, self._plan.round(self._waiting.shards()))
+                )
+            except Exception as exc:  # noqa: BLE001 - handed to every waiting call
+                failure = lost_replies(exc)
+                for sink in self._waiting.clear():
+                    sink(failure)
+                continue
+            for sink, replies in self._waiting.route(raws):
+                sink(replies)
