@@ -160,21 +160,22 @@ def test_a_call_without_a_reply_times_out_and_leaves_nothing_waiting(redis_url: 
     producer.close()
 
 
-def _reader_connection(client: redis.Redis, inbox: str, timeout_s: float = 10) -> int:
-    """The id of the connection blocked in BLPOP on ``inbox``."""
+def _reader_connection(client: redis.Redis, name: str, timeout_s: float = 10) -> int:
+    """The id of the connection named ``name`` blocked in BLPOP (other tests share the server)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for one in client.client_list():
-            if one.get("cmd") == "blpop":
+            if one.get("cmd") == "blpop" and one.get("name") == name:
                 return int(one["id"])
         time.sleep(0.01)
-    raise AssertionError(f"no connection blocked on {inbox}")
+    raise AssertionError(f"no connection named {name} blocked in BLPOP")
 
 
 def test_a_dropped_reader_connection_ends_every_wait_with_what_was_lost(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    producer = Producer(redis_url, f"unserved-{os.urandom(3).hex()}")
+    name = f"unserved-{os.urandom(3).hex()}"
+    producer = Producer(f"{redis_url}?client_name={name}", name)
     failures: list[BaseException] = []
 
     def call() -> None:
@@ -188,7 +189,7 @@ def test_a_dropped_reader_connection_ends_every_wait_with_what_was_lost(
         thread.start()
     while producer._replies.waiting < 3:
         time.sleep(0.01)
-    redis_client.client_kill_filter(_id=_reader_connection(redis_client, producer.inbox))
+    redis_client.client_kill_filter(_id=_reader_connection(redis_client, name))
     for thread in threads:
         thread.join(30)
     assert len(failures) == 3
