@@ -4,7 +4,8 @@ says why not).
 The commands are the lines of shell code blocks (fenced ``bash``/``sh``/``console``/plain, or
 indented four spaces) and the inline code spans of the prose that start like a command
 (``inferfleet``, ``python -m benchmarks.…``, ``./scripts/...``, ``pip install``, ``docker``,
-``kubectl``, ``redis-cli``, ``curl``). Each one is checked without running anything:
+``kubectl``, ``redis-cli``, ``curl``, ``gunicorn``, ``uvicorn``). Each one is checked without
+running anything:
 
 - ``inferfleet ...``: the subcommand is in the click tree and each option is one of its options;
 - a script (``./scripts/x`` or ``python -m benchmarks.x``, ``tests.fixtures.x``, ``scripts.x``):
@@ -42,7 +43,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = re.compile(
     r"^(inferfleet |python3? (scripts/|-m "
     r"(benchmarks|tests\.fixtures|scripts)\.)|\./scripts/|"
-    r"pip install |docker |kubectl |redis-cli |curl |"
+    r"pip install |docker |kubectl |redis-cli |curl |gunicorn |uvicorn |"
     r"for |\. \.venv/)"
 )
 _SHELL = {"", "bash", "sh", "shell", "console"}
@@ -127,6 +128,10 @@ RUN_BY: dict[str, str] = {
     r"^docs/reliability\.md: python -m benchmarks\.chaos swap ":
         _RELIABILITY
         + "test_hot_swaps_while_workers_are_killed_lose_nothing_and_name_their_version",
+    r"^docs/operations\.md: (pip install -e '\.\[worker,web\]'|inferfleet worker --name affine "
+    r"--model models/affine\.pt$|gunicorn --preload |uvicorn --app-dir |curl -s (-X POST )?"
+    r"localhost:800[01]/)":
+        "tests/e2e/test_web_services.py::test_the_example_app_answers_every_request_with_its_own_output",
     r"^README\.md: \./scripts/demo$":
         "tests/e2e/test_demo.py::test_the_demo_runs_as_written_answers_every_request_and_stops_what_it_started",
     r"^docs/deploy\.md: (docker compose (build|up -d|run --rm -e|stop|exec redis|down)|curl -s "
@@ -176,7 +181,10 @@ class DocCommand:
 def _clean(line: str) -> str:
     """One shell line: the prompt, a trailing comment and ``[optional]`` brackets dropped."""
     line = line.strip().removeprefix("$ ")
-    return re.sub(r"\s+#(?!>).*$", "", line).replace("[--", "--").replace("]", "] ").strip()
+    line = re.sub(r"\s+#(?!>).*$", "", line)
+    if "[--" in line:  # optional options, not a pip extra such as '.[worker,web]'
+        line = line.replace("[--", "--").replace("]", "] ")
+    return line.strip()
 
 
 def _joined(lines: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
