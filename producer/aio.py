@@ -234,7 +234,7 @@ class AsyncProducer(ProducerBase):
             if not done.done():
                 done.set_result(got)
 
-        self._replies.expect(hand, [rid], [self.shard_of(rid)])
+        self._replies.expect(hand, [rid], self.shard_of(rid))
         timer = loop.call_later(timeout_s, hand, None)
         try:
             await self._send_one(rid, keys, fields, priority)
@@ -361,7 +361,7 @@ class AsyncProducer(ProducerBase):
             window,
             deadline_s,
             validate_priority(priority),
-            lambda rids, shards: self._replies.expect(box.put_nowait, rids, shards),
+            lambda rids, shard: self._replies.expect(box.put_nowait, rids, shard),
         )
         try:
             while calls.active:

@@ -104,7 +104,7 @@ class MapRun:
         window: int,
         deadline_s: float | None,
         lane: int = 1,
-        expect: Callable[[list[str], list[int]], None] | None = None,
+        expect: Callable[[list[str], int], None] | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
@@ -146,7 +146,7 @@ class MapRun:
             mine = [rids[p] for p in positions]
             self.in_flight.add_many(shard, mine, [self.sent + p for p in positions])
             if self.expect is not None:
-                self.expect(mine, [shard] * len(mine))
+                self.expect(mine, shard)
         self.sent += len(batch)
         return rids
 

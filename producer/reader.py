@@ -97,12 +97,12 @@ class ReplyReader(_Reader):
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def expect(self, sink: Sink, rids: Iterable[str], shards: Iterable[int]) -> None:
+    def expect(self, sink: Sink, rids: Sequence[str], shard: int) -> None:
         """Hand the replies of ``rids`` to ``sink`` (a list of replies, or an exception)."""
         with self._cond:
             if self._closed:
                 raise errors.InferfleetError("this producer is closed")
-            self._waiting.add(sink, rids, shards)
+            self._waiting.add(sink, rids, shard)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="inferfleet-replies", daemon=True
@@ -162,11 +162,11 @@ class AsyncReplyReader(_Reader):
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
 
-    def expect(self, sink: Sink, rids: Iterable[str], shards: Iterable[int]) -> None:
+    def expect(self, sink: Sink, rids: Sequence[str], shard: int) -> None:
         """Hand the replies of ``rids`` to ``sink``; call from a coroutine on the callers' loop."""
         if self._closed:
             raise errors.InferfleetError("this producer is closed")
-        self._waiting.add(sink, rids, shards)
+        self._waiting.add(sink, rids, shard)
         task = self._task
         if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
             self._wake = asyncio.Event()

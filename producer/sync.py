@@ -271,7 +271,7 @@ class Producer(ProducerBase):
         """
         rid, keys, fields = self._entry(inputs, params, timeout_s, to_inbox=True)
         box: SimpleQueue = SimpleQueue()
-        self._replies.expect(box.put, [rid], [self.shard_of(rid)])
+        self._replies.expect(box.put, [rid], self.shard_of(rid))
         try:
             self._send_one(rid, keys, fields, priority)
             got = box.get(timeout=timeout_s)
@@ -416,7 +416,7 @@ class Producer(ProducerBase):
             window,
             deadline_s,
             validate_priority(priority),
-            lambda rids, shards: self._replies.expect(box.put, rids, shards),
+            lambda rids, shard: self._replies.expect(box.put, rids, shard),
         )
         try:
             while calls.active:

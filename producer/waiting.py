@@ -14,6 +14,7 @@ their own lock around it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 from typing import Any
 
 from inferfleet.producer.bulk import POP_COUNT
@@ -38,14 +39,16 @@ class Waiting:
     def __len__(self) -> int:
         return len(self._where)
 
-    def add(self, sink: Sink, rids: Iterable[str], shards: Iterable[int]) -> None:
-        """Wait for the replies of ``rids`` (each in its shard's inbox), handed to ``sink``."""
-        where, per_shard = self._where, self._per_shard
-        for rid, shard in zip(rids, shards):
-            if rid in where:
-                raise ValueError(f"request id {rid!r} is already awaited by another call")
-            where[rid] = (sink, shard)
-            per_shard[shard] += 1
+    def add(self, sink: Sink, rids: Sequence[str], shard: int) -> None:
+        """Wait for the replies of ``rids`` (all in ``shard``'s inbox), handed to ``sink``."""
+        where = self._where
+        if not where.keys().isdisjoint(rids):
+            taken = next(rid for rid in rids if rid in where)
+            raise ValueError(f"request id {taken!r} is already awaited by another call")
+        before = len(where)
+        # one C-level update for a whole map round: this runs for every request sent
+        where.update(zip(rids, repeat((sink, shard))))
+        self._per_shard[shard] += len(where) - before
 
     def discard(self, rids: Iterable[str]) -> None:
         """Stop waiting for ``rids`` (answered, timed out or cancelled); unknown ids are skipped."""

@@ -8,6 +8,7 @@ the default script.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -205,3 +206,26 @@ def test_bench_cpu_sends_the_requests_in_the_calls_asked_for():
         timeout=60,
     )
     assert refused.returncode == 2 and "--calls must be from 1" in refused.stderr
+
+
+def test_bench_online_measures_every_mode_and_refuses_an_unknown_one(tmp_path):
+    """``bench_online``: each mode answers every request it times (the JSON's rows), the
+    single-call modes say how many sends shared a write round, and a typo is refused."""
+    out = tmp_path / "online.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_online", "--requests", "400", "--runs", "1",
+         "--concurrency", "8", "--paced-s", "0.5", "--idle-s", "0.5", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["median"]
+    assert set(rows) == {"async", "threads", "imap", "paced", "idle"}
+    for mode in ("async", "threads", "imap", "paced"):
+        assert rows[mode]["rps"] > 0 and 0 < rows[mode]["p50_ms"] <= rows[mode]["p99_ms"], mode
+    assert rows["async"]["sends_a_round"] >= 1 and rows["threads"]["sends_a_round"] >= 1
+    assert 0 <= rows["idle"]["worker_pct"] < 100
+    refused = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_online", "--modes", "async,tasks"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "unknown modes ['tasks']" in refused.stderr

@@ -46,7 +46,7 @@ def test_every_reply_goes_to_the_call_that_sent_it_and_to_no_other(owners, rnd) 
     }
     rids = [f"r{i}" for i in range(len(owners))]
     for rid, call in zip(rids, owners):
-        waiting.add(sinks[call], [rid], [len(rid) % 2])
+        waiting.add(sinks[call], [rid], len(rid) % 2)
     raws = [ok(rid) for rid in rids] + [ok("stale-a"), ok("stale-b")]
     rnd.shuffle(raws)
     for sink, replies in waiting.route(raws):
@@ -60,7 +60,7 @@ def test_every_reply_goes_to_the_call_that_sent_it_and_to_no_other(owners, rnd) 
 def test_discarded_ids_are_dropped_when_their_reply_comes_late() -> None:
     waiting = Waiting(1)
     seen: list = []
-    waiting.add(seen.extend, ["a", "b"], [0, 0])
+    waiting.add(seen.extend, ["a", "b"], 0)
     waiting.discard(["a", "nobody"])
     assert waiting.shards() == [0] and len(waiting) == 1
     routed = waiting.route([ok("a"), ok("b")])
@@ -70,16 +70,18 @@ def test_discarded_ids_are_dropped_when_their_reply_comes_late() -> None:
 
 def test_an_id_awaited_twice_is_refused() -> None:
     waiting = Waiting(1)
-    waiting.add(print, ["a"], [0])
+    waiting.add(print, ["a"], 0)
     with pytest.raises(ValueError, match="already awaited"):
-        waiting.add(print, ["a"], [0])
+        waiting.add(print, ["b", "a"], 0)
+    assert len(waiting) == 1  # nothing of the refused call is added
 
 
 def test_clear_returns_each_waiting_sink_once() -> None:
     waiting = Waiting(3)
     one, two = [].append, [].append
-    waiting.add(one, ["a", "b"], [0, 2])
-    waiting.add(two, ["c"], [1])
+    waiting.add(one, ["a"], 0)
+    waiting.add(one, ["b"], 2)
+    waiting.add(two, ["c"], 1)
     assert sorted(map(id, waiting.clear())) == sorted([id(one), id(two)])
     assert len(waiting) == 0 and waiting.shards() == []
 
