@@ -32,6 +32,7 @@ async def predict(request: Request) -> Response:
     """``POST /predict``: the outputs for ``{"inputs": rows}``."""
     producer: AsyncProducer = request.app.state.producer
     try:
+        predict_api.declared_length(request.headers.get("content-length"))
         inputs = predict_api.parse_inputs(await request.body())
         outputs = await producer.infer(inputs, timeout_s=predict_api.TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - error_reply re-raises what is not ours

@@ -20,14 +20,37 @@ QUEUE = os.environ.get("INFERFLEET_QUEUE", "default")
 TIMEOUT_S = float(os.environ.get("INFERFLEET_TIMEOUT_S", "10"))
 #: The most rows one HTTP request may carry: a bigger batch belongs on the bulk path (map).
 MAX_ROWS = 64
+#: The largest body read: 64 rows of a few hundred numbers fit many times over.
+MAX_BODY_BYTES = 1 << 20
 
 
 class BadInput(ValueError):
     """The HTTP body is not ``{"inputs": rows of numbers}``."""
 
 
+class BodyTooLarge(BadInput):
+    """The HTTP body is over :data:`MAX_BODY_BYTES` (a 413, read no further)."""
+
+
+def check_length(length: int) -> None:
+    """Refuse a body of ``length`` bytes."""
+    if length > MAX_BODY_BYTES:
+        raise BodyTooLarge(f"the body is {length} bytes, over the {MAX_BODY_BYTES} this app takes")
+
+
+def declared_length(header: str | None) -> int:
+    """The Content-Length header's value, refused before the body is read if over the limit."""
+    try:
+        length = int(header or 0)
+    except ValueError:
+        raise BadInput(f"Content-Length is not a number: {header!r}") from None
+    check_length(length)
+    return length
+
+
 def parse_inputs(body: bytes) -> np.ndarray:
     """The float32 array a ``/predict`` body holds, or :class:`BadInput` saying why not."""
+    check_length(len(body))
     try:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -53,10 +76,10 @@ def outputs_body(outputs: np.ndarray) -> bytes:
 
 def error_reply(exc: Exception) -> tuple[int, bytes]:
     """The HTTP status and JSON body for an exception ``infer`` or ``parse_inputs`` raised."""
-    if isinstance(exc, (BadInput, errors.BadRequest, errors.ProtocolError)):
-        status = 400
-    elif isinstance(exc, errors.TooLarge):
+    if isinstance(exc, (BodyTooLarge, errors.TooLarge)):
         status = 413
+    elif isinstance(exc, (BadInput, errors.BadRequest, errors.ProtocolError)):
+        status = 400
     elif isinstance(exc, errors.RateLimited):
         status = 429
     elif isinstance(exc, (errors.ReplyTimeout, errors.Expired)):

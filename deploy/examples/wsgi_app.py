@@ -45,7 +45,7 @@ def app(environ: dict, start_response: Start) -> Iterable[bytes]:
     elif method != "POST":
         status, body = 405, b'{"error": "POST a JSON body to /predict"}'
     else:
-        status, body = _predict(_read_body(environ))
+        status, body = _predict(environ)
     start_response(
         f"{status} {_REASONS[status]}",
         [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
@@ -54,13 +54,15 @@ def app(environ: dict, start_response: Start) -> Iterable[bytes]:
 
 
 def _read_body(environ: dict) -> bytes:
-    length = int(environ.get("CONTENT_LENGTH") or 0)
+    """The request's body, refused unread when its declared length is over the limit."""
+    length = predict_api.declared_length(environ.get("CONTENT_LENGTH"))
     return environ["wsgi.input"].read(length) if length > 0 else b""
 
 
-def _predict(body: bytes) -> tuple[int, bytes]:
+def _predict(environ: dict) -> tuple[int, bytes]:
     try:
-        outputs = producer.infer(predict_api.parse_inputs(body), timeout_s=predict_api.TIMEOUT_S)
+        inputs = predict_api.parse_inputs(_read_body(environ))
+        outputs = producer.infer(inputs, timeout_s=predict_api.TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - error_reply re-raises what is not ours
         return predict_api.error_reply(exc)
     return 200, predict_api.outputs_body(outputs)

@@ -194,6 +194,17 @@ def bad_requests_on(conn: http.client.HTTPConnection) -> None:
     assert request(conn, "GET", "/predict")[0] == 405
 
 
+def a_huge_body_is_refused_unread(port: int) -> None:
+    """Refused on its declared length: the app answers before the client sends the body."""
+    with connection(port, 10) as conn:
+        conn.putrequest("POST", "/predict")
+        conn.putheader("Content-Length", str(2 << 20))
+        conn.endheaders()
+        response = conn.getresponse()
+        body = json.loads(response.read())
+    assert response.status == 413 and body["error"] == "BodyTooLarge", body
+
+
 @pytest.mark.parametrize("program", ["gunicorn", "uvicorn"])
 def test_the_example_app_answers_every_request_with_its_own_output(
     web_app, program: str, affine
@@ -203,3 +214,4 @@ def test_the_example_app_answers_every_request_with_its_own_output(
     checked, wrong = serve_all(port, affine)
     assert wrong == [] and checked == REQUESTS
     bad_requests_answer_4xx(port)
+    a_huge_body_is_refused_unread(port)
