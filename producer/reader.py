@@ -1,7 +1,8 @@
 """One reply reader per producer, shared by every call that waits on its inboxes.
 
 A producer's ``infer``, ``map`` and ``imap`` calls, from any number of threads
-(:class:`ReplyReader`, a daemon thread) or asyncio tasks
+(:class:`ReplyReader`, whichever waiting call's thread holds the reader's role) or
+asyncio tasks
 (:class:`AsyncReplyReader`, a task on the caller's loop), send requests whose
 ``reply_to`` is the producer's inbox and register their ids with the reader.
 The reader pops the inbox in bulk (one BLPOP, then ``LPOP inbox 1000``) and
@@ -19,7 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections import deque
 from collections.abc import Iterable, Sequence
+from queue import Empty, SimpleQueue
 from typing import Any
 
 from inferfleet.producer import defaults, errors
@@ -28,6 +32,9 @@ from inferfleet.producer.transport import Round, arun, run
 from inferfleet.producer.waiting import Sink, Waiting, popped_replies, queue_reads
 
 __all__ = ["AsyncReplyReader", "ReadPlan", "ReplyReader", "lost_replies"]
+
+#: a BLPOP timeout of 0 blocks for ever: the shortest wait a round asks for
+_MIN_BLOCK_S = 0.001
 
 
 def lost_replies(exc: BaseException) -> errors.InferfleetError:
@@ -52,17 +59,18 @@ class ReadPlan:
         self.cluster = cluster
         self._turn = 0
 
-    def round(self, shards: list[int]) -> Round:
+    def round(self, shards: list[int], most_s: float = defaults.WAIT_S) -> Round:
         """BLPOP every inbox (on a cluster, where one BLPOP spans one slot, the waiting shards'
-        in turn, briefly), then LPOP each waiting shard's."""
+        in turn, briefly), then LPOP each waiting shard's; the BLPOP blocks ``most_s`` at most."""
         round_ = Round()
         if not self.cluster:
-            queue_reads(round_, self.inboxes, self.inboxes, defaults.WAIT_S, shards)
+            block_s = min(defaults.WAIT_S, most_s)
+            queue_reads(round_, self.inboxes, self.inboxes, block_s, shards)
             return round_
         self._turn += 1
         block = [self.inboxes[shards[self._turn % len(shards)]]]
         block_s = defaults.WAIT_S if len(shards) == 1 else defaults.POLL_S
-        queue_reads(round_, self.inboxes, block, block_s, shards)
+        queue_reads(round_, self.inboxes, block, min(block_s, most_s), shards)
         return round_
 
 
@@ -89,65 +97,129 @@ class _Reader:
         return errors.InferfleetError("this producer was closed while the call waited")
 
 
+class _Turn:
+    """Put in a waiting call's box: nobody reads the inbox now; this call may."""
+
+
+_TURN = _Turn()
+
+
 class ReplyReader(_Reader):
-    """The reader thread of a :class:`~inferfleet.producer.Producer`; started on first use."""
+    """The reply reader of a :class:`~inferfleet.producer.Producer`: a role, not a thread.
+
+    A call waiting in :meth:`collect` while no other call reads becomes the
+    reader: it pops the inbox in its own thread and routes every reply to its
+    call, its own among them. When its own replies are in (or its time is
+    up) it hands the role to the longest-waiting call still in
+    :meth:`collect`, by putting a turn in that call's box. A lone call (one
+    ``map``) so reads its replies itself, with no thread hand-off; many
+    threads' calls share one blocked read at a time.
+    """
 
     def __init__(self, client: Any, inboxes: Sequence[str], cluster: bool) -> None:
         super().__init__(client, inboxes, cluster)
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._reading = False
+        self._followers: deque[SimpleQueue] = deque()
 
     def expect(self, sink: Sink, rids: Sequence[str], shard: int) -> None:
         """Hand the replies of ``rids`` to ``sink`` (a list of replies, or an exception)."""
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise errors.InferfleetError("this producer is closed")
             self._waiting.add(sink, rids, shard)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="inferfleet-replies", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
 
     def forget(self, rids: Iterable[str]) -> None:
         """Stop waiting for ``rids``: a reply that still comes is dropped."""
-        with self._cond:
+        with self._lock:
             self._waiting.discard(rids)
 
     def close(self) -> None:
-        """Stop the thread (after its current read) and end every wait with an error."""
-        with self._cond:
+        """End every wait with an error (a call reading now stops after its current read)."""
+        with self._lock:
             self._closed = True
             sinks = self._waiting.clear()
-            self._cond.notify()
         for sink in sinks:
             sink(self._closed_error())
 
-    def _run(self) -> None:
+    def collect(self, box: SimpleQueue, wait_s: float) -> list[Any]:
+        """What was put in ``box`` (lists of replies, or an exception), after waiting up to
+        ``wait_s`` for the first; this call reads the inbox while no other call does."""
+        deadline = time.monotonic() + wait_s
         while True:
-            with self._cond:
-                while not self._waiting and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                shards = self._waiting.shards()
-            try:
-                raws = popped_replies(run(self._client, self._plan.round(shards)))
-            except Exception as exc:  # noqa: BLE001 - handed to every waiting call
-                self._fail(exc)
-                continue
-            with self._cond:
-                routed = self._waiting.route(raws)
-            for sink, replies in routed:
-                sink(replies)
+            with self._lock:
+                lead = box.empty() and not self._reading and not self._closed
+                if lead:
+                    self._reading = True
+                elif box.empty():
+                    self._followers.append(box)
+            if lead:
+                awaited = self._lead(box, deadline)
+                items = _taken(box, 0.0)
+            else:
+                awaited = True
+                items = _taken(box, deadline - time.monotonic())
+                with self._lock:
+                    if box in self._followers:
+                        self._followers.remove(box)
+                items += _taken(box, 0.0)  # a turn or replies put there as it stopped following
+            got = [item for item in items if item is not _TURN]
+            if got or not awaited or time.monotonic() >= deadline:
+                if len(got) < len(items):  # a turn this call will not use: pass it on
+                    with self._lock:
+                        self._pass_turn()
+                return got
+
+    def _lead(self, box: SimpleQueue, deadline: float) -> bool:
+        """Read rounds for every waiting call until ``box`` has something or time is up;
+        False if no call waits for anything (nothing to read)."""
+        try:
+            while box.empty() and not self._closed:
+                left = deadline - time.monotonic()
+                with self._lock:
+                    shards = self._waiting.shards()
+                if not shards:
+                    return False
+                if left <= 0:
+                    return True
+                round_ = self._plan.round(shards, max(left, _MIN_BLOCK_S))
+                try:
+                    raws = popped_replies(run(self._client, round_))
+                except Exception as exc:  # noqa: BLE001 - handed to every waiting call
+                    self._fail(exc)
+                    return True
+                with self._lock:
+                    routed = self._waiting.route(raws)
+                for sink, replies in routed:
+                    sink(replies)
+            return True
+        finally:
+            with self._lock:
+                self._reading = False
+                self._pass_turn()
+
+    def _pass_turn(self) -> None:
+        """With the lock held: wake the longest-waiting follower to read, if nobody does."""
+        if not self._reading and self._followers:
+            self._followers.popleft().put(_TURN)
 
     def _fail(self, exc: BaseException) -> None:
-        with self._cond:
+        with self._lock:
             sinks = self._waiting.clear()
         failure = lost_replies(exc)
         for sink in sinks:
             sink(failure)
+
+
+def _taken(box: SimpleQueue, wait_s: float) -> list[Any]:
+    """Everything in ``box``, after waiting up to ``wait_s`` for the first item."""
+    try:
+        items = [box.get(timeout=wait_s) if wait_s > 0 else box.get_nowait()]
+    except Empty:
+        return []
+    while not box.empty():
+        items.append(box.get_nowait())
+    return items
 
 
 class AsyncReplyReader(_Reader):

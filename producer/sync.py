@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
-from queue import Empty, SimpleQueue
+from queue import SimpleQueue
 from typing import Any
 
 import redis
@@ -74,23 +74,6 @@ def _missing(client: Any, keys: QueueKeys, request_id: str, timeout_s: float) ->
     except redis.exceptions.RedisError:
         return f"no reply to {request_id!r} within {timeout_s} s"
     return missing_reply_message(request_id, timeout_s, keys, groups)
-
-
-def _replies_in(box: SimpleQueue, wait_s: float) -> list[Reply]:
-    """Every reply the reader has put in ``box``, after waiting up to ``wait_s`` for the first;
-    an error it put there is raised."""
-    try:
-        items = [box.get(timeout=wait_s)]
-    except Empty:
-        return []
-    while not box.empty():
-        items.append(box.get_nowait())
-    replies: list[Reply] = []
-    for item in items:
-        if isinstance(item, Exception):
-            raise item
-        replies += item
-    return replies
 
 
 class Producer(ProducerBase):
@@ -266,7 +249,7 @@ class Producer(ProducerBase):
         """Submit (with the timeout as deadline), wait and return the outputs.
 
         Raises on an error reply. The reply comes to this producer's inbox,
-        where its one reader thread hands it to this call: any number of
+        which one waiting call at a time reads for all of them: any number of
         threads may call ``infer`` on one producer at once.
         """
         rid, keys, fields = self._entry(inputs, params, timeout_s, to_inbox=True)
@@ -274,14 +257,14 @@ class Producer(ProducerBase):
         self._replies.expect(box.put, [rid], self.shard_of(rid))
         try:
             self._send_one(rid, keys, fields, priority)
-            got = box.get(timeout=timeout_s)
-        except Empty:
-            raise errors.ReplyTimeout(_missing(self.redis, keys, rid, timeout_s)) from None
+            got = self._replies.collect(box, timeout_s)
         finally:
             self._replies.forget([rid])
-        if isinstance(got, Exception):
-            raise got
-        return got[0].raise_for_error().outputs
+        if not got:
+            raise errors.ReplyTimeout(_missing(self.redis, keys, rid, timeout_s))
+        if isinstance(got[0], Exception):
+            raise got[0]
+        return got[0][0].raise_for_error().outputs
 
     # -- many requests -----------------------------------------------------
 
@@ -442,9 +425,19 @@ class Producer(ProducerBase):
                 on_send(batch)
             with translate_errors():
                 run(self.redis, round_)
-        taken = calls.take(_replies_in(box, defaults.POLL_S), raise_errors)
+        taken = calls.take(self._collected(box, defaults.POLL_S), raise_errors)
         calls.check_stall(timeout_s)
         return taken
+
+    def _collected(self, box: SimpleQueue, wait_s: float) -> list[Reply]:
+        """The replies the reader put in ``box`` (waiting up to ``wait_s`` for the first); an
+        error it put there is raised."""
+        replies: list[Reply] = []
+        for item in self._replies.collect(box, wait_s):
+            if isinstance(item, Exception):
+                raise item
+            replies += item
+        return replies
 
     # -- queue state and lifecycle -----------------------------------------
 

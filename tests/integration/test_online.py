@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from inferfleet.producer import AsyncProducer, Producer, errors
+from inferfleet.producer.protocol import decode_body, encode_reply_ok, parse_entry
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -156,6 +157,50 @@ def test_a_call_without_a_reply_times_out_and_leaves_nothing_waiting(redis_url: 
     producer = Producer(redis_url, f"nobody-{os.urandom(3).hex()}")
     with pytest.raises(errors.ReplyTimeout, match="no worker has ever served"):
         producer.infer(np.zeros((1, 16), np.float32), timeout_s=0.3)
+    assert producer._replies.waiting == 0
+    producer.close()
+
+
+def _answer(client: redis.Redis, stream: str, rid: str, factor: float) -> None:
+    """Answer request ``rid`` of ``stream`` by hand, as a worker would: inputs * ``factor``."""
+    for _, fields in client.xrange(stream):
+        env = parse_entry(fields)
+        if env.rid == rid:
+            reply = encode_reply_ok(rid, decode_body(env.body)[0] * factor, ("q", "1"), {})
+            client.rpush(env.reply_to, reply)
+            return
+    raise AssertionError(f"no request {rid} in {stream}")
+
+
+def test_the_reading_role_passes_to_the_call_still_waiting(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Two threads' infer calls: whichever reads the inbox gets its reply first and returns;
+    the other, answered later, still gets its own: the role was handed over, no thread kept."""
+    name = f"hand-{os.urandom(3).hex()}"
+    producer = Producer(redis_url, name)
+    stream = producer.lanes[0][1]
+    got: dict[int, np.ndarray] = {}
+
+    def call(i: int) -> None:
+        got[i] = producer.infer(np.full((1, 4), i, np.float32), timeout_s=30)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in (1, 2)]
+    for thread in threads:
+        thread.start()
+    while producer._replies.waiting < 2 or redis_client.xlen(stream) < 2:
+        time.sleep(0.01)
+    rids = {
+        int(decode_body(parse_entry(f).body)[0][0, 0]): parse_entry(f).rid
+        for _, f in redis_client.xrange(stream)
+    }
+    for first in (1, 2):  # answer one, let it return, then the other
+        _answer(redis_client, stream, rids[first], 10.0)
+        threads[first - 1].join(10)
+        assert not threads[first - 1].is_alive()
+        time.sleep(0.3)  # the one left waits on: the turn, not a new BLPOP of the one gone
+    assert {i: float(out[0, 0]) for i, out in got.items()} == {1: 10.0, 2: 20.0}
+    assert not [t for t in threading.enumerate() if t.name.startswith("inferfleet")]
     assert producer._replies.waiting == 0
     producer.close()
 
