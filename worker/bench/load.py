@@ -97,6 +97,7 @@ __all__ = [
     "report_json",
     "run_all",
     "run_bench",
+    "run_paced",
     "run_closed",
     "run_open",
     "run_target",
@@ -414,6 +415,19 @@ def run_bench(
     return summarize(
         run_closed(producer, pool, requests, window, timeout_s, on_reply), "fleet", spec
     )
+
+
+def run_paced(
+    producer: Producer, pool: list[Any], rate: float, seconds: float, timeout_s: float
+) -> BenchReport:
+    """An open loop at ``rate`` requests a second for ``seconds``: the service latency at a
+    stated load, not the queueing of a burst (scripts/demo.py reports it beside the peak)."""
+    if rate <= 0 or seconds <= 0:
+        raise BenchError(f"a paced run needs a positive rate and duration, got {rate}, {seconds}")
+    requests = max(int(rate * seconds), 1)
+    offsets = send_schedule(requests, rate, "poisson")
+    spec = RunSpec(rate=rate)
+    return summarize(run_open(producer, pool, offsets, timeout_s), "fleet", spec)
 
 
 class ProgressBars:

@@ -59,7 +59,7 @@ def status(queue: QueueConfig, watch: bool, interval_s: float, as_json: bool) ->
     import redis
 
     from inferfleet.producer.protocol import QueueKeys, shard_keys
-    from inferfleet.worker.cli.status import find_queues, gather, render, with_stages
+    from inferfleet.worker.cli.status import find_queues, gather, render, server_line, with_stages
     from inferfleet.worker.connections import admin_client
 
     try:
@@ -83,14 +83,15 @@ def status(queue: QueueConfig, watch: bool, interval_s: float, as_json: bool) ->
 
     console = _console()
     try:
+        server = server_line(client)
         if as_json:
             states = [asdict(gather(client, k)) for k in queues()]
-            click.echo(json.dumps({"queues": states}, default=str))
-            return
-        if not watch:
+            click.echo(json.dumps({"server": server, "queues": states}, default=str))
+        elif not watch:
+            console.print(f"server: {server}", soft_wrap=True)
             console.print(snapshot())
-            return
-        _watch(console, snapshot, interval_s)
+        else:
+            _watch(console, snapshot, interval_s)
     except redis.exceptions.RedisError as exc:
         raise click.ClickException(f"Redis error: {exc}") from exc
     except KeyboardInterrupt:

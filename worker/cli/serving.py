@@ -31,7 +31,7 @@ from inferfleet.worker.cli.process import (
     setup_logging,
 )
 from inferfleet.worker.config import PRECISIONS, WorkerSettings
-from inferfleet.worker.errors import ConfigError, DeviceBroken, ModelLoadError
+from inferfleet.worker.errors import ConfigError, DeviceBroken, ModelLoadError, ServerTooOld
 from inferfleet.worker.fleet.succession import watch_parent
 from inferfleet.worker.keys import MAX_STAGES
 
@@ -129,7 +129,7 @@ def worker(log_level: str, log_format: str, **options: Any) -> None:
     install_stop_handlers(stop)
     try:
         serve(settings, stop)
-    except (ModelLoadError, ConfigError) as exc:  # ConfigError: the metrics port is taken
+    except (ModelLoadError, ConfigError, ServerTooOld) as exc:  # Config: the metrics port is taken
         raise click.ClickException(str(exc)) from exc
     except DeviceBroken as exc:
         exit_device_broken(exc)
@@ -153,5 +153,8 @@ def child_main(settings: WorkerSettings, visible_device: str | None) -> None:
     except ModelLoadError as exc:
         log.error("worker %s cannot start: %s", settings.consumer, exc)
         sys.exit(3)
+    except ServerTooOld as exc:  # the supervisor does not restart this one
+        log.error("worker %s cannot start: %s", settings.consumer, exc)
+        sys.exit(ServerTooOld.exit_status)
     except DeviceBroken as exc:
         exit_device_broken(exc)

@@ -25,11 +25,20 @@ from rich.table import Table
 from inferfleet.producer.protocol import GROUP, QueueKeys, workers_group
 from inferfleet.producer.sharing import LaneState, read_lanes
 from inferfleet.worker.cli.sharing import read_limits
+from inferfleet.worker.connections import server_name, too_old
 from inferfleet.worker.heartbeat import HeartbeatInfo, read_heartbeats
 from inferfleet.worker.keys import MAX_STAGES, StageKeys, stage_keys, supervisor_key
 from inferfleet.worker.serving.rollout import read_candidate
 
-__all__ = ["QueueStatus", "candidate_status", "gather", "render", "find_queues", "with_stages"]
+__all__ = [
+    "QueueStatus",
+    "candidate_status",
+    "gather",
+    "render",
+    "find_queues",
+    "server_line",
+    "with_stages",
+]
 
 
 @dataclass
@@ -278,3 +287,15 @@ def _workers_table(status: QueueStatus) -> Table:
             str(c["pending"]), _age(c["idle_ms"]), "-",
         )  # fmt: skip
     return workers
+
+
+def server_line(client: Any) -> str:
+    """The server's name and version, and why the fleet cannot run on it if it cannot."""
+    try:
+        info = client.info("server")
+    except redis.exceptions.NoPermissionError:
+        return "version hidden by the ACL (INFO refused)"
+    if info and all(isinstance(value, dict) for value in info.values()):
+        info = next(iter(info.values()))  # a cluster: the first node's
+    why = too_old(info)
+    return server_name(info) if why is None else f"{server_name(info)}: TOO OLD: {why}"

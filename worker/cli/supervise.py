@@ -18,7 +18,8 @@ from inferfleet.worker.cli.options import setting_option, settings_field
 from inferfleet.worker.cli.process import setup_logging
 from inferfleet.worker.cli.serving import child_main, worker_options, worker_settings
 from inferfleet.worker.config import WorkerSettings, env_var
-from inferfleet.worker.errors import ConfigError
+from inferfleet.worker.connections import check_server
+from inferfleet.worker.errors import ConfigError, ServerTooOld
 from inferfleet.worker.fleet.placement import resolve_devices
 from inferfleet.worker.fleet.scaling import POLICY_KINDS, PolicySettings
 from inferfleet.worker.fleet.succession import LeaseHeld
@@ -122,6 +123,12 @@ def _run(settings: SupervisorSettings) -> None:
         if metrics is not None:
             metrics.close()
         raise click.UsageError(str(exc)) from exc
+    try:
+        check_server(supervisor.redis)  # once, here: not a crash loop of workers that cannot run
+    except ServerTooOld as exc:
+        if metrics is not None:
+            metrics.close()
+        raise click.ClickException(str(exc)) from exc
     _install_fleet_stop_handlers(stop, supervisor)
     try:
         supervisor.run(stop)

@@ -45,7 +45,7 @@ import redis
 from inferfleet.producer.protocol import shard_keys
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import admin_client
-from inferfleet.worker.errors import ConfigError, DeviceBroken
+from inferfleet.worker.errors import ConfigError, DeviceBroken, ServerTooOld
 from inferfleet.worker.fleet.observe import observe
 from inferfleet.worker.fleet.placement import child_visible_devices
 from inferfleet.worker.fleet.restarts import restart_backoff
@@ -412,6 +412,10 @@ class Supervisor:
 
     def _record_death(self, slot: Slot, now_s: float, code: int | None) -> None:
         settings = self.settings
+        if code == ServerTooOld.exit_status:  # a restart would meet the same server
+            slot.disabled = f"worker {slot.consumer} cannot run on this Redis server (see its log)"
+            log.error("%s; not restarting it", slot.disabled)
+            return
         backoff = restart_backoff(
             slot.deaths,
             now_s,
