@@ -30,7 +30,7 @@ from inferfleet.producer.protocol import (
     Reply,
     validate_request_id,
 )
-from inferfleet.producer.reader import AsyncReplyReader
+from inferfleet.producer.reader import AsyncBox, AsyncReplyReader
 from inferfleet.producer.sharing import (
     LIBRARY,
     limits_key,
@@ -40,25 +40,6 @@ from inferfleet.producer.transport import Round, arun
 from inferfleet.producer.writes import AsyncWriteBatcher
 
 __all__ = ["AsyncProducer"]
-
-
-async def _replies_in(box: asyncio.Queue, wait_s: float) -> list[Reply]:
-    """Every reply the reader has put in ``box``, after waiting up to ``wait_s`` for the first;
-    an error it put there is raised."""
-    items = []
-    if box.empty():
-        try:
-            items.append(await asyncio.wait_for(box.get(), wait_s))
-        except asyncio.TimeoutError:
-            return []
-    while not box.empty():
-        items.append(box.get_nowait())
-    replies: list[Reply] = []
-    for item in items:
-        if isinstance(item, Exception):
-            raise item
-        replies += item
-    return replies
 
 
 class AsyncProducer(ProducerBase):
@@ -222,31 +203,23 @@ class AsyncProducer(ProducerBase):
     ) -> Any:
         """Submit (with the timeout as deadline), wait and return the outputs.
 
-        Raises on an error reply. The reply comes to this producer's inbox, where
-        its one reader task hands it to this call: any number of tasks of one loop
-        may await ``infer`` on one producer; cancelling one leaves the others be.
+        Raises on an error reply. The reply comes to this producer's inbox, which
+        one waiting call at a time reads for all of them: any number of tasks of one
+        loop may await ``infer`` on one producer; cancelling one leaves the others be.
         """
         rid, keys, fields = self._entry(inputs, params, timeout_s, to_inbox=True)
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-
-        def hand(got: Any) -> None:
-            if not done.done():
-                done.set_result(got)
-
-        self._replies.expect(hand, [rid], self.shard_of(rid))
-        timer = loop.call_later(timeout_s, hand, None)
+        box = AsyncBox()
+        self._replies.expect(box.put, [rid], self.shard_of(rid))
         try:
             await self._send_one(rid, keys, fields, priority)
-            got = await done
+            got = await self._replies.collect(box, timeout_s)
         finally:
-            timer.cancel()
             self._replies.forget([rid])
-        if got is None:
+        if not got:
             raise errors.ReplyTimeout(await self._missing(rid, timeout_s))
-        if isinstance(got, Exception):
-            raise got
-        return got[0].raise_for_error().outputs
+        if isinstance(got[0], Exception):
+            raise got[0]
+        return got[0][0].raise_for_error().outputs
 
     async def submit_many(
         self,
@@ -353,7 +326,7 @@ class AsyncProducer(ProducerBase):
         priority: str,
     ) -> AsyncIterator[tuple[int, Reply]]:
         """(input index, reply) of a map/imap call as replies come (see Producer._mapped)."""
-        box: asyncio.Queue = asyncio.Queue()
+        box = AsyncBox()
         calls = MapRun(
             self,
             inputs,
@@ -361,7 +334,7 @@ class AsyncProducer(ProducerBase):
             window,
             deadline_s,
             validate_priority(priority),
-            lambda rids, shard: self._replies.expect(box.put_nowait, rids, shard),
+            lambda rids, shard: self._replies.expect(box.put, rids, shard),
         )
         try:
             while calls.active:
@@ -373,21 +346,26 @@ class AsyncProducer(ProducerBase):
     async def _map_round(
         self,
         calls: MapRun,
-        box: asyncio.Queue,
+        box: AsyncBox,
         timeout_s: float,
         raise_errors: bool,
         on_send: Callable[[list[str]], None] | None,
     ) -> list[tuple[int, Reply]]:
-        """One round of map/imap: send what the window allows, take what the reader brought."""
+        """One round of map/imap: send what the window allows (with the first read where this
+        call reads: one round trip), take what the reader brought."""
         round_ = Round()
         await self._check_limits()
         batch = calls.fill(round_)
-        if batch:
-            if on_send is not None:
-                on_send(batch)
-            with translate_errors():
-                await arun(self.redis, round_)
-        taken = calls.take(await _replies_in(box, defaults.POLL_S), raise_errors)
+        if batch and on_send is not None:
+            on_send(batch)
+        with translate_errors():
+            items = await self._replies.collect(box, defaults.POLL_S, round_ if batch else None)
+        replies: list[Reply] = []
+        for item in items:
+            if isinstance(item, Exception):
+                raise item
+            replies += item
+        taken = calls.take(replies, raise_errors)
         calls.check_stall(timeout_s)
         return taken
 

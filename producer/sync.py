@@ -420,20 +420,23 @@ class Producer(ProducerBase):
         round_ = Round()
         self._check_limits()
         batch = calls.fill(round_)
-        if batch:
-            if on_send is not None:
-                on_send(batch)
-            with translate_errors():
-                run(self.redis, round_)
-        taken = calls.take(self._collected(box, defaults.POLL_S), raise_errors)
+        if batch and on_send is not None:
+            on_send(batch)
+        # the sends go out with the first read where this call reads: one round trip
+        sending = round_ if batch else None
+        taken = calls.take(self._collected(box, defaults.POLL_S, sending), raise_errors)
         calls.check_stall(timeout_s)
         return taken
 
-    def _collected(self, box: SimpleQueue, wait_s: float) -> list[Reply]:
-        """The replies the reader put in ``box`` (waiting up to ``wait_s`` for the first); an
-        error it put there is raised."""
+    def _collected(
+        self, box: SimpleQueue, wait_s: float, sending: Round | None = None
+    ) -> list[Reply]:
+        """The replies the reader put in ``box`` (waiting up to ``wait_s`` for the first), after
+        sending ``sending``; an error it put there, or one replied to ``sending``, is raised."""
         replies: list[Reply] = []
-        for item in self._replies.collect(box, wait_s):
+        with translate_errors():
+            items = self._replies.collect(box, wait_s, sending)
+        for item in items:
             if isinstance(item, Exception):
                 raise item
             replies += item

@@ -41,7 +41,15 @@ try:  # redis-py's parser internals: without them, every reply goes through read
 except ImportError:  # pragma: no cover - other redis-py versions
     NOT_ENOUGH_DATA = _HiredisParser = _AsyncHiredisParser = None  # type: ignore[assignment,misc]
 
-__all__ = ["NAMELESS_CONNECTIONS", "Round", "arun", "bulk", "pack_command", "run"]
+__all__ = [
+    "NAMELESS_CONNECTIONS",
+    "Round",
+    "arun",
+    "bulk",
+    "pack_command",
+    "raise_first_error",
+    "run",
+]
 
 #: Whether ConnectionPool.get_connection() takes no command name (redis-py 5.3 on); older ones use
 #: the pipeline.
@@ -188,7 +196,8 @@ def _pack_lpops(keys: Sequence[str]) -> bytes:
 _PLAIN_REPLIES = frozenset({bytes, type(None)})
 
 
-def _raise_first_error(replies: list[Any]) -> list[Any]:
+def raise_first_error(replies: list[Any]) -> list[Any]:
+    """``replies`` as they are, unless one is an error reply (or starts with one): raise it."""
     if set(map(type, replies)) <= _PLAIN_REPLIES:  # the common round: entry ids, replies, nils
         return replies
     for reply in replies:
@@ -230,7 +239,7 @@ def run(client: Any, round_: Round, keep_errors: bool = False) -> list[Any]:
         replies = _read(conn, round_.replies)
     finally:
         pool.release(conn)
-    return replies if keep_errors else _raise_first_error(replies)
+    return replies if keep_errors else raise_first_error(replies)
 
 
 def _read(conn: Any, count: int) -> list[Any]:
@@ -296,7 +305,7 @@ async def arun(client: Any, round_: Round, keep_errors: bool = False) -> list[An
         replies = await _aread(conn, round_.replies)
     finally:
         await pool.release(conn)
-    return replies if keep_errors else _raise_first_error(replies)
+    return replies if keep_errors else raise_first_error(replies)
 
 
 async def _aread(conn: Any, count: int) -> list[Any]:

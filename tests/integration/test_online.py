@@ -205,6 +205,43 @@ def test_the_reading_role_passes_to_the_call_still_waiting(
     producer.close()
 
 
+@pytest.mark.parametrize("answer_after_s", [0.1, 1.3], ids=["in-its-read", "after-its-read"])
+@pytest.mark.parametrize("cancelled", [1, 2])
+def test_cancelling_the_task_that_reads_passes_the_role_and_loses_no_reply(
+    redis_url: str, redis_client: redis.Redis, cancelled: int, answer_after_s: float
+) -> None:
+    """Two tasks' infer calls, one cancelled mid-wait (the reading one, in one of the two runs):
+    the other still gets its own reply, answered by hand after the cancellation: while the
+    cancelled call's read still blocks (it pops the reply and hands it over), or once that read
+    has ended (up to 1 s: the role has passed to the other call)."""
+    name = f"ahand-{os.urandom(3).hex()}"
+
+    async def main() -> float:
+        producer = AsyncProducer(redis_url, name)
+        stream = producer.lanes[0][1]
+        tasks = {
+            i: asyncio.create_task(producer.infer(np.full((1, 4), i, np.float32), timeout_s=30))
+            for i in (1, 2)
+        }
+        while producer._replies.waiting < 2 or redis_client.xlen(stream) < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # one of them blocks in the inbox's BLPOP now
+        tasks[cancelled].cancel()
+        await asyncio.sleep(answer_after_s)
+        kept = 3 - cancelled
+        for _, fields in redis_client.xrange(stream):
+            if decode_body(parse_entry(fields).body)[0][0, 0] == kept:
+                _answer(redis_client, stream, parse_entry(fields).rid, 10.0)
+        out = await asyncio.wait_for(tasks[kept], 10)
+        with pytest.raises(asyncio.CancelledError):
+            await tasks[cancelled]
+        assert producer._replies.waiting == 0
+        await producer.close()
+        return float(out[0, 0])
+
+    assert asyncio.run(main()) == 10.0 * (3 - cancelled)
+
+
 def _reader_connection(client: redis.Redis, name: str, timeout_s: float = 10) -> int:
     """The id of the connection named ``name`` blocked in BLPOP (other tests share the server)."""
     deadline = time.monotonic() + timeout_s
