@@ -189,26 +189,35 @@ def too_old(info: Mapping[str, Any]) -> str | None:
     )
 
 
-def check_server(client: Any) -> str | None:
-    """Ask the server for its version; raise :class:`ServerTooOld` if it is too old.
+def check_server(client: Any) -> None:
+    """Raise :class:`ServerTooOld` if the server has no Functions (older than Redis 7.0).
 
-    Returns the server's name and version, or None where INFO is refused (an
-    ACL without ``+info``) or the server is unreachable now (the caller waits
-    out an outage as it always does): the first FUNCTION LOAD tells then.
+    It asks with a command every worker may run, ``FCALL`` of a function that
+    does not exist (Redis 7 answers "not found", an older one "unknown
+    command"), so an ACL that grants the fleet's commands logs no refusal. Only
+    a server found too old is asked its version (INFO), for the message. A
+    server unreachable now is not judged: the caller waits out the outage.
     """
     try:
-        info = client.info("server")
-    except redis.exceptions.NoPermissionError:
-        log.debug("INFO refused by the ACL: the server's version is not checked")
-        return None
+        client.execute_command("FCALL", "inferfleet_version_probe", 0)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        log.warning("could not ask the Redis server its version (%s): not checked", exc)
-        return None
-    nodes = (
-        list(info.values()) if info and all(isinstance(v, dict) for v in info.values()) else [info]
+        log.warning("could not ask the Redis server whether it has Functions (%s)", exc)
+        return
+    except redis.exceptions.ResponseError as exc:
+        if "unknown command" not in str(exc).lower():
+            return  # "Function not found" (7.0+), or an ACL without +fcall: FUNCTION LOAD tells
+        raise ServerTooOld(_too_old_line(client)) from None
+
+
+def _too_old_line(client: Any) -> str:
+    """Why a server without FCALL cannot serve the fleet, with its version where INFO tells."""
+    try:
+        info = client.info("server")
+    except redis.exceptions.RedisError:
+        info = {}
+    if info and all(isinstance(value, dict) for value in info.values()):
+        info = next(iter(info.values()))  # a cluster client answers node by node
+    return too_old(info) or (
+        f"the Redis server ({server_name(info)}) has no FUNCTION command; inferfleet needs "
+        f"Redis 7.0 or newer (Functions): {_INSTALL}"
     )
-    for node in nodes:  # a cluster client answers node by node
-        why = too_old(node)
-        if why is not None:
-            raise ServerTooOld(why)
-    return server_name(nodes[0]) if nodes else None

@@ -124,13 +124,15 @@ PRODUCER_RULES = (
     "(+blpop +lpop ~inferfleet:{q}:reply:* ~inferfleet:{q}:inbox:*)",
     "(+exists ~inferfleet:{q}:limits)",
 )
-#: ``inferfleet status --name q`` and ``inferfleet dead list|show|replay|purge``.
+#: ``inferfleet status --name q`` (INFO: the server and its version on the first line) and
+#: ``inferfleet dead list|show|replay|purge``.
 OPERATOR_RULES = (
     "reset",
     "on",
     ">operator-pw",
     "~inferfleet:{q}:*",
     "-@all",
+    "+info",
     "+xlen",
     "+exists",
     "+xinfo|groups",

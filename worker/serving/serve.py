@@ -73,9 +73,7 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     client = worker_client(
         settings.redis_url, settings.cluster, block_s=settings.idle_block_ms / 1000.0
     )
-    # before the model loads: on a Redis without Functions the first FUNCTION LOAD would fail
-    found = check_server(client)
-    log.debug("serving on %s", found or "a server whose version the ACL hides")
+    check_server(client)  # before the model loads: without Functions nothing would work
     # a stage's metrics are its own
     label = settings.name if settings.stage is None else stage_label(settings)
     counters = Counters(worker_metrics(label, settings.metrics_port))
