@@ -171,22 +171,22 @@ def test_behind_read_reports_a_sent_call_once_and_closes_a_dropped_ones_connecti
     redis_url, redis_client
 ):
     client = redis.Redis.from_url(redis_url)
-    done: list[tuple[int, list[int]]] = []
+    done: list = []  # each held call's answer, as Redis gave it
     behind = BehindRead(
         client, lambda packed: client.execute_command("EVAL", "return {1, {}}", 0), lambda: None
     )
     behind.hold(
         b"*3\r\n$4\r\nEVAL\r\n$14\r\nreturn {2, {}}\r\n$1\r\n0\r\n",
-        lambda p, f: done.append((p, f)),
+        done.append,
     )
     assert behind.unsent
     (pong,) = behind.send_with(b"*1\r\n$4\r\nPING\r\n", 1)
     assert pong in (b"PONG", "PONG", True) and not behind.unsent
     behind.settle()
-    assert done == [(2, [])]
+    assert done == [[2, []]]
     behind.hold(
         b"*3\r\n$4\r\nEVAL\r\n$14\r\nreturn {3, {}}\r\n$1\r\n0\r\n",
-        lambda p, f: done.append((p, f)),
+        done.append,
     )
     behind.send_with(b"*1\r\n$4\r\nPING\r\n", 1)
     conn = behind._held.conn
@@ -195,7 +195,8 @@ def test_behind_read_reports_a_sent_call_once_and_closes_a_dropped_ones_connecti
         "its answer is still on the way: the connection must not be read again"
     )
     behind.settle()  # nothing held any more
-    assert done == [(2, [])]
+    assert done == [[2, []]]
+    client.close()
 
 
 def test_a_held_call_refused_by_a_full_redis_leaves_its_entries_pending(

@@ -494,6 +494,36 @@ def test_acl_worker_and_producer_users_round_trip(
     assert acl_admin.xinfo_consumers(STREAM, "workers") == []  # it left the group
 
 
+def test_acl_without_pexpireat_is_refused_once_not_once_a_reply_call(
+    acl_port, acl_admin, models_dir, expected, tmp_path
+):
+    """A worker grant older than the reply script (no +pexpireat): the worker learns the
+    refusal from the script's answer and sets TTLs with PEXPIRE from then on, so 40 separate
+    reply calls leave one refusal in ACL LOG, not 40; every reply still has its TTL."""
+    old_rules = tuple(rule for rule in WORKER_RULES if rule != "+pexpireat")
+    old_rules = tuple(">old-pw" if rule == ">worker-pw" else rule for rule in old_rules)
+    acl_admin.execute_command("ACL", "SETUSER", "old", *old_rules)
+    url = f"redis://old:old-pw@127.0.0.1:{acl_port}/0"
+    log_path = tmp_path / "worker.log"
+    admin_url = f"redis://:{PASSWORD}@127.0.0.1:{acl_port}/0"
+    with serving_worker(url, admin_url, models_dir, log_path), producer_for(admin_url) as producer:
+        for _ in range(40):  # one request at a time: a reply call each
+            reply = producer.result(producer.submit(INPUTS), timeout_s=20)
+            np.testing.assert_allclose(reply.outputs, expected, rtol=1e-5, atol=1e-6)
+        rid = producer.submit(INPUTS)
+        key = KEY_BASE + f"reply:{rid}"
+        wait_for(lambda: acl_admin.exists(key) == 1, 20, "the last reply")
+        assert acl_admin.pttl(key) > 0  # PEXPIRE set its TTL
+    # ACL LOG merges repeats of one refusal into one entry: count them all
+    refused = sum(
+        int(entry["count"])
+        for entry in acl_admin.acl_log(count=1000)
+        if str(entry.get("object")).strip("b'") == "pexpireat"
+    )
+    assert 1 <= refused <= 3, refused  # once a reply writer (lanes), not once a call
+    assert "PEXPIRE from now on" in log_path.read_text(errors="replace")
+
+
 def test_acl_worker_takes_over_dead_letters_and_operator_replays(
     acl_port, acl_admin, models_dir, expected, tmp_path
 ):

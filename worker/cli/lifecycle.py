@@ -6,6 +6,8 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -14,8 +16,11 @@ from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
 
 __all__ = [
     "VERSION_RE",
+    "CandidateInputs",
     "alerts",
+    "candidate_input_options",
     "check_model",
+    "fleet_spec",
     "check_wait_and_version",
     "serving_pair",
     "swap",
@@ -35,7 +40,84 @@ def check_wait_and_version(wait_s: float, version: str | None) -> None:
         )
 
 
-def check_model(model: str, version: str | None, check: bool, fleet_model: str = "") -> str:
+@dataclass(frozen=True)
+class CandidateInputs:
+    """What a candidate is checked with besides its own example: ``--input-spec``,
+    ``--warmup-input``, and the signature the fleet's workers declare in their heartbeats."""
+
+    input_spec: str | None = None
+    warmup_input: str | None = None
+    fleet_spec: str | None = None
+
+    def declared(self) -> Hashable | None:
+        """The fleet's input spec: the one given, else the one its workers declared."""
+        from inferfleet.worker.runtime.signature import SpecError, parse_spec
+
+        if self.input_spec:
+            try:
+                return parse_spec(self.input_spec)
+            except SpecError as exc:
+                raise click.BadParameter(str(exc), param_hint="--input-spec") from exc
+        try:
+            return parse_spec(self.fleet_spec) if self.fleet_spec else None
+        except SpecError:
+            return None  # a form no spec can be written in (raw inputs): nothing to make
+
+    def example(self) -> Any | None:
+        """The inputs of ``--warmup-input``, if given."""
+        from inferfleet.worker.npfiles import load_inputs
+
+        if not self.warmup_input:
+            return None
+        try:
+            return load_inputs(self.warmup_input)
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--warmup-input") from exc
+
+
+def candidate_input_options(command_name: str) -> Callable[[Callable], Callable]:
+    """``--input-spec`` and ``--warmup-input`` of ``swap`` and ``shadow`` (``command_name``: its
+    environment variables' part, INFERFLEET_SWAP_INPUT_SPEC ...)."""
+
+    def decorate(command: Callable) -> Callable:
+        command = click.option(
+            "--warmup-input",
+            default=None,
+            envvar=f"INFERFLEET_{command_name}_WARMUP_INPUT",
+            show_envvar=True,
+            help="A .npy/.npz of the fleet's inputs to check the model with (default: the "
+            "fleet's declared spec, zeros).",
+        )(command)
+        return click.option(
+            "--input-spec",
+            default=None,
+            envvar=f"INFERFLEET_{command_name}_INPUT_SPEC",
+            show_envvar=True,
+            help="The fleet's input spec, e.g. 'float32[N,16]' (default: what its workers "
+            "declare: their --input-spec, or their model's signature or example).",
+        )(command)
+
+    return decorate
+
+
+def fleet_spec(client: Any, keys: Any) -> str | None:
+    """The input spec the queue's live workers declare (their heartbeats), if one does."""
+    from inferfleet.worker.heartbeat import heartbeat_key, read_heartbeats
+
+    for info in read_heartbeats(client, keys):
+        raw = client.hget(heartbeat_key(keys, info.consumer), "input_spec")
+        if raw:
+            return raw.decode(errors="replace")
+    return None
+
+
+def check_model(
+    model: str,
+    version: str | None,
+    check: bool,
+    fleet_model: str = "",
+    inputs: CandidateInputs | None = None,
+) -> str:
     """Validate the model here before the fleet sees it; return its version.
 
     With ``check``: it must load, take the inputs of the version the fleet
@@ -59,7 +141,7 @@ def check_model(model: str, version: str | None, check: bool, fleet_model: str =
     if check:
         handler, example, default_version = _load_checked(model, "the model does not load")
         fleet = _load_fleet_model(fleet_model)
-        _check_candidate(handler, example, fleet)
+        _check_candidate(handler, example, fleet, inputs or CandidateInputs())
         return version or default_version
     return version or ("1" if is_spec else file_version(model))
 
@@ -127,31 +209,33 @@ def _run_example(handler: Any, inputs: Any, what: str) -> Any:
         ) from exc
 
 
-def _check_candidate(handler: Any, example: Any, fleet: tuple[Any, Any] | None) -> None:
-    """Run the candidate on its example and on the fleet's; refuse a different signature or bad
-    outputs."""
-    from inferfleet.worker.runtime.signature import describe_spec, spec_of
+def _check_candidate(
+    handler: Any, example: Any, fleet: tuple[Any, Any] | None, given: CandidateInputs
+) -> None:
+    """Run the candidate on the fleet's inputs (given, the served version's example, or made
+    from the fleet's declared spec) or its own; refuse another signature or bad outputs."""
+    from inferfleet.worker.runtime.signature import describe_spec, spec_fits, spec_of
 
-    fleet_example = fleet[1] if fleet is not None else None
-    if example is None and fleet_example is None:
+    inputs, fleet_form = _fleet_inputs(given, fleet)
+    if inputs is None and example is None:
         raise click.BadParameter(
-            "the model has no example inputs to check it with (embed one, or pass --no-check)",
+            "the model has no example inputs to check it with: give the fleet's --input-spec "
+            "or --warmup-input (workers started with one declare it), embed an example, or "
+            "pass --no-check",
             param_hint="--model",
         )
-    if (
-        example is not None
-        and fleet_example is not None
-        and spec_of(example) != spec_of(fleet_example)
-    ):
+    own = spec_of(example) if example is not None else None
+    if own is not None and fleet_form is not None and not spec_fits(own, fleet_form):
         raise click.BadParameter(
-            f"its signature {describe_spec(spec_of(example))} is not the one "
-            f"the fleet serves, {describe_spec(spec_of(fleet_example))}",
+            f"its signature {describe_spec(own)} is not the one "
+            f"the fleet serves, {describe_spec(fleet_form)}",
             param_hint="--model",
         )
-    inputs = fleet_example if fleet_example is not None else example
-    outputs = _run_example(handler, inputs, "running the example through it")
+    inputs = inputs if inputs is not None else example
+    what = f"running the fleet's inputs {describe_spec(spec_of(inputs))} through it"
+    outputs = _run_example(handler, inputs, what)
     _check_outputs(outputs, inputs)
-    if fleet is not None and fleet_example is not None:
+    if fleet is not None:
         served = _run_example(fleet[0], inputs, "running the example through the served version")
         if spec_of(outputs) != spec_of(served):
             raise click.BadParameter(
@@ -160,6 +244,24 @@ def _check_candidate(handler: Any, example: Any, fleet: tuple[Any, Any] | None) 
                 f"{describe_spec(spec_of(served))}",
                 param_hint="--model",
             )
+
+
+def _fleet_inputs(
+    given: CandidateInputs, fleet: tuple[Any, Any] | None
+) -> tuple[Any | None, Hashable | None]:
+    """(inputs of the fleet's form to run a candidate on, that form): ``--warmup-input``, else
+    the served version's example, else zeros of the declared spec; each None where unknown."""
+    from inferfleet.worker.runtime.signature import spec_of, synthesize
+
+    declared = given.declared()
+    inputs = given.example()
+    if inputs is None and fleet is not None:
+        inputs = fleet[1]
+    if inputs is None and declared is not None:
+        inputs = synthesize(declared, rows=2)  # zeros are valid wherever any value is
+    if declared is None and inputs is not None:
+        declared = spec_of(inputs)
+    return inputs, declared
 
 
 def _check_outputs(outputs: Any, inputs: Any) -> None:
@@ -262,6 +364,7 @@ def wait_for(client: Any, shards: list, version: str, timeout_s: float) -> bool:
     show_envvar=True,
     help="Wait this long for every live worker to switch (0: do not wait).",
 )
+@candidate_input_options("SWAP")
 def swap(
     queue: QueueConfig,
     model: str | None,
@@ -269,6 +372,8 @@ def swap(
     rollback: bool,
     check: bool,
     wait_s: float,
+    input_spec: str | None,
+    warmup_input: str | None,
 ) -> None:
     """Publish a new model version to a queue's workers (hot swap), or roll back.
 
@@ -288,7 +393,9 @@ def swap(
     client, shard_list = queue.connect()
     try:
         if model is not None:
-            version = check_model(model, version, check, serving_pair(client, shard_list[0])[0])
+            served = serving_pair(client, shard_list[0])[0]
+            inputs = CandidateInputs(input_spec, warmup_input, fleet_spec(client, shard_list[0]))
+            version = check_model(model, version, check, served, inputs)
         # one shard after another: each shard's switch is atomic, not all of them
         for keys in shard_list:
             if rollback:

@@ -12,8 +12,11 @@ from typing import Any
 import click
 
 from inferfleet.worker.cli.lifecycle import (
+    CandidateInputs,
+    candidate_input_options,
     check_model,
     check_wait_and_version,
+    fleet_spec,
     serving_pair,
     wait_for,
 )
@@ -300,6 +303,7 @@ def _wait_loaded(client: Any, shard_list: list, version: str, timeout_s: float) 
     "--min-compared requests compared and every worker to switch (--promote); exit "
     "status 1 if one did not (0: do not wait).",
 )
+@candidate_input_options("SHADOW")
 def shadow(
     queue: QueueConfig,
     model: str | None,
@@ -319,6 +323,8 @@ def shadow(
     max_error_rate: float,
     min_compared: int,
     wait_s: float,
+    input_spec: str | None,
+    warmup_input: str | None,
 ) -> None:
     """Run a candidate model version beside the live one, compare, then promote or stop it.
 
@@ -341,7 +347,8 @@ def shadow(
     client, shard_list = queue.connect()
     flags = (report, as_json, promote, force, stop, wait_s)
     try:
-        _act(client, shard_list, model, version, check, sample, canary, thresholds, flags)
+        inputs = CandidateInputs(input_spec, warmup_input) if check else None
+        _act(client, shard_list, model, version, inputs, sample, canary, thresholds, flags)
     except redis.exceptions.RedisError as exc:
         raise click.ClickException(f"Redis error: {exc}") from exc
 
@@ -375,12 +382,13 @@ def _act(
     shard_list: list,
     model: str | None,
     version: str | None,
-    check: bool,
+    check: CandidateInputs | None,
     sample: float,
     canary: float | None,
     thresholds: Any,
     flags: tuple,
 ) -> None:
+    """Do what the options ask; ``check`` is None with --no-check."""
     from inferfleet.worker.serving.rollout import end_candidate, publish_candidate, set_canary
 
     report, as_json, promote, force, stop, wait_s = flags
@@ -393,7 +401,10 @@ def _act(
             ended = end_candidate(client, keys, "stopped", "stopped by inferfleet shadow --stop")
             click.echo(f"{keys.name}: " + ("candidate stopped" if ended else "no active candidate"))
     elif model is not None:
-        version = check_model(model, version, check)
+        if check is not None:  # with what the fleet's workers declare
+            declared = fleet_spec(client, shard_list[0])
+            check = CandidateInputs(check.input_spec, check.warmup_input, declared)
+        version = check_model(model, version, check is not None, inputs=check)
         for keys in shard_list:
             cand = publish_candidate(
                 client, keys, model, version, sample, canary or 0.0, thresholds

@@ -15,8 +15,10 @@
 -- a call (Redis rewrites a PEXPIRE into a PEXPIREAT to propagate it, copying
 -- the command and formatting the time, 1,500 instructions a key); where the
 -- ACL lacks ``+pexpireat`` (a grant older than this script), PEXPIREAT answers an
--- error instead of 1 and the call uses PEXPIRE from then on.
--- Returns {pushed, {failed 0-based indexes}}.
+-- error instead of 1 and the call uses PEXPIRE from then on, and says so in its
+-- answer: the writer then passes ttl_ms as "p<ms>" (PEXPIRE from the start), so
+-- the refusal is logged in ACL LOG once, not once a call.
+-- Returns {pushed, {failed 0-based indexes}, 1 if PEXPIREAT was refused else 0}.
 
 -- The most replies one RPUSH pushes (Lua's unpack is bounded by its C stack, 8,000);
 -- worker/serving/replies.py reads it from this line.
@@ -24,9 +26,14 @@ local RUN_MAX = 1024
 local stream, group, ttl = KEYS[1], ARGV[1], ARGV[2]
 local call, pcall = redis.call, redis.pcall
 local n = #KEYS - 1
-local now = call('TIME')
-local expire = 'PEXPIREAT'
-local when = string.format('%.0f', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ttl))
+local expire, when, refused = 'PEXPIREAT', nil, 0
+if string.sub(ttl, 1, 1) == 'p' then  -- the writer learnt that the ACL refuses PEXPIREAT
+  ttl = string.sub(ttl, 2)
+  expire, when = 'PEXPIRE', ttl
+else
+  local now = call('TIME')
+  when = string.format('%.0f', now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ttl))
+end
 local pushed, failed, i = 0, {}, 1
 while i <= n do
   local key, payload = KEYS[i + 1], ARGV[2 * i + 2]
@@ -42,7 +49,7 @@ while i <= n do
       pushed = pushed + 1
       -- refused (a grant without +pexpireat): PEXPIRE from now on
       if pcall(expire, key, when) ~= 1 then
-        expire, when = 'PEXPIRE', ttl
+        expire, when, refused = 'PEXPIRE', ttl, 1
         call(expire, key, when)
       end
     else
@@ -80,11 +87,11 @@ while i <= n do
       -- the same fallback as a lone reply's, written out: a Lua function per TTL cost 1,000
       -- instructions
       if pushed > before and pcall(expire, key, when) ~= 1 then
-        expire, when = 'PEXPIRE', ttl
+        expire, when, refused = 'PEXPIRE', ttl, 1
         call(expire, key, when)
       end
     end
     i = j + 1
   end
 end
-return {pushed, failed}
+return {pushed, failed, refused}

@@ -31,8 +31,8 @@ from inferfleet.worker.resp import drop_held, read_answer, send_held
 
 __all__ = ["BehindRead"]
 
-#: What a held call does with the script's answer: (pushed, failed indexes) -> None.
-Done = Callable[[int, list[int]], None]
+#: What a held call does with the script's answer (as Redis gave it).
+Done = Callable[[Any], None]
 
 
 @dataclass
@@ -91,11 +91,7 @@ class BehindRead:
         held, self._held = self._held, None
         if held is None:
             return
-        if held.conn is None:
-            pushed, failed = self._send(held.packed)
-        else:
-            pushed, failed = self._read(held)
-        held.done(int(pushed), [int(i) for i in failed])
+        held.done(self._send(held.packed) if held.conn is None else self._read(held))
 
     def _read(self, held: _Held) -> Any:
         assert held.conn is not None

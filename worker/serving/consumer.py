@@ -29,6 +29,7 @@ from inferfleet.worker.errors import Cancelled
 from inferfleet.worker.metrics import worker_metrics
 from inferfleet.worker.runtime.devices import release_device_memory
 from inferfleet.worker.runtime.loading import ModelRuntime
+from inferfleet.worker.runtime.signature import describe_spec
 from inferfleet.worker.serving.alerts import Alert
 from inferfleet.worker.serving.alerts import publish as publish_alerts
 from inferfleet.worker.serving.batching import (
@@ -515,6 +516,8 @@ class Consumer:
             "model": self.model_source,
             "loop_ms": int(self.loop_at_s * 1000),
             "swap_error": self.watcher.error if self.watcher else "",
+            # what swap and shadow check a candidate against
+            "input_spec": describe_spec(spec) if (spec := self.runtime.input_spec) else "",
             **self.results.cache_fields(),
         }
 

@@ -71,6 +71,8 @@ class ReplyWriter:
         self.redis = client
         self.keys = keys
         self.reply_ttl_ms = reply_ttl_s * 1000
+        # PEXPIREAT until the ACL refuses it once; then PEXPIRE, so ACL LOG gets one refusal
+        self._expire_at = True
         self.model_meta = model_meta
         self.counters = counters
         self._script = script(client, "reply")
@@ -155,12 +157,9 @@ class ReplyWriter:
             _packed_pairs(cols, template, tail, data, ReplyTemplate.queued_bytes(waits)),
         )
         if self.behind is not None:  # goes out with the next read (behind.py)
-            self.behind.hold(
-                packed, lambda pushed, failed: self._columns_done(cols, pushed, failed)
-            )
+            self.behind.hold(packed, lambda answer: self._columns_done(cols, *self._told(answer)))
             return
-        pushed, failed = self._call_packed(packed)
-        self._columns_done(cols, int(pushed), [int(i) for i in failed])
+        self._columns_done(cols, *self._told(self._call_packed(packed)))
 
     def settle(self) -> None:
         """Write the replies held for the next read now (``hold_behind_reads``)."""
@@ -204,7 +203,7 @@ class ReplyWriter:
             self._script.sha,
             self.keys.requests.encode(),
             reply_keys,
-            (GROUP.encode(), b"%d" % self.reply_ttl_ms),
+            (GROUP.encode(), self._ttl_arg()),
             packed_args,
             2 * len(reply_keys),
         )
@@ -216,12 +215,27 @@ class ReplyWriter:
 
     def _run_script(self, answers: list[Answer]) -> tuple[int, list[int]]:
         keys = [self.keys.requests]
-        args: list[Any] = [GROUP, self.reply_ttl_ms]
+        args: list[Any] = [GROUP, self._ttl_arg()]
         for answer in answers:
             keys.append(answer.reply_key or self.keys.requests)
             args.append(answer.entry_id)
             args.append(answer.payload or b"")
-        pushed, failed = self._script(keys=keys, args=args)
+        return self._told(self._script(keys=keys, args=args))
+
+    def _ttl_arg(self) -> bytes:
+        """The script's ttl argument: ``<ms>`` (PEXPIREAT), or ``p<ms>`` once the ACL refused
+        PEXPIREAT (a grant older than the script)."""
+        return b"%d" % self.reply_ttl_ms if self._expire_at else b"p%d" % self.reply_ttl_ms
+
+    def _told(self, answer: Any) -> tuple[int, list[int]]:
+        """(pushed, failed indexes) of a reply script's answer, learning a refused PEXPIREAT."""
+        pushed, failed, *refused = answer
+        if refused and int(refused[0]) and self._expire_at:
+            self._expire_at = False
+            log.warning(
+                "the ACL refuses PEXPIREAT: reply TTLs are set with PEXPIRE from now on "
+                "(grant +pexpireat to this user: docs/security.md)"
+            )
         return int(pushed), [int(i) for i in failed]
 
     def _reply_elsewhere(self, answers: list[Answer]) -> None:
