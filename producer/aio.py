@@ -30,7 +30,7 @@ from inferfleet.producer.protocol import (
     Reply,
     validate_request_id,
 )
-from inferfleet.producer.reader import AsyncBox, AsyncReplyReader
+from inferfleet.producer.reader import AsyncReplyReader
 from inferfleet.producer.sharing import (
     LIBRARY,
     limits_key,
@@ -203,23 +203,31 @@ class AsyncProducer(ProducerBase):
     ) -> Any:
         """Submit (with the timeout as deadline), wait and return the outputs.
 
-        Raises on an error reply. The reply comes to this producer's inbox, which
-        one waiting call at a time reads for all of them: any number of tasks of one
-        loop may await ``infer`` on one producer; cancelling one leaves the others be.
+        Raises on an error reply. The reply comes to this producer's inbox, where
+        its one reader task hands it to this call: any number of tasks of one loop
+        may await ``infer`` on one producer; cancelling one leaves the others be.
         """
         rid, keys, fields = self._entry(inputs, params, timeout_s, to_inbox=True)
-        box = AsyncBox()
-        self._replies.expect(box.put, [rid], self.shard_of(rid))
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def hand(got: Any) -> None:
+            if not done.done():
+                done.set_result(got)
+
+        self._replies.expect(hand, [rid], self.shard_of(rid))
+        timer = loop.call_later(timeout_s, hand, None)
         try:
             await self._send_one(rid, keys, fields, priority)
-            got = await self._replies.collect(box, timeout_s)
+            got = await done
         finally:
+            timer.cancel()
             self._replies.forget([rid])
-        if not got:
+        if got is None:
             raise errors.ReplyTimeout(await self._missing(rid, timeout_s))
-        if isinstance(got[0], Exception):
-            raise got[0]
-        return got[0][0].raise_for_error().outputs
+        if isinstance(got, Exception):
+            raise got
+        return got[0].raise_for_error().outputs
 
     async def submit_many(
         self,
@@ -326,7 +334,7 @@ class AsyncProducer(ProducerBase):
         priority: str,
     ) -> AsyncIterator[tuple[int, Reply]]:
         """(input index, reply) of a map/imap call as replies come (see Producer._mapped)."""
-        box = AsyncBox()
+        box: list[Any] = []  # what the reads put here: lists of replies, or an error
         calls = MapRun(
             self,
             inputs,
@@ -334,19 +342,19 @@ class AsyncProducer(ProducerBase):
             window,
             deadline_s,
             validate_priority(priority),
-            lambda rids, shard: self._replies.expect(box.put, rids, shard),
+            lambda rids, shard: self._replies.expect(box.append, rids, shard, served=False),
         )
         try:
             while calls.active:
                 for taken in await self._map_round(calls, box, timeout_s, raise_errors, on_send):
                     yield taken
         finally:
-            self._replies.forget(calls.in_flight.ids())
+            self._replies.forget(calls.in_flight.ids(), served=False)
 
     async def _map_round(
         self,
         calls: MapRun,
-        box: AsyncBox,
+        box: list[Any],
         timeout_s: float,
         raise_errors: bool,
         on_send: Callable[[list[str]], None] | None,
@@ -359,7 +367,8 @@ class AsyncProducer(ProducerBase):
         if batch and on_send is not None:
             on_send(batch)
         with translate_errors():
-            items = await self._replies.collect(box, defaults.POLL_S, round_ if batch else None)
+            await self._replies.read_for(round_ if batch else None, defaults.POLL_S)
+        items, box[:] = box[:], []
         replies: list[Reply] = []
         for item in items:
             if isinstance(item, Exception):

@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import Any
 
 import redis
@@ -249,7 +249,7 @@ class Producer(ProducerBase):
         """Submit (with the timeout as deadline), wait and return the outputs.
 
         Raises on an error reply. The reply comes to this producer's inbox,
-        which one waiting call at a time reads for all of them: any number of
+        where its one reader thread hands it to this call: any number of
         threads may call ``infer`` on one producer at once.
         """
         rid, keys, fields = self._entry(inputs, params, timeout_s, to_inbox=True)
@@ -257,14 +257,14 @@ class Producer(ProducerBase):
         self._replies.expect(box.put, [rid], self.shard_of(rid))
         try:
             self._send_one(rid, keys, fields, priority)
-            got = self._replies.collect(box, timeout_s)
+            got = box.get(timeout=timeout_s)
+        except Empty:
+            raise errors.ReplyTimeout(_missing(self.redis, keys, rid, timeout_s)) from None
         finally:
             self._replies.forget([rid])
-        if not got:
-            raise errors.ReplyTimeout(_missing(self.redis, keys, rid, timeout_s))
-        if isinstance(got[0], Exception):
-            raise got[0]
-        return got[0][0].raise_for_error().outputs
+        if isinstance(got, Exception):
+            raise got
+        return got[0].raise_for_error().outputs
 
     # -- many requests -----------------------------------------------------
 
@@ -399,13 +399,13 @@ class Producer(ProducerBase):
             window,
             deadline_s,
             validate_priority(priority),
-            lambda rids, shard: self._replies.expect(box.put, rids, shard),
+            lambda rids, shard: self._replies.expect(box.put, rids, shard, served=False),
         )
         try:
             while calls.active:
                 yield from self._map_round(calls, box, timeout_s, raise_errors, on_send)
         finally:
-            self._replies.forget(calls.in_flight.ids())
+            self._replies.forget(calls.in_flight.ids(), served=False)
 
     def _map_round(
         self,
@@ -428,15 +428,14 @@ class Producer(ProducerBase):
         calls.check_stall(timeout_s)
         return taken
 
-    def _collected(
-        self, box: SimpleQueue, wait_s: float, sending: Round | None = None
-    ) -> list[Reply]:
-        """The replies the reader put in ``box`` (waiting up to ``wait_s`` for the first), after
-        sending ``sending``; an error it put there, or one replied to ``sending``, is raised."""
-        replies: list[Reply] = []
+    def _collected(self, box: SimpleQueue, wait_s: float, sending: Round | None) -> list[Reply]:
+        """Send ``sending`` and read the inbox (waiting up to ``wait_s``) in one round trip, then
+        the replies put in ``box``; an error put there, or replied to ``sending``, is raised."""
         with translate_errors():
-            items = self._replies.collect(box, wait_s, sending)
-        for item in items:
+            self._replies.read_for(sending, wait_s)
+        replies: list[Reply] = []
+        while not box.empty():
+            item = box.get_nowait()
             if isinstance(item, Exception):
                 raise item
             replies += item
