@@ -154,16 +154,7 @@ class ReplyReader(_Reader):
             return
         writes = 0 if sending is None else sending.replies
         round_ = self._plan.round(shards, max(wait_s, _MIN_BLOCK_S), into=sending)
-        try:
-            sent, raws = _split(run(self._client, round_, keep_errors=True), writes)
-        except Exception as exc:  # noqa: BLE001 - handed to every waiting call
-            self._fail(exc)
-            return
-        with self._cond:
-            routed = self._waiting.route(raws)
-        for sink, replies in routed:
-            sink(replies)
-        raise_first_error(sent)
+        raise_first_error(self._read(round_, writes))
 
     def close(self) -> None:
         """Stop the thread (after its current read) and end every wait with an error."""
@@ -183,15 +174,21 @@ class ReplyReader(_Reader):
                 if self._closed:
                     return
                 shards = self._waiting.shards()
-            try:
-                raws = popped_replies(run(self._client, self._plan.round(shards)))
-            except Exception as exc:  # noqa: BLE001 - handed to every waiting call
-                self._fail(exc)
-                continue
-            with self._cond:
-                routed = self._waiting.route(raws)
-            for sink, replies in routed:
-                sink(replies)
+            self._read(self._plan.round(shards), 0)
+
+    def _read(self, round_: Round, writes: int) -> list[Any]:
+        """Send ``round_``, hand what its reads popped to their calls; the replies to its first
+        ``writes`` commands (none if it failed: every waiting call got the error)."""
+        try:
+            sent, raws = _split(run(self._client, round_, keep_errors=True), writes)
+        except Exception as exc:  # noqa: BLE001 - handed to every waiting call
+            self._fail(exc)
+            return []
+        with self._cond:
+            routed = self._waiting.route(raws)
+        for sink, replies in routed:
+            sink(replies)
+        return sent
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:

@@ -9,9 +9,7 @@ what the set-up installs where no Redis 7+ is on ``PATH``.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ import redis
 from inferfleet.worker.connections import too_old, version_in
 from inferfleet.worker.embedded import EmbeddedRedis, binary_version, find_redis_server, free_port
 from tests.conftest import running_in_ci
+from tests.integration.test_security import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
@@ -72,19 +71,6 @@ def redis6() -> Iterator[str]:
     proc.wait(10)
 
 
-def _inferfleet(url: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, REDIS_URL=url)
-    return subprocess.run(
-        [sys.executable, "-m", "inferfleet", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=timeout_s,
-        check=False,
-    )
-
-
 def test_the_version_rule_refuses_redis_6_and_takes_7_and_valkey() -> None:
     assert version_in("Redis server v=6.2.14 sha=0") == (6, 2, 14)
     assert version_in("Valkey server v=9.1.2 sha=0") == (9, 1, 2)
@@ -97,7 +83,7 @@ def test_a_worker_on_redis_6_exits_once_with_one_line_naming_the_version(
     redis6: str, models_dir: Path
 ) -> None:
     started = time.monotonic()
-    done = _inferfleet(redis6, "worker", "--name", "old", "--model", str(models_dir / "affine.pt"))
+    done = run_cli(redis6, "worker", "--name", "old", "--model", str(models_dir / "affine.pt"))
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr
@@ -108,19 +94,17 @@ def test_a_worker_on_redis_6_exits_once_with_one_line_naming_the_version(
 def test_a_supervisor_on_redis_6_refuses_at_once_and_status_says_too_old(
     redis6: str, models_dir: Path
 ) -> None:
-    done = _inferfleet(
-        redis6, "supervise", "--name", "old", "--model", str(models_dir / "affine.pt")
-    )
+    done = run_cli(redis6, "supervise", "--name", "old", "--model", str(models_dir / "affine.pt"))
     assert done.returncode != 0
     assert "Redis 6.2" in done.stderr and "7.0 or newer" in done.stderr
     assert "restarting" not in done.stderr  # no crash loop of workers
-    status = _inferfleet(redis6, "status", "--json")
+    status = run_cli(redis6, "status", "--json")
     assert status.returncode == 0, status.stderr
     assert '"server": "Redis 6.2' in status.stdout and "TOO OLD" in status.stdout
 
 
 def test_status_names_the_server_it_reads(redis_url: str) -> None:
-    status = _inferfleet(redis_url, "status", "--name", "q")
+    status = run_cli(redis_url, "status", "--name", "q")
     assert status.returncode == 0, status.stderr
     assert status.stdout.startswith("server: ") and "TOO OLD" not in status.stdout
     assert version_in(status.stdout.splitlines()[0]) >= (7, 0)
