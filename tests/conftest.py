@@ -9,6 +9,7 @@ redis-server is an error, never a silent fallback.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,18 @@ def running_in_ci(environ: Mapping[str, str] = os.environ) -> bool:
     that needs a CI-installed tool fails instead of skipping. The one place that reads ``CI``.
     """
     return environ.get("CI", "").strip().lower() not in ("", "0", "false")
+
+
+def require_programs(*names: str, why: str) -> None:
+    """Fail (under CI, which installs them) or skip (a bare machine: said, not passed) unless
+    every program of ``names`` is on PATH."""
+    missing = [name for name in names if shutil.which(name) is None]
+    if not missing:
+        return
+    message = f"{why}: {', '.join(missing)} not on PATH"
+    if running_in_ci():
+        pytest.fail(message + " (CI installs them)")
+    pytest.skip(message)
 
 
 @pytest.fixture(scope="session")

