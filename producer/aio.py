@@ -14,9 +14,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from inferfleet.producer import defaults, errors
 from inferfleet.producer.base import ProducerBase, missing_reply_message, sum_shards
-from inferfleet.producer.bulk import (
-    MapRun,
-)
+from inferfleet.producer.bulk import InOrder, MapRun, place
 from inferfleet.producer.connections import (
     block_slices,
     connect_async,
@@ -288,11 +286,10 @@ class AsyncProducer(ProducerBase):
     ) -> list[Reply]:
         """Run every input through the fleet; replies in input order (see Producer.map)."""
         replies: list[Any] = []
-        async for index, reply in self._mapped(
+        async for taken in self._mapped(
             inputs, params, timeout_s, window, deadline_s, raise_errors, None, priority
         ):
-            replies += [None] * (index + 1 - len(replies))
-            replies[index] = reply
+            place(replies, taken)
         return replies
 
     async def imap(
@@ -309,18 +306,12 @@ class AsyncProducer(ProducerBase):
         priority: str = defaults.PRIORITY,
     ) -> AsyncIterator[Reply]:
         """Like :meth:`map`, but an async iterator of replies as they come (see Producer.imap)."""
-        ready: dict[int, Reply] = {}
-        next_out = 0
-        async for index, reply in self._mapped(
+        order = InOrder() if ordered else None
+        async for taken in self._mapped(
             inputs, params, timeout_s, window, deadline_s, raise_errors, on_send, priority
         ):
-            if not ordered:
+            for reply in (reply for _, reply in taken) if order is None else order.release(taken):
                 yield reply
-                continue
-            ready[index] = reply
-            while next_out in ready:
-                yield ready.pop(next_out)
-                next_out += 1
 
     async def _mapped(
         self,
@@ -332,8 +323,9 @@ class AsyncProducer(ProducerBase):
         raise_errors: bool,
         on_send: Callable[[list[str]], None] | None,
         priority: str,
-    ) -> AsyncIterator[tuple[int, Reply]]:
-        """(input index, reply) of a map/imap call as replies come (see Producer._mapped)."""
+    ) -> AsyncIterator[list[tuple[int, Reply]]]:
+        """(input index, reply) of a map/imap call, a round's at a time as they come (see
+        Producer._mapped): one async-generator step a round, not one a reply."""
         box: list[Any] = []  # what the reads put here: lists of replies, or an error
         calls = MapRun(
             self,
@@ -346,8 +338,7 @@ class AsyncProducer(ProducerBase):
         )
         try:
             while calls.active:
-                for taken in await self._map_round(calls, box, timeout_s, raise_errors, on_send):
-                    yield taken
+                yield await self._map_round(calls, box, timeout_s, raise_errors, on_send)
         finally:
             self._replies.forget(calls.in_flight.ids(), served=False)
 

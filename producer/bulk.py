@@ -21,7 +21,7 @@ from inferfleet.producer import errors
 from inferfleet.producer.protocol import BodyEncoder, Reply, lazy_replies, shard_for
 from inferfleet.producer.transport import Round
 
-__all__ = ["InFlight", "MapRun", "ReplyScan", "Sender", "group_by_shard"]
+__all__ = ["InFlight", "InOrder", "MapRun", "ReplyScan", "Sender", "group_by_shard", "place"]
 
 POP_COUNT = 1000  # replies taken from an inbox per LPOP
 MIN_PROBE = 64  # reply keys a results() round polls at least...
@@ -75,6 +75,12 @@ class InFlight:
     def add_many(self, shard: int, rids: Iterable[str], indexes: Iterable[int]) -> None:
         """Requests of one shard sent, with their input indexes."""
         self._where[shard].update(zip(rids, indexes))
+
+    def take(self, replies: Iterable[Reply]) -> list[tuple[int, Reply]]:
+        """(input index, reply) of each of ``replies`` this call sent, now answered (others are
+        skipped): one dict lookup a reply, the bulk path's inner loop."""
+        pop = self._where[0].pop if len(self._where) == 1 else self.pop
+        return [(index, reply) for reply in replies if (index := pop(reply.id, None)) is not None]
 
     def pop(self, rid: str, shard: int | None = None) -> int | None:
         """The input index of ``rid`` (now answered), or None if this call did not send it."""
@@ -152,8 +158,7 @@ class MapRun:
 
     def take(self, replies: Iterable[Reply], raise_errors: bool) -> list[tuple[int, Reply]]:
         """(input index, reply) of each of ``replies`` this call sent (others are skipped)."""
-        pop = self.in_flight.pop
-        taken = [(index, reply) for reply in replies if (index := pop(reply.id)) is not None]
+        taken = self.in_flight.take(replies)
         if raise_errors:
             for _, reply in taken:
                 reply.raise_for_error()
@@ -167,6 +172,35 @@ class MapRun:
             raise errors.ReplyTimeout(
                 f"no reply for {timeout_s} s with {len(self.in_flight)} requests in flight"
             )
+
+
+def place(replies: list[Any], taken: Sequence[tuple[int, Reply]]) -> None:
+    """Put each (input index, reply) of ``taken`` at its index of ``replies`` (map's result),
+    growing it as needed: once a round, not once a reply."""
+    if taken:
+        # max() compares (index, reply) pairs by index alone: no two share one
+        replies += [None] * (max(taken)[0] + 1 - len(replies))
+        for index, reply in taken:
+            replies[index] = reply
+
+
+class InOrder:
+    """imap(ordered=True): hands replies on in input order as the gaps before them fill."""
+
+    def __init__(self) -> None:
+        self._ready: dict[int, Reply] = {}
+        self._next = 0
+
+    def release(self, taken: Iterable[tuple[int, Reply]]) -> list[Reply]:
+        """The replies that ``taken`` lets out, in input order (none while an earlier one is
+        missing)."""
+        ready = self._ready
+        ready.update(taken)
+        out = []
+        while self._next in ready:
+            out.append(ready.pop(self._next))
+            self._next += 1
+        return out
 
 
 class ReplyScan:

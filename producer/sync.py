@@ -14,9 +14,7 @@ from redis.cluster import RedisCluster
 
 from inferfleet.producer import defaults, errors
 from inferfleet.producer.base import ProducerBase, missing_reply_message, sum_shards
-from inferfleet.producer.bulk import (
-    MapRun,
-)
+from inferfleet.producer.bulk import InOrder, MapRun, place
 from inferfleet.producer.connections import (
     block_slices,
     connect,
@@ -340,11 +338,10 @@ class Producer(ProducerBase):
         wait for any next reply; on a stall ReplyTimeout is raised.
         """
         replies: list[Any] = []
-        for index, reply in self._mapped(
+        for taken in self._mapped(
             inputs, params, timeout_s, window, deadline_s, raise_errors, None, priority
         ):
-            replies += [None] * (index + 1 - len(replies))
-            replies[index] = reply
+            place(replies, taken)
         return replies
 
     def imap(
@@ -365,18 +362,11 @@ class Producer(ProducerBase):
         ``on_send``, if given, is called with the ids of each pipeline of
         requests just before it is sent (benchmarks time requests with it).
         """
-        ready: dict[int, Reply] = {}
-        next_out = 0
-        for index, reply in self._mapped(
+        order = InOrder() if ordered else None
+        for taken in self._mapped(
             inputs, params, timeout_s, window, deadline_s, raise_errors, on_send, priority
         ):
-            if not ordered:
-                yield reply
-                continue
-            ready[index] = reply
-            while next_out in ready:
-                yield ready.pop(next_out)
-                next_out += 1
+            yield from (reply for _, reply in taken) if order is None else order.release(taken)
 
     def _mapped(
         self,
@@ -388,9 +378,9 @@ class Producer(ProducerBase):
         raise_errors: bool,
         on_send: Callable[[list[str]], None] | None,
         priority: str,
-    ) -> Iterator[tuple[int, Reply]]:
-        """(input index, reply) of a map/imap call as replies come; its ids are forgotten at the
-        end, however it ends (a reply that still comes is dropped)."""
+    ) -> Iterator[list[tuple[int, Reply]]]:
+        """(input index, reply) of a map/imap call, a round's at a time as replies come; its ids
+        are forgotten at the end, however it ends (a reply that still comes is dropped)."""
         box: SimpleQueue = SimpleQueue()
         calls = MapRun(
             self,
@@ -403,7 +393,7 @@ class Producer(ProducerBase):
         )
         try:
             while calls.active:
-                yield from self._map_round(calls, box, timeout_s, raise_errors, on_send)
+                yield self._map_round(calls, box, timeout_s, raise_errors, on_send)
         finally:
             self._replies.forget(calls.in_flight.ids(), served=False)
 

@@ -66,6 +66,8 @@ class Waiting:
         """Each sink with the replies among ``raws`` that are its own; those ids stop waiting."""
         where, per_shard = self._where, self._per_shard
         routed: dict[int, tuple[Sink, list[Reply]]] = {}
+        last: Sink | None = None
+        mine: list[Reply] = []
         for reply in lazy_replies(raws):
             found = where.pop(reply.id, None)
             if found is None:
@@ -73,11 +75,10 @@ class Waiting:
                 continue
             sink, shard = found
             per_shard[shard] -= 1
-            mine = routed.get(id(sink))
-            if mine is None:
-                routed[id(sink)] = (sink, [reply])
-            else:
-                mine[1].append(reply)
+            if sink is not last:  # replies come a call's batch at a time: look up only on a change
+                last = sink
+                mine = routed.setdefault(id(sink), (sink, []))[1]
+            mine.append(reply)
         return list(routed.values())
 
     def clear(self) -> list[Sink]:

@@ -16,9 +16,11 @@ from inferfleet.producer.bulk import (
     MAX_PROBE,
     MIN_PROBE,
     InFlight,
+    InOrder,
     MapRun,
     ReplyScan,
     group_by_shard,
+    place,
 )
 from inferfleet.producer.protocol import (
     decode_body,
@@ -112,6 +114,31 @@ def test_in_flight_adds_many_and_takes_per_shard() -> None:
     assert in_flight.pop("a", 0) is None  # not shard 0's
     assert in_flight.pop("b") == 6 and in_flight.pop("a", 1) == 5
     assert in_flight.pop("c", 0) == 7 and len(in_flight) == 0
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_in_flight_takes_its_own_replies_with_their_indexes(shards: int) -> None:
+    in_flight = InFlight(shards)
+    in_flight.add_many(shards - 1, ["a", "b"], [3, 4])
+    taken = in_flight.take(lazy_replies([ok("b"), ok("stranger"), ok("a"), ok("b")]))
+    assert [(index, reply.id) for index, reply in taken] == [(4, "b"), (3, "a")]
+    assert len(in_flight) == 0  # the second "b" found nobody waiting
+
+
+def test_place_puts_each_reply_at_its_index_and_grows_the_list() -> None:
+    replies: list = ["r0"]
+    place(replies, [(3, "r3"), (1, "r1")])
+    assert replies == ["r0", "r1", None, "r3"]
+    place(replies, [])
+    place(replies, [(2, "r2")])
+    assert replies == ["r0", "r1", "r2", "r3"]
+
+
+def test_in_order_releases_a_reply_only_once_every_earlier_one_came() -> None:
+    order = InOrder()
+    assert order.release([(1, "b"), (3, "d")]) == []
+    assert order.release([(0, "a")]) == ["a", "b"]
+    assert order.release([(2, "c"), (4, "e")]) == ["c", "d", "e"]
 
 
 def test_group_by_shard_keeps_input_order_within_a_shard() -> None:

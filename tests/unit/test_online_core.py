@@ -49,7 +49,9 @@ def test_every_reply_goes_to_the_call_that_sent_it_and_to_no_other(owners, rnd) 
         waiting.add(sinks[call], [rid], len(rid) % 2)
     raws = [ok(rid) for rid in rids] + [ok("stale-a"), ok("stale-b")]
     rnd.shuffle(raws)
-    for sink, replies in waiting.route(raws):
+    routed = waiting.route(raws)
+    assert len({id(sink) for sink, _ in routed}) == len(routed)  # each call handed its batch once
+    for sink, replies in routed:
         sink(replies)
     for call in set(owners):
         mine = [rid for rid, owner in zip(rids, owners) if owner == call]
