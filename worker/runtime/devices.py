@@ -24,12 +24,14 @@ that wrap them and from ONNX Runtime's CUDA provider read the same.
 from __future__ import annotations
 
 import logging
+import traceback
 
 import torch
 
 __all__ = [
     "BROKEN_DEVICE_MESSAGES",
     "OUT_OF_MEMORY_MESSAGES",
+    "drop_frames",
     "is_device_broken",
     "is_out_of_memory",
     "out_of_memory_types",
@@ -90,6 +92,28 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, out_of_memory_types()):
         return True
     return any(fragment in text for text in _messages(exc) for fragment in OUT_OF_MEMORY_MESSAGES)
+
+
+def drop_frames(exc: BaseException) -> BaseException:
+    """``exc`` without the frames its traceback (and those of the exceptions chained to it) keeps
+    alive, returned for re-raising.
+
+    The frames of a forward pass that ran out of memory hold its device tensors (the input
+    batch, activations): while they live, ``empty_cache()`` frees none of that memory, and the
+    retries of the halves run beside it. Frames still executing (the caller's) are left whole.
+    """
+    todo: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if current.__traceback__ is not None:
+            traceback.clear_frames(current.__traceback__)
+            current.__traceback__ = None
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+    return exc
 
 
 def is_device_broken(exc: BaseException) -> bool:

@@ -34,7 +34,7 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.errors import Cancelled, DeviceBroken
 from inferfleet.worker.logs import batch_context, clip
-from inferfleet.worker.runtime.devices import is_device_broken
+from inferfleet.worker.runtime.devices import drop_frames, is_device_broken
 from inferfleet.worker.runtime.loading import ModelRuntime, is_out_of_memory
 from inferfleet.worker.serving.batching import (
     Request,
@@ -186,7 +186,11 @@ class BatchComputer:
             try:
                 outputs = self.runtime.predict(cols.inputs, {})
             except Exception as exc:  # noqa: BLE001 - isolated request by request below
-                return self._infer_batch(cols.requests(), exc)
+                failed = drop_frames(exc) if is_out_of_memory(exc) else exc
+            else:
+                failed = None
+            if failed is not None:  # out of the except block: the failed pass's frames are gone
+                return self._infer_batch(cols.requests(), failed)
             template = (
                 self.encoder.template(outputs.dtype, (cols.rows_each,) + outputs.shape[1:])
                 if type(outputs) is np.ndarray and outputs.shape[:1] == (cols.rows,)
@@ -247,11 +251,15 @@ class BatchComputer:
                 )
             return self.runtime.predict(concat_inputs(part), part[0].params)
         except Exception as exc:
-            if is_out_of_memory(exc):
-                self._out_of_memory(sum(r.rows for r in part))
-            elif is_device_broken(exc):  # no retry, no reply, no ack: the process must exit
-                raise DeviceBroken(self.consumer, exc) from exc
-            raise
+            if not is_out_of_memory(exc):
+                if is_device_broken(exc):  # no retry, no reply, no ack: the process must exit
+                    raise DeviceBroken(self.consumer, exc) from exc
+                raise
+            failed = drop_frames(exc)
+        # out of memory, out of the except block: with the failed pass's frames (its device
+        # tensors) gone, empty_cache() can free them before the bisection retries the halves
+        self._out_of_memory(sum(r.rows for r in part))
+        raise failed
 
     def _batch_done(
         self, rows: int, infer_s: float, queue_waits_s: Callable[[], list[float]]
