@@ -270,6 +270,39 @@ def test_out_of_memory_frees_the_failed_pass_before_the_retries(
     assert set(alive_at_release) == {0}  # ...and each time the failed passes were already gone
 
 
+def test_out_of_memory_in_the_warm_up_caps_the_batches_instead_of_failing_the_load(
+    redis_url, redis_client, monkeypatch, caplog
+):
+    """Issue 31: a GPU too small for --max-batch-rows used to fail the warm-up (exit 3, restarted
+    in a loop by the supervisor); the worker now serves batches of the largest size that fit."""
+    monkeypatch.setenv("OOM_ROWS", "8")
+    with caplog.at_level("WARNING"):
+        consumer = make_consumer(
+            redis_url, "tests.handlers:OutOfMemoryOverRows", idle_block_ms=50, max_batch_rows=32
+        )
+    assert consumer.runtime.fits_rows == 8  # 16 rows ran out of memory, 8 fitted
+    assert consumer.row_limit.rows == 8 and consumer.row_limit.max_rows == 8
+    assert "batches are limited to 8 rows" in caplog.text
+    producer = Producer(redis_url, "q")
+    inputs = [np.full((1, 4), i, np.float32) for i in range(32)]
+    rids = producer.submit_many(inputs)
+    drain(consumer)
+    replies = producer.results(rids, timeout_s=5)
+    assert all(r.ok for r in replies) and max(r.timing["batch_rows"] for r in replies) == 8
+    for x, r in zip(inputs, replies):
+        np.testing.assert_array_equal(r.outputs, x * 2)
+
+
+def test_a_model_whose_smallest_warm_up_batch_runs_out_of_memory_fails_to_load(
+    redis_url, monkeypatch
+):
+    from inferfleet.worker.errors import ModelLoadError
+
+    monkeypatch.setenv("OOM_ROWS", "0")
+    with pytest.raises(ModelLoadError, match="out of memory on a batch of 1 rows, the smallest"):
+        make_consumer(redis_url, "tests.handlers:OutOfMemoryOverRows", max_batch_rows=32)
+
+
 def test_dead_letter_commands(redis_url, redis_client, models_dir):
     import subprocess
     import sys

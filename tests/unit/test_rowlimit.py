@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferfleet.worker.serving.rowlimit import RECOVER_AFTER, RowLimit
+from inferfleet.worker.serving.rowlimit import RECOVER_AFTER, RowLimit, ceiling
 
 
 def computed(limit: RowLimit, batches: int) -> list[bool]:
@@ -90,3 +90,22 @@ def test_a_custom_recovery_count():
 def test_nonsense_is_refused(max_rows, recover_after):
     with pytest.raises(ValueError, match="at least 1"):
         RowLimit(max_rows, recover_after)
+
+
+def test_the_ceiling_is_what_the_warm_up_found_fits_never_more_than_configured():
+    assert ceiling(256, None) == 256  # every size fitted
+    assert ceiling(256, 64) == 64
+    assert ceiling(32, 64) == 32
+
+
+def test_a_lower_ceiling_caps_the_limit_and_the_doubling_back():
+    limit = RowLimit(64, recover_after=2)
+    limit.set_ceiling(16)
+    assert limit.rows == 16 and limit.max_rows == 16
+    assert limit.out_of_memory(16) and limit.rows == 8
+    assert not computed(limit, 1)[0] and computed(limit, 1) == [True] and limit.rows == 16
+    assert not any(computed(limit, 10)) and limit.rows == 16  # never past the ceiling
+    limit.set_ceiling(64)  # a model that fits more: the limit doubles back up to the new one
+    assert computed(limit, 2) == [False, True] and limit.rows == 32
+    with pytest.raises(ValueError, match="at least 1"):
+        limit.set_ceiling(0)

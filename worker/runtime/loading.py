@@ -38,6 +38,7 @@ from inferfleet.worker.errors import ModelLoadError, OutputError
 from inferfleet.worker.handler import Handler
 from inferfleet.worker.npfiles import load_inputs
 from inferfleet.worker.runtime.devices import (
+    drop_frames,
     is_out_of_memory,
     release_device_memory,
     select_device,
@@ -154,6 +155,9 @@ class ModelRuntime:
         self.pipeline: Manifest | None = None
         #: The handler decodes, collates and splits request by request (:meth:`predict_requests`).
         self.per_request = handler.per_request
+        #: The largest batch the warm-up found fits the device, when a larger one ran out of
+        #: memory (None: every size fitted, or no warm-up ran): the consumer's row ceiling.
+        self.fits_rows: int | None = None
 
     @property
     def model_meta(self) -> tuple[str, str]:
@@ -218,21 +222,57 @@ class ModelRuntime:
             if self.per_request
             else warmup_sizes(example_rows, max_rows)
         )
-        for rows in sizes:
-            for _ in range(iters):
-                try:
-                    if self.per_request:  # ``rows`` copies of the example request
-                        self.predict_requests([self.example] * rows, [example_rows] * rows, {})
-                    else:
-                        self.predict(_tile_rows(self.example, rows), {})
-                except Exception as exc:
-                    raise ModelLoadError(
-                        f"warm-up of {self.name} failed on a batch of {rows} rows: {exc}. "
-                        f"If the model cannot batch, start it with --max-batch-rows 1"
-                    ) from exc
+        # per request, the sizes count requests of the example's rows each
+        fitted, each = 0, example_rows if self.per_request else 1
+        for size in sizes:
+            out_of_memory = self._warm(size, iters)
+            if out_of_memory is not None:
+                self._too_big(size * each, fitted, out_of_memory)
+                break
+            fitted = size * each
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
+
+    def _warm(self, rows: int, iters: int) -> BaseException | None:
+        """``iters`` passes of ``rows`` rows; the out-of-memory error (its frames dropped) that
+        stopped them, or None. Any other failure is a ModelLoadError."""
+        try:
+            for _ in range(iters):
+                if self.per_request:  # ``rows`` copies of the example request
+                    rows_each = _rows(self.example)
+                    self.predict_requests([self.example] * rows, [rows_each] * rows, {})
+                else:
+                    self.predict(_tile_rows(self.example, rows), {})
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise ModelLoadError(
+                    f"warm-up of {self.name} failed on a batch of {rows} rows: {exc}. "
+                    f"If the model cannot batch, start it with --max-batch-rows 1"
+                ) from exc
+            return drop_frames(exc)
+        return None
+
+    def _too_big(self, rows: int, fitted: int, exc: BaseException) -> None:
+        """A warm-up batch of ``rows`` ran out of memory: serve batches of ``fitted`` rows at
+        most (the largest that fitted), or fail to load if not even the smallest fits."""
+        release_device_memory(self.device)
+        if not fitted:
+            raise ModelLoadError(
+                f"warm-up of {self.name} ran out of memory on a batch of {rows} rows, the "
+                f"smallest it tries: {exc}. The model does not fit {self.device} beside what "
+                "else runs there"
+            )
+        self.fits_rows = fitted
+        log.warning(
+            "model %s: out of memory warming up a batch of %d rows on %s; batches are limited "
+            "to %d rows (set --max-batch-rows %d to skip this)",
+            self.name,
+            rows,
+            self.device,
+            fitted,
+            fitted,
+        )
 
 
 def warmup_sizes(example_rows: int, max_rows: int) -> list[int]:

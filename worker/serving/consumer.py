@@ -52,7 +52,7 @@ from inferfleet.worker.serving.lifecycle import ModelWatcher
 from inferfleet.worker.serving.quality import CacheRound, ResultPolicy
 from inferfleet.worker.serving.recovery import Delivery, Recovery
 from inferfleet.worker.serving.replies import BatchEncoder, ReplyWriter
-from inferfleet.worker.serving.rowlimit import RowLimit
+from inferfleet.worker.serving.rowlimit import RowLimit, ceiling
 from inferfleet.worker.serving.sharing import LaneWork
 
 __all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
@@ -167,7 +167,8 @@ class Consumer:
         self.prefetch = settings.prefetch == "on" or (
             settings.prefetch == "auto" and runtime.device.type == "cuda"
         )
-        self.row_limit = RowLimit(settings.max_batch_rows)  # lowered after an out-of-memory error
+        # lowered after an out-of-memory error, and to what the warm-up found fits
+        self.row_limit = RowLimit(ceiling(settings.max_batch_rows, runtime.fits_rows))
         self._next_stats_log = time.monotonic() + 10.0
         if counters is None:  # its metrics are labelled NAME, for every shard
             counters = Counters(worker_metrics(settings.name, settings.metrics_port))
@@ -494,6 +495,7 @@ class Consumer:
         self.results.model_changed()
         self.replies.model_changed(new.model_meta)
         self.computer.use(new)
+        self.row_limit.set_ceiling(ceiling(self.settings.max_batch_rows, new.fits_rows))
         self.work.model_changed(new.model_meta)
         self.counters.model_version(new.version)
         log.info(

@@ -13,10 +13,16 @@ memory and logs; this only decides the number.
 
 from __future__ import annotations
 
-__all__ = ["RECOVER_AFTER", "RowLimit"]
+__all__ = ["RECOVER_AFTER", "RowLimit", "ceiling"]
 
 #: Batches computed after an out-of-memory error before the limit doubles back.
 RECOVER_AFTER = 100
+
+
+def ceiling(configured: int, fits: int | None) -> int:
+    """The most rows a batch may ever have: the configured limit, or less where the model's
+    warm-up found that no larger batch fits the device (``fits``; None: every size fitted)."""
+    return configured if fits is None else max(1, min(configured, fits))
 
 
 class RowLimit:
@@ -31,6 +37,14 @@ class RowLimit:
         self.recover_after = recover_after
         self.rows = max_rows
         self._good_batches = 0
+
+    def set_ceiling(self, max_rows: int) -> None:
+        """Batches of at most ``max_rows`` from now on (the model's warm-up found no larger one
+        fits, or a new model fits more); the limit doubles back up to it, never past it."""
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be at least 1, not {max_rows}")
+        self.max_rows = max_rows
+        self.rows = min(self.rows, max_rows)
 
     def out_of_memory(self, rows: int) -> bool:
         """A batch of ``rows`` did not fit: the limit drops below it. True if it dropped.
