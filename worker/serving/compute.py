@@ -183,6 +183,7 @@ class BatchComputer:
         self._batch_seq += 1
         with batch_context(self._batch_seq, cols.rids):
             started = time.perf_counter()
+            failed: BaseException | None
             try:
                 outputs = self.runtime.predict(cols.inputs, {})
             except Exception as exc:  # noqa: BLE001 - isolated request by request below
