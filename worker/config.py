@@ -32,13 +32,18 @@ __all__ = [
     "ENV_VARS",
     "DEVICE_CHOICES",
     "PRECISIONS",
+    "TF32_CHOICES",
     "default_consumer_name",
     "env_var",
 ]
 
-#: fp32 as trained; fp16 and bf16 run under torch.autocast (GPU, and CPU where the ops support it);
-#: int8 is dynamic quantization of the linear layers (CPU only).
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+#: fp32 as trained; fp16 and bf16 cast the weights (``model.half()``: half the memory) and the
+#: floating inputs (integer ids stay as they are); amp runs the fp32 model under torch.autocast
+#: (fp16 where it is safe); int8 is dynamic quantization of the linear layers (CPU only).
+PRECISIONS = ("fp32", "fp16", "bf16", "amp", "int8")
+#: TF32 for fp32 matmuls and convolutions on Ampere and newer: torch's defaults (matmuls off,
+#: cuDNN convolutions on), both on, or both off (exact fp32).
+TF32_CHOICES = ("torch", "on", "off")
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 _DEVICE_RE = re.compile(r"(auto|cpu|cuda|cuda:\d{1,3})\Z")
@@ -139,8 +144,16 @@ class WorkerSettings:
     precision: str = field(
         default="fp32",
         metadata={
-            "help": "fp16/bf16 run the model under torch.autocast; int8 quantizes its linear "
-            "layers dynamically (CPU; .pt2, .onnx, handlers); outputs stay float32."
+            "help": "fp16/bf16 cast the weights and floating inputs (integer inputs stay); "
+            "amp runs under torch.autocast; int8 quantizes the linear layers dynamically (CPU; "
+            ".pt2, .onnx, handlers); outputs stay float32."
+        },
+    )
+    tf32: str = field(
+        default="torch",
+        metadata={
+            "help": "TF32 for fp32 on NVIDIA Ampere+: torch (its defaults: matmuls off, cuDNN "
+            "convolutions on), on, off (exact fp32). The worker logs what it runs."
         },
     )
     compile: bool = field(
@@ -276,6 +289,8 @@ class WorkerSettings:
             raise ConfigError(f"prefetch {self.prefetch!r} is not one of auto, on, off")
         if self.stage is not None:
             self._check_range("stage", 0, MAX_STAGES - 1)
+        if self.tf32 not in TF32_CHOICES:
+            raise ConfigError(f"tf32 {self.tf32!r} is not one of {', '.join(TF32_CHOICES)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
 

@@ -23,7 +23,7 @@ def runtime(models_dir, kind: str, **settings):
     return load_runtime(WorkerSettings(name="q", model=str(path), warmup_iters=1, **settings))
 
 
-@pytest.mark.parametrize("precision,tolerance", [("bf16", 0.05), ("fp16", 0.01)])
+@pytest.mark.parametrize("precision,tolerance", [("bf16", 0.05), ("fp16", 0.01), ("amp", 0.01)])
 @pytest.mark.parametrize("kind", ["ctr", "cnn"])
 def test_reduced_precision_stays_close_and_returns_float32(models_dir, kind, precision, tolerance):
     x = example_inputs(kind, rows=8, seed=5)
@@ -33,6 +33,32 @@ def test_reduced_precision_stays_close_and_returns_float32(models_dir, kind, pre
     scale = np.abs(full).max()
     assert np.abs(reduced - full).max() <= tolerance * scale
     assert not np.array_equal(reduced, full)  # it really ran in reduced precision
+
+
+def _weights(rt) -> list[torch.Tensor]:
+    modules = [v for v in vars(rt.handler).values() if isinstance(v, torch.nn.Module)]
+    return [t for m in modules for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
+
+
+@pytest.mark.parametrize("kind", ["ctr", "cnn", "affine2"])
+def test_fp16_and_bf16_cast_the_weights_amp_keeps_them_fp32(models_dir, kind):
+    """Issue 31: --precision fp16 is the article's model.half() (half the weights' memory), with
+    the CTR model's integer ids left as ids; autocast is its own choice, amp."""
+    assert {w.dtype for w in _weights(runtime(models_dir, kind))} == {torch.float32}
+    for precision, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        rt = runtime(models_dir, kind, precision=precision)
+        weights = _weights(rt)
+        assert weights and {w.dtype for w in weights} == {dtype}
+    assert {w.dtype for w in _weights(runtime(models_dir, kind, precision="amp"))} == {
+        torch.float32
+    }
+
+
+def test_fp16_refuses_a_handler_with_no_module_to_cast():
+    with pytest.raises(ModelLoadError, match=r"holds no torch\.nn\.Module.*--precision amp"):
+        load_runtime(
+            WorkerSettings(name="q", model="tests.handlers:Scale", precision="fp16", warmup_iters=1)
+        )
 
 
 def test_compile_an_exported_model(models_dir):

@@ -303,3 +303,24 @@ def test_compile_without_a_c_compiler_says_so_before_loading_further(
     )
     with pytest.raises(ModelLoadError, match="--compile needs a C compiler"):
         load_runtime(settings)
+
+
+def test_tf32_is_set_as_chosen_and_reported_as_it_runs():
+    from inferfleet.worker.runtime.devices import apply_tf32
+
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        assert apply_tf32("on") == "TF32 matmul on, conv on"
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert apply_tf32("torch") == "TF32 matmul on, conv on"  # torch: left as they are
+        assert apply_tf32("off") == "TF32 matmul off, conv off"
+        assert not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_tf32_accepts_only_its_choices():
+    from inferfleet.worker.config import ConfigError, WorkerSettings
+
+    with pytest.raises(ConfigError, match="tf32 'maybe' is not one of torch, on, off"):
+        WorkerSettings(name="q", model="m.pt", tf32="maybe")

@@ -282,9 +282,10 @@ def test_a_file_that_is_not_onnx_is_a_model_load_error(tmp_path):
         runtime(truncated)
 
 
-def test_onnx_refuses_autocast_precisions(onnx_models_dir):
-    with pytest.raises(ModelLoadError, match=r"--precision fp16 is torch autocast.*fp32 or int8"):
-        runtime(onnx_models_dir / "affine.onnx", precision="fp16")
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "amp"])
+def test_onnx_refuses_the_torch_precisions(onnx_models_dir, precision):
+    with pytest.raises(ModelLoadError, match=rf"--precision {precision} casts torch.*fp32 or int8"):
+        runtime(onnx_models_dir / "affine.onnx", precision=precision)
 
 
 def test_onnx_without_onnxruntime_says_what_to_install(onnx_models_dir, monkeypatch):

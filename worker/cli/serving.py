@@ -30,7 +30,7 @@ from inferfleet.worker.cli.process import (
     log_level_option,
     setup_logging,
 )
-from inferfleet.worker.config import PRECISIONS, WorkerSettings
+from inferfleet.worker.config import PRECISIONS, TF32_CHOICES, WorkerSettings
 from inferfleet.worker.errors import ConfigError, DeviceBroken, ModelLoadError, ServerTooOld
 from inferfleet.worker.fleet.succession import watch_parent
 from inferfleet.worker.keys import MAX_STAGES
@@ -70,6 +70,7 @@ worker_options = _options(
     _setting("warmup_iters", "--warmup-iters", type=click.IntRange(0, 1000)),
     _setting("torch_threads", "--torch-threads", type=int),
     _setting("precision", "--precision", type=click.Choice(list(PRECISIONS))),
+    _setting("tf32", "--tf32", type=click.Choice(list(TF32_CHOICES))),
     _setting("compile", "--compile/--no-compile"),
     _setting("prefetch", "--prefetch", type=click.Choice(["auto", "on", "off"])),
     _setting("tune_malloc", "--tune-malloc/--no-tune-malloc"),

@@ -30,6 +30,7 @@ import torch
 
 __all__ = [
     "BROKEN_DEVICE_MESSAGES",
+    "apply_tf32",
     "OUT_OF_MEMORY_MESSAGES",
     "drop_frames",
     "is_device_broken",
@@ -38,6 +39,7 @@ __all__ = [
     "peak_memory_mib",
     "release_device_memory",
     "select_device",
+    "tf32_state",
     "warn_emulated_precision",
 ]
 
@@ -124,6 +126,22 @@ def is_device_broken(exc: BaseException) -> bool:
     if is_out_of_memory(exc):
         return False
     return any(fragment in text for text in _messages(exc) for fragment in BROKEN_DEVICE_MESSAGES)
+
+
+def apply_tf32(choice: str) -> str:
+    """Set TF32 for fp32 matmuls and cuDNN convolutions (``torch``: leave torch's defaults;
+    ``on``; ``off``: exact fp32) and say what now runs, for the load log and the bench."""
+    if choice in ("on", "off"):
+        torch.backends.cuda.matmul.allow_tf32 = choice == "on"
+        torch.backends.cudnn.allow_tf32 = choice == "on"
+    return tf32_state()
+
+
+def tf32_state() -> str:
+    """TF32 as torch will use it on Ampere and newer GPUs: matmuls, then convolutions."""
+    matmul = "on" if torch.backends.cuda.matmul.allow_tf32 else "off"
+    conv = "on" if torch.backends.cudnn.allow_tf32 else "off"
+    return f"TF32 matmul {matmul}, conv {conv}"
 
 
 def select_device(device: torch.device) -> None:

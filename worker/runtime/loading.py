@@ -38,6 +38,7 @@ from inferfleet.worker.errors import ModelLoadError, OutputError
 from inferfleet.worker.handler import Handler
 from inferfleet.worker.npfiles import load_inputs
 from inferfleet.worker.runtime.devices import (
+    apply_tf32,
     drop_frames,
     is_out_of_memory,
     release_device_memory,
@@ -110,7 +111,41 @@ def to_numpy(outputs: Any) -> Any:
     )
 
 
-_AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+#: Precisions that cast the weights and the floating inputs (the article's ``model.half()``).
+_CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+#: Precisions that run the fp32 model under torch.autocast.
+_AUTOCAST = {"amp": torch.float16}
+
+
+def _cast_floats(inputs: Any, dtype: torch.dtype) -> Any:
+    """Floating tensors of ``inputs`` (a tensor, or a dict, list or tuple of them) as ``dtype``;
+    integer ones (embedding ids, token ids) and anything else left as they are."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(dtype) if inputs.is_floating_point() else inputs
+    if isinstance(inputs, dict):
+        return {k: _cast_floats(v, dtype) for k, v in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(_cast_floats(v, dtype) for v in inputs)
+    return inputs
+
+
+def cast_handler(handler: Handler, dtype: torch.dtype) -> None:
+    """Cast every ``nn.Module`` attribute of ``handler`` (the model) to ``dtype``: its weights
+    take half the memory. Raises ModelLoadError when there is none to cast."""
+    cast = 0
+    for name, value in list(vars(handler).items()):
+        if isinstance(value, torch.nn.Module):
+            setattr(handler, name, value.to(dtype))
+            cast += 1
+    if not cast:
+        raise ModelLoadError(
+            f"--precision {_DTYPE_NAMES[dtype]} casts the model's weights, and "
+            f"{type(handler).__name__} holds no torch.nn.Module attribute: serve it with "
+            "--precision amp (autocast) or fp32"
+        )
+
+
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def _as_float32(outputs: Any) -> Any:
@@ -140,6 +175,7 @@ class ModelRuntime:
         self.handler = handler
         self.precision = precision
         self._autocast = _AUTOCAST.get(precision)
+        self._cast = _CAST.get(precision)
         self.name = name
         self.version = version
         self.device = device
@@ -167,13 +203,18 @@ class ModelRuntime:
         """Run one batch (numpy in, numpy out) under ``torch.inference_mode``."""
         with torch.inference_mode():
             x = self.handler.preprocess(inputs, params)
-            if self._autocast is None:
-                y = self.handler.predict(x, params)
-            else:
-                with torch.autocast(self.device.type, dtype=self._autocast):
-                    y = _as_float32(self.handler.predict(x, params))
+            y = self._forward(self.handler, x, params)
             out = to_numpy(self.handler.postprocess(y, params))
         return out
+
+    def _forward(self, handler: Handler, x: Any, params: dict) -> Any:
+        """The handler's predict in this runtime's precision; reduced floats back to float32."""
+        if self._cast is not None:
+            return _as_float32(handler.predict(_cast_floats(x, self._cast), params))
+        if self._autocast is not None:
+            with torch.autocast(self.device.type, dtype=self._autocast):
+                return _as_float32(handler.predict(x, params))
+        return handler.predict(x, params)
 
     def predict_requests(self, inputs: list[Any], rows: list[int], params: dict) -> list[Any]:
         """Run one batch through a per-request handler: one output (numpy, text or bytes) per
@@ -182,11 +223,7 @@ class ModelRuntime:
         with torch.inference_mode():
             items = [handler.decode_request(x, params) for x in inputs]
             x = handler.preprocess(handler.batch(items, params), params)
-            if self._autocast is None:
-                y = handler.predict(x, params)
-            else:
-                with torch.autocast(self.device.type, dtype=self._autocast):
-                    y = _as_float32(handler.predict(x, params))
+            y = self._forward(handler, x, params)
             parts = handler.unbatch(handler.postprocess(y, params), rows, params)
             if len(parts) != len(inputs):
                 raise OutputError(
@@ -346,13 +383,16 @@ def apply_precision(handler: Handler, precision: str, device: torch.device) -> N
             quantize_handler(handler)
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from exc
-    elif precision in _AUTOCAST and isinstance(handler, OnnxHandler):
+    elif (precision in _AUTOCAST or precision in _CAST) and isinstance(handler, OnnxHandler):
         raise ModelLoadError(
-            f"--precision {precision} is torch autocast, which ONNX Runtime does not use: "
-            f"serve the .onnx model in fp32 or int8, or its torch form in {precision}"
+            f"--precision {precision} casts torch weights or runs torch autocast, which ONNX "
+            f"Runtime does not use: serve the .onnx model in fp32 or int8, or its torch form "
+            f"in {precision}"
         )
     else:
         warn_emulated_precision(precision, device)
+        if precision in _CAST:
+            cast_handler(handler, _CAST[precision])
 
 
 def _load_example_file(path: str) -> Any:
@@ -422,6 +462,7 @@ def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     _set_threads(settings.torch_threads)
     device = resolve_device(settings.device)
     select_device(device)  # cuda:N: this thread's (the loop's, or a swap's) current device
+    tf32 = apply_tf32(settings.tf32)  # process-wide flags: every model of the process
     started = time.perf_counter()
     handler, example, version, manifest = _load_any(settings, device)
     if settings.warmup_input:
@@ -448,12 +489,13 @@ def load_runtime(settings: WorkerSettings) -> ModelRuntime:
     loaded = time.perf_counter() - started
     warm = runtime.warmup(settings.max_batch_rows, settings.warmup_iters)
     log.info(
-        "model %s version %s on %s (%s%s): loaded in %.0f ms, warmed up in %.0f ms",
+        "model %s version %s on %s (%s%s%s): loaded in %.0f ms, warmed up in %.0f ms",
         settings.name,
         runtime.version,
         device,
         settings.precision,
         ", compiled" if settings.compile else "",
+        f", {tf32}" if device.type == "cuda" else "",
         loaded * 1000,
         warm * 1000,
     )
