@@ -20,6 +20,9 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # installs with); the project itself needs torch>=2.2, redis>=5.
 ARG TORCH_SPEC="torch==2.13.0"
 ARG REDIS_SPEC="redis[hiredis]==8.2.0"
+# Which ONNX Runtime: onnx (the CPU build) or gpu (onnxruntime-gpu, its CUDA provider: the CUDA
+# image's, docker-compose.gpu.yml).
+ARG ONNX_EXTRA=onnx
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -36,8 +39,8 @@ COPY pyproject.toml README.md ./
 COPY inferfleet ./inferfleet
 COPY producer ./producer
 COPY worker ./worker
-# worker: the fleet, the CLI, the bench; onnx: ONNX Runtime, to serve .onnx models.
-RUN pip install "${REDIS_SPEC}" ".[worker,onnx]" && rm -rf /src/*
+# worker: the fleet, the CLI, the bench; onnx or gpu: ONNX Runtime, to serve .onnx models.
+RUN pip install "${REDIS_SPEC}" ".[worker,${ONNX_EXTRA}]" && rm -rf /src/*
 
 WORKDIR /app
 

@@ -234,10 +234,13 @@ def build_steps_problems(instrs: list[tuple[str, str]]) -> list[str]:
         problems.append("ARG TORCH_INDEX_URL does not default to the PyTorch CPU index")
     if not any("--index-url" in r and "${TORCH_INDEX_URL}" in r for r in runs):
         problems.append("no RUN pip install takes torch from ${TORCH_INDEX_URL}")
-    if not any(re.search(r"""pip install .*["']?\.\[worker,onnx\]""", r) for r in runs):
+    if not any(re.search(r"""pip install .*["']?\.\[worker,\$\{ONNX_EXTRA\}\]""", r) for r in runs):
         problems.append(
-            'no RUN pip install ".[worker,onnx]" (the project, its worker side and ONNX Runtime)'
+            'no RUN pip install ".[worker,${ONNX_EXTRA}]" (the project, its worker side and '
+            "ONNX Runtime)"
         )
+    if args.get("ONNX_EXTRA") != "onnx":
+        problems.append("ARG ONNX_EXTRA does not default to onnx (the CPU build of ONNX Runtime)")
     if not any("tests/fixtures/build_models.py" in s for s in _copy_sources(instrs)):
         problems.append("tests/fixtures/build_models.py is not copied into the image")
     return problems
@@ -500,9 +503,15 @@ def gpu_problems(compose: dict, instrs: list[tuple[str, str]]) -> list[str]:
     problems, reserving = [], False
     for name, service in compose["services"].items():
         build = service.get("build")
-        for arg in (build.get("args") or {}) if isinstance(build, dict) else {}:
+        args = (build.get("args") or {}) if isinstance(build, dict) else {}
+        for arg in args:
             if arg not in declared:
                 problems.append(f"service {name}: build arg {arg} is not an ARG of the Dockerfile")
+        if "TORCH_INDEX_URL" in args and args.get("ONNX_EXTRA") != "gpu":
+            problems.append(
+                f"service {name}: a CUDA build without ONNX_EXTRA: gpu (its ONNX Runtime "
+                "would be the CPU build, which refuses .onnx models on cuda)"
+            )
         devices = (
             ((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}
         ).get("devices")

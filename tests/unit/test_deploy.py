@@ -546,6 +546,12 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
         "build arg TORCH_INDEX is not an ARG",
     ),
     (
+        "GPU image with the CPU ONNX Runtime",
+        "compose_gpu",
+        put((*SUP, "build", "args", "ONNX_EXTRA"), "onnx"),
+        "a CUDA build without ONNX_EXTRA: gpu",
+    ),
+    (
         "GPU env typo",
         "compose_gpu",
         rename((*SUP_ENV, "INFERFLEET_DEVICES"), "INFERFLEET_DEVICE"),
@@ -832,8 +838,8 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
     (
         "install without the worker side",
         "dockerfile",
-        edit('".[worker,onnx]"', "."),
-        'no RUN pip install ".[worker,onnx]"',
+        edit('".[worker,${ONNX_EXTRA}]"', "."),
+        'no RUN pip install ".[worker,${ONNX_EXTRA}]"',
     ),
     ("root user", "dockerfile", edit("USER inferfleet", "USER root"), "runs as root"),
     (
@@ -864,8 +870,14 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
     (
         "no ONNX Runtime",
         "dockerfile",
-        edit('".[worker,onnx]"', '".[worker]"'),
-        'no RUN pip install ".[worker,onnx]"',
+        edit('".[worker,${ONNX_EXTRA}]"', '".[worker]"'),
+        'no RUN pip install ".[worker,${ONNX_EXTRA}]"',
+    ),
+    (
+        "the GPU build of ONNX Runtime by default",
+        "dockerfile",
+        edit("ARG ONNX_EXTRA=onnx", "ARG ONNX_EXTRA=gpu"),
+        "ARG ONNX_EXTRA does not default to onnx",
     ),
     (
         "CUDA torch by default",

@@ -324,3 +324,20 @@ def test_tf32_accepts_only_its_choices():
 
     with pytest.raises(ConfigError, match="tf32 'maybe' is not one of torch, on, off"):
         WorkerSettings(name="q", model="m.pt", tf32="maybe")
+
+
+@pytest.mark.parametrize(
+    "device,visible,label",
+    [
+        ("cuda:0", "3", "cuda:0 (GPU 3)"),  # a supervised child on the supervisor's GPU 3
+        ("cuda:1", "2,5", "cuda:1 (GPU 5)"),  # a scheduler's CUDA_VISIBLE_DEVICES=2,5
+        ("cuda:0", "MIG-4f1c", "cuda:0 (GPU MIG-4f1c)"),
+        ("cuda:2", None, "cuda:2 (GPU 2)"),  # nothing hidden: the index is the GPU
+        ("cpu", "3", "cpu"),
+    ],
+)
+def test_the_heartbeat_names_the_physical_gpu(device, visible, label):
+    from inferfleet.worker.runtime.devices import device_label
+
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert device_label(torch.device(device), environ) == label

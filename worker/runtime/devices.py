@@ -24,13 +24,16 @@ that wrap them and from ONNX Runtime's CUDA provider read the same.
 from __future__ import annotations
 
 import logging
+import os
 import traceback
+from collections.abc import Mapping
 
 import torch
 
 __all__ = [
     "BROKEN_DEVICE_MESSAGES",
     "apply_tf32",
+    "device_label",
     "OUT_OF_MEMORY_MESSAGES",
     "drop_frames",
     "is_device_broken",
@@ -142,6 +145,18 @@ def tf32_state() -> str:
     matmul = "on" if torch.backends.cuda.matmul.allow_tf32 else "off"
     conv = "on" if torch.backends.cudnn.allow_tf32 else "off"
     return f"TF32 matmul {matmul}, conv {conv}"
+
+
+def device_label(device: torch.device, environ: Mapping[str, str] = os.environ) -> str:
+    """``cuda:N`` with the physical GPU it is, for the heartbeat and ``status``: a supervised
+    child sees its one GPU as ``cuda:0`` whichever it is (its ``CUDA_VISIBLE_DEVICES`` names
+    it), so ``cuda:0 (GPU 3)``, or ``(GPU MIG-...)`` for a MIG instance; other devices as is."""
+    if device.type != "cuda":
+        return str(device)
+    index = device.index or 0
+    visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    physical = visible[index] if index < len(visible) else str(index)
+    return f"cuda:{index} (GPU {physical})"
 
 
 def select_device(device: torch.device) -> None:

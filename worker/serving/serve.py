@@ -16,7 +16,7 @@ from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.heartbeat import Heartbeat
 from inferfleet.worker.logs import bind as bind_log_fields
 from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics, worker_metrics
-from inferfleet.worker.runtime.devices import peak_memory_mib
+from inferfleet.worker.runtime.devices import device_label, peak_memory_mib
 from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
 from inferfleet.worker.serving.alerts import Alert
 from inferfleet.worker.serving.alerts import publish as publish_alerts
@@ -101,7 +101,7 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
         consumer.keys,
         settings.consumer,
         consumer.counters,
-        {"device": str(runtime.device)},
+        {"device": device_label(runtime.device)},
         interval_s=settings.heartbeat_s,
         extra=lambda: {**consumer.heartbeat_fields(), **hooks.heartbeat_fields()},
         file=settings.heartbeat_file or None,
