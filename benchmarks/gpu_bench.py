@@ -140,6 +140,23 @@ def _smi(step: Step) -> str:
     return "-" if step.gpu_peak_mib is None else f"{step.gpu_peak_mib:,} (GPU {step.gpu_index})"
 
 
+#: How far a reduced precision's outputs may be from fp32's, relative to the largest fp32 output.
+TOLERANCE = {"fp16": 0.01, "amp": 0.01, "bf16": 0.05, "int8": 0.05}
+
+
+def precision_problem(precision: str, against: dict | None) -> str | None:
+    """Why a bare row's outputs do not show its precision ran as asked (None: they do): within
+    its tolerance of fp32's, and not equal to them (a run that silently stayed fp32)."""
+    if precision == "fp32" or not against or against.get("differs") is None:
+        return None
+    if not against["differs"]:
+        return f"outputs equal fp32's: {precision} did not run"
+    error, tolerance = against["max_rel_error"], TOLERANCE.get(precision, 0.05)
+    if error > tolerance:
+        return f"outputs off fp32's by {error:.3g} (tolerance {tolerance})"
+    return None
+
+
 def render_table(rows: list[Row], about: str) -> str:
     """The markdown table for docs/benchmarks.md: one row per model and precision."""
     lines = [
@@ -147,8 +164,8 @@ def render_table(rows: list[Row], about: str) -> str:
         "| model | precision | bare loop best rows/s (batch) | bare torch peak MiB alloc / "
         "reserved | fleet QPS | fleet p50 / p99 ms | mean batch rows | fleet torch peak MiB alloc "
         "/ reserved "
-        "| nvidia-smi peak MiB, bare / fleet |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| nvidia-smi peak MiB, bare / fleet | max error vs fp32 |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
         b, f = row.bare.result, row.fleet.result
@@ -160,9 +177,11 @@ def render_table(rows: list[Row], about: str) -> str:
         fleet_mem = _cell(
             row.fleet, _mib((f.get("peak_allocated_mib"), f.get("peak_reserved_mib")))
         )
+        error = (b.get("against_fp32") or {}).get("max_rel_error")
+        vs_fp32 = _cell(row.bare, "-" if error is None else f"{error:.2g}")
         lines.append(
             f"| {row.model} | {row.precision} | {bare} | {bare_mem} | {qps} | {lat} | {batch} "
-            f"| {fleet_mem} | {_smi(row.bare)} / {_smi(row.fleet)} |"
+            f"| {fleet_mem} | {_smi(row.bare)} / {_smi(row.fleet)} | {vs_fp32} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -351,6 +370,9 @@ def bare_step(args: argparse.Namespace, row: Row, out: Path, budget: Budget) -> 
     _finish(
         row.bare, code, text, f"logs/{name}", lambda t: last_json_object(t.strip().splitlines()[-1])
     )
+    problem = precision_problem(row.precision, row.bare.result.get("against_fp32"))
+    if row.bare.status == "ok" and problem:
+        row.bare.status, row.bare.reason = "failed", problem
 
 
 def _finish(step: Step, code: int | None, text: str, where: str, parse: Any) -> None:

@@ -102,7 +102,7 @@ def test_gpu_bench_runs_end_to_end_on_the_cpu_and_a_failed_row_loses_no_other(mo
             "--models",
             "cnn,nosuchmodel",
             "--precisions",
-            "fp32",
+            "fp32,fp16",
             "--threads",
             "1",
             "--batches",
@@ -129,8 +129,11 @@ def test_gpu_bench_runs_end_to_end_on_the_cpu_and_a_failed_row_loses_no_other(mo
     )  # 1: some step failed (the unbuildable model), not 2
     table = (out / "gpu.md").read_text().splitlines()
     assert table[1].startswith("| model | precision | bare loop best rows/s (batch) |")
-    cnn, missing = table[3].split(" | "), table[4]
+    cnn, half, missing = table[3].split(" | "), table[4].split(" | "), table[5]
     assert cnn[0] == "| cnn" and cnn[1] == "fp32" and "failed" not in table[3]
+    # fp16 ran (its outputs differ from fp32's) and stayed within its tolerance of them
+    assert half[:2] == ["| cnn", "fp16"] and "failed" not in table[4]
+    assert 0 < float(half[-1].rstrip(" |")) <= 0.01
     assert int(cnn[2].split(" (")[0].replace(",", "")) > 0  # bare loop rows/s (best batch)
     assert int(cnn[4].replace(",", "")) > 0  # fleet QPS
     assert missing.startswith("| nosuchmodel | fp32 | failed: build failed")

@@ -66,6 +66,7 @@ def test_a_failed_step_marks_its_own_cells_and_the_others_keep_their_figures():
                 "best_batch": 128,
                 "peak_allocated_mib": 210,
                 "peak_reserved_mib": 256,
+                "against_fp32": {"max_rel_error": 0.00043, "differs": True},
             },
         ),
         Step(
@@ -92,10 +93,27 @@ def test_a_failed_step_marks_its_own_cells_and_the_others_keep_their_figures():
     assert table[0] == "<!-- about -->" and len(table) == 5
     assert table[3] == (
         "| cnn | fp16 | 91,234 (128) | 210 / 256 | 20,123 | 11.0 / 25.2 | 96.5 | 300 / 512 "
-        "| - / 1,800 (GPU 0) |"
+        "| - / 1,800 (GPU 0) | 0.00043 |"
     )
     assert "timeout: see logs/bare-resnet50-fp16.txt" in table[4]
     assert "skipped: under 40 s of the time budget left" in table[4]
+
+
+@pytest.mark.parametrize(
+    "precision,against,problem",
+    [
+        ("fp16", {"max_rel_error": 0.0004, "differs": True}, None),
+        ("fp16", {"max_rel_error": 0.0, "differs": False}, "outputs equal fp32's: fp16 did not"),
+        ("bf16", {"max_rel_error": 0.2, "differs": True}, "off fp32's by 0.2 (tolerance 0.05)"),
+        ("fp32", {"max_rel_error": 0.0, "differs": False}, None),
+        ("fp16", {"max_rel_error": None, "differs": None}, None),  # several outputs: not compared
+    ],
+)
+def test_a_reduced_precision_must_show_it_ran_and_stay_close(precision, against, problem):
+    from benchmarks.gpu_bench import precision_problem
+
+    found = precision_problem(precision, against)
+    assert (found is None) if problem is None else (problem in found)
 
 
 def test_the_preflight_stops_a_gpu_run_without_a_gpu_or_a_package():

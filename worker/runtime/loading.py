@@ -66,6 +66,8 @@ __all__ = [
     "ModelRuntime",
     "apply_precision",
     "c_compiler",
+    "cast_floats",
+    "cast_handler",
     "is_out_of_memory",
     "load_runtime",
     "resolve_device",
@@ -117,15 +119,15 @@ _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _AUTOCAST = {"amp": torch.float16}
 
 
-def _cast_floats(inputs: Any, dtype: torch.dtype) -> Any:
+def cast_floats(inputs: Any, dtype: torch.dtype) -> Any:
     """Floating tensors of ``inputs`` (a tensor, or a dict, list or tuple of them) as ``dtype``;
     integer ones (embedding ids, token ids) and anything else left as they are."""
     if isinstance(inputs, torch.Tensor):
         return inputs.to(dtype) if inputs.is_floating_point() else inputs
     if isinstance(inputs, dict):
-        return {k: _cast_floats(v, dtype) for k, v in inputs.items()}
+        return {k: cast_floats(v, dtype) for k, v in inputs.items()}
     if isinstance(inputs, (list, tuple)):
-        return type(inputs)(_cast_floats(v, dtype) for v in inputs)
+        return type(inputs)(cast_floats(v, dtype) for v in inputs)
     return inputs
 
 
@@ -210,7 +212,7 @@ class ModelRuntime:
     def _forward(self, handler: Handler, x: Any, params: dict) -> Any:
         """The handler's predict in this runtime's precision; reduced floats back to float32."""
         if self._cast is not None:
-            return _as_float32(handler.predict(_cast_floats(x, self._cast), params))
+            return _as_float32(handler.predict(cast_floats(x, self._cast), params))
         if self._autocast is not None:
             with torch.autocast(self.device.type, dtype=self._autocast):
                 return _as_float32(handler.predict(x, params))
