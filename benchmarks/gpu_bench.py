@@ -132,6 +132,14 @@ def _cell(step: Step, text: str) -> str:
     return text if step.status == "ok" else f"{step.status}: {step.reason}"[:80].replace("|", "/")
 
 
+def _half(half: dict | None) -> str:
+    if not half:
+        return "-"
+    if "error" in half:
+        return str(half["error"])[:60].replace("|", "/")
+    return f"{half['p50_ms']:.1f} / {half['p99_ms']:.1f} ({half['rate']:,})"
+
+
 def _mib(pair: tuple[Any, Any]) -> str:
     return "-" if pair[0] is None else f"{pair[0]:,} / {pair[1]:,}"
 
@@ -162,10 +170,11 @@ def render_table(rows: list[Row], about: str) -> str:
     lines = [
         f"<!-- {about} -->",
         "| model | precision | bare loop best rows/s (batch) | bare torch peak MiB alloc / "
-        "reserved | fleet QPS | fleet p50 / p99 ms | mean batch rows | fleet torch peak MiB alloc "
+        "reserved | fleet QPS | fleet p50 / p99 ms, saturated | p50 / p99 ms at half peak "
+        "(rate/s) | mean batch rows | fleet torch peak MiB alloc "
         "/ reserved "
         "| nvidia-smi peak MiB, bare / fleet | max error vs fp32 |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
         b, f = row.bare.result, row.fleet.result
@@ -173,6 +182,7 @@ def render_table(rows: list[Row], about: str) -> str:
         bare_mem = _cell(row.bare, _mib((b.get("peak_allocated_mib"), b.get("peak_reserved_mib"))))
         qps = _cell(row.fleet, f"{f.get('qps', 0):,.0f}")
         lat = _cell(row.fleet, f"{f.get('p50_ms', 0):.1f} / {f.get('p99_ms', 0):.1f}")
+        half = _cell(row.fleet, _half(f.get("half")))
         batch = _cell(row.fleet, f"{f.get('mean_batch_rows', 0):.1f}")
         fleet_mem = _cell(
             row.fleet, _mib((f.get("peak_allocated_mib"), f.get("peak_reserved_mib")))
@@ -180,7 +190,8 @@ def render_table(rows: list[Row], about: str) -> str:
         error = (b.get("against_fp32") or {}).get("max_rel_error")
         vs_fp32 = _cell(row.bare, "-" if error is None else f"{error:.2g}")
         lines.append(
-            f"| {row.model} | {row.precision} | {bare} | {bare_mem} | {qps} | {lat} | {batch} "
+            f"| {row.model} | {row.precision} | {bare} | {bare_mem} | {qps} | {lat} | {half} "
+            f"| {batch} "
             f"| {fleet_mem} | {_smi(row.bare)} / {_smi(row.fleet)} | {vs_fp32} |"
         )
     return "\n".join(lines) + "\n"
@@ -487,7 +498,49 @@ def _wait_joined(worker: subprocess.Popen, queue: str, redis_url: str, timeout_s
 def _drive(
     args: argparse.Namespace, row: Row, out: Path, budget: Budget, queue: str, redis_url: str
 ) -> None:
+    """Saturation (closed loop: the QPS), then half that rate open loop (the latency a service
+    sees at a moderate load: at saturation p99 is queueing)."""
     requests = args.requests.get(row.model, args.default_requests)
+    load = ["--concurrency", str(args.concurrency)]
+    name = f"fleet-{row.model}-{row.precision}.txt"
+    code, text = _bench(args, row, out, budget, queue, redis_url, requests, load, name)
+    _finish(row.fleet, code, text, f"logs/{name}", lambda t: _fleet_run(last_json_object(t)))
+    if row.fleet.status != "ok" or not row.fleet.result.get("qps"):
+        return
+    rate = row.fleet.result["qps"] / 2
+    name = f"fleet-half-{row.model}-{row.precision}.txt"
+    half = Step()
+    code, text = _bench(
+        args,
+        row,
+        out,
+        budget,
+        queue,
+        redis_url,
+        max(50, int(rate * args.half_load_s)),
+        ["--rate", f"{rate:.0f}", "--arrival", "poisson"],
+        name,
+    )
+    _finish(half, code, text, f"logs/{name}", lambda t: _fleet_run(last_json_object(t)))
+    row.fleet.result["half"] = (
+        {"rate": round(rate), **{k: half.result.get(k) for k in ("p50_ms", "p99_ms")}}
+        if half.status == "ok"
+        else {"rate": round(rate), "error": f"{half.status}: {half.reason}"}
+    )
+
+
+def _bench(
+    args: argparse.Namespace,
+    row: Row,
+    out: Path,
+    budget: Budget,
+    queue: str,
+    redis_url: str,
+    requests: int,
+    load: list[str],
+    name: str,
+) -> tuple[int | None, str]:
+    """One ``inferfleet bench --json`` run against the row's worker; (exit status, output)."""
     cmd = [
         sys.executable,
         "-m",
@@ -501,13 +554,10 @@ def _drive(
         redis_url,
         "-n",
         str(requests),
-        "--concurrency",
-        str(args.concurrency),
+        *load,
         "--json",
     ]
-    name = f"fleet-{row.model}-{row.precision}.txt"
-    code, text = run_logged(cmd, out / "logs" / name, min(args.step_timeout_s, budget.left()))
-    _finish(row.fleet, code, text, f"logs/{name}", lambda t: _fleet_run(last_json_object(t)))
+    return run_logged(cmd, out / "logs" / name, min(args.step_timeout_s, budget.left()))
 
 
 def _fleet_run(report: dict) -> dict:
@@ -602,6 +652,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--default-requests", type=int, default=3000, help="for a model --requests does not name"
     )
     p.add_argument("--concurrency", type=int, default=256, help="fleet requests in flight")
+    p.add_argument(
+        "--half-load-s",
+        type=float,
+        default=5.0,
+        help="seconds of open-loop load at half the measured QPS (the latency row)",
+    )
     p.add_argument("--max-batch-rows", type=int, default=128)
     p.add_argument(
         "--budget-s",
@@ -619,7 +675,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         k: int(v) for k, v in (pair.split("=") for pair in args.requests.split(",") if pair)
     }
     args.bare_needs_s = 20.0 + len(args.batches.split(",")) * args.seconds
-    args.fleet_needs_s = 40.0
+    args.fleet_needs_s = 40.0 + args.half_load_s  # saturation, then the half-peak run
     return args
 
 

@@ -113,6 +113,8 @@ def test_gpu_bench_runs_end_to_end_on_the_cpu_and_a_failed_row_loses_no_other(mo
             "cnn=200",
             "--concurrency",
             "16",
+            "--half-load-s",
+            "1",
             "--max-batch-rows",
             "16",
             "--budget-s",
@@ -131,6 +133,8 @@ def test_gpu_bench_runs_end_to_end_on_the_cpu_and_a_failed_row_loses_no_other(mo
     assert table[1].startswith("| model | precision | bare loop best rows/s (batch) |")
     cnn, half, missing = table[3].split(" | "), table[4].split(" | "), table[5]
     assert cnn[0] == "| cnn" and cnn[1] == "fp32" and "failed" not in table[3]
+    # the latency at half the saturated QPS, open loop, beside the saturated figures
+    assert re.fullmatch(r"\d+\.\d / \d+\.\d \([\d,]+\)", cnn[6]), cnn
     # fp16 ran (its outputs differ from fp32's) and stayed within its tolerance of them
     assert half[:2] == ["| cnn", "fp16"] and "failed" not in table[4]
     assert 0 < float(half[-1].rstrip(" |")) <= 0.01

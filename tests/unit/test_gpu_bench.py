@@ -76,6 +76,7 @@ def test_a_failed_step_marks_its_own_cells_and_the_others_keep_their_figures():
                 "p50_ms": 11.0,
                 "p99_ms": 25.25,
                 "mean_batch_rows": 96.5,
+                "half": {"rate": 10062, "p50_ms": 2.5, "p99_ms": 6.75},
                 "peak_allocated_mib": 300,
                 "peak_reserved_mib": 512,
             },
@@ -92,7 +93,8 @@ def test_a_failed_step_marks_its_own_cells_and_the_others_keep_their_figures():
     table = render_table([ok, failed], "about").splitlines()
     assert table[0] == "<!-- about -->" and len(table) == 5
     assert table[3] == (
-        "| cnn | fp16 | 91,234 (128) | 210 / 256 | 20,123 | 11.0 / 25.2 | 96.5 | 300 / 512 "
+        "| cnn | fp16 | 91,234 (128) | 210 / 256 | 20,123 | 11.0 / 25.2 | 2.5 / 6.8 (10,062) "
+        "| 96.5 | 300 / 512 "
         "| - / 1,800 (GPU 0) | 0.00043 |"
     )
     assert "timeout: see logs/bare-resnet50-fp16.txt" in table[4]
