@@ -7,7 +7,7 @@ precision and threads; fp16/bf16 cast the weights, the article's
 at several batch sizes under ``torch.inference_mode``, on one random input
 per size placed on the device (and cast) once, with nothing copied back and
 one device synchronisation a size, so no transfer or numpy conversion is in
-it. Convolutional models (4-d float inputs) run ``channels_last`` with
+it. Convolutional models (4-d inputs) run ``channels_last`` with
 ``cudnn.benchmark`` on a GPU. Prints rows per second at each size. The last
 line is JSON: the best size and rate, every size's rate, TF32 as it ran, on
 a GPU the peak memory torch's allocator held (allocated and reserved, MiB),
@@ -52,7 +52,7 @@ def bare_input(runtime: ModelRuntime, inputs: Any) -> Any:
 
 
 def _is_image_batch(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point()
+    return isinstance(x, torch.Tensor) and x.dim() == 4  # float, or uint8 images
 
 
 def rows_per_s(runtime: ModelRuntime, x: Any, rows: int, seconds: float) -> float:

@@ -68,7 +68,7 @@ IMPORTS = (
 )
 #: What the worker logs when it stops on a GPU (inferfleet.worker.serving.serve).
 PEAK_LINE = re.compile(r"peak GPU memory (\d+) MiB allocated, (\d+) MiB reserved")
-DEFAULT_REQUESTS = {"cnn": 20000, "resnet50": 3000}
+DEFAULT_REQUESTS = {"cnn": 20000, "resnet50_u8": 3000, "resnet50": 3000}
 
 
 @dataclass
@@ -636,7 +636,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
     p.add_argument(
         "--models",
-        default="cnn,resnet50",
+        default="cnn,resnet50_u8,resnet50",
         help="example models (tests/fixtures/build_models.py names)",
     )
     p.add_argument("--precisions", default="fp32,fp16")
@@ -644,9 +644,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--threads", type=int, default=4, help="torch threads of the bare loop and of the worker"
     )
     p.add_argument("--batches", default="1,16,64,128", help="bare loop batch sizes")
-    p.add_argument("--seconds", type=float, default=2.0, help="bare loop seconds per batch size")
+    p.add_argument("--seconds", type=float, default=1.0, help="bare loop seconds per batch size")
     p.add_argument(
-        "--requests", default="cnn=20000,resnet50=3000", help="fleet requests per model: m=n,..."
+        "--requests",
+        default="cnn=20000,resnet50_u8=3000,resnet50=3000",
+        help="fleet requests per model: m=n,...",
     )
     p.add_argument(
         "--default-requests", type=int, default=3000, help="for a model --requests does not name"
@@ -712,7 +714,8 @@ def _write(args: argparse.Namespace, info: dict, rows: list[Row], out: Path, bud
         f"benchmarks/gpu_bench.py on {device}; torch {info.get('torch')}; {args.threads} torch "
         f"threads in both; bare: batches {args.batches}, {args.seconds} s each; fleet: 1 worker, "
         "--max-batch-rows "
-        f"{args.max_batch_rows}, --prefetch on, closed loop {args.concurrency} in flight; "
+        f"{args.max_batch_rows}, --prefetch on, closed loop {args.concurrency} in flight, "
+        f"then {args.half_load_s:g} s open loop at half its QPS; "
         f"{args.budget_s - budget.left():.0f} s in all"
     )
     table = render_table(rows, about)

@@ -137,8 +137,10 @@ def test_the_preflight_stops_a_gpu_run_without_a_gpu_or_a_package():
 
 def test_the_default_run_fits_the_budget_and_each_step_its_limit():
     args = parse_args([])
-    assert args.models == ["cnn", "resnet50"] and args.precisions == ["fp32", "fp16"]
-    assert args.requests == {"cnn": 20000, "resnet50": 3000}
+    # ResNet-50 as a service sends images (uint8, normalised on the device) and as float32 bodies
+    assert args.models == ["cnn", "resnet50_u8", "resnet50"]
+    assert args.precisions == ["fp32", "fp16"]
+    assert args.requests == {"cnn": 20000, "resnet50_u8": 3000, "resnet50": 3000}
     assert (
         args.budget_s + 30 <= 420
     )  # well under 8 minutes whatever happens (30 s: stopping the last worker)
@@ -187,3 +189,23 @@ def test_the_bundle_refuses_a_python_version_it_cannot_tag(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--python-version", "three"])
     assert exit_.value.code == 2 and "wants X.Y" in capsys.readouterr().err
+
+
+def test_the_uint8_resnet_normalises_its_images_itself_in_the_weights_precision():
+    """ResNet-50 as a service sends images: uint8 bodies (150 KB, not 602 KB), normalised by the
+    model on its device; the same network as the float32 one, and it runs with half weights."""
+    import torch
+
+    from tests.fixtures.build_models import example_inputs, make_model
+
+    images = torch.from_numpy(example_inputs("resnet50_u8", rows=1, seed=3))
+    assert images.dtype == torch.uint8
+    u8, float_model = make_model("resnet50_u8"), make_model("resnet50")
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    with torch.inference_mode():
+        expected = float_model((images.float() / 255 - mean) / std)
+        torch.testing.assert_close(u8(images), expected, rtol=1e-4, atol=1e-4)
+        halved = u8.to(torch.bfloat16)(images)  # bf16: the CPU runs its convolutions
+    assert halved.dtype == torch.bfloat16
+    assert (halved.float() - expected).abs().max() <= 0.1 * expected.abs().max()
