@@ -285,14 +285,20 @@ class WorkerSettings:
             )  # the shard's name must fit 64 characters too
         except ProtocolError as exc:
             raise ConfigError(str(exc)) from exc
-        if self.prefetch not in ("auto", "on", "off"):
-            raise ConfigError(f"prefetch {self.prefetch!r} is not one of auto, on, off")
         if self.stage is not None:
             self._check_range("stage", 0, MAX_STAGES - 1)
-        if self.tf32 not in TF32_CHOICES:
-            raise ConfigError(f"tf32 {self.tf32!r} is not one of {', '.join(TF32_CHOICES)}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        self._check_choices()
+
+    def _check_choices(self) -> None:
+        """Each setting with a fixed set of values holds one of them."""
+        for name, choices in (
+            ("prefetch", ("auto", "on", "off")),
+            ("tf32", TF32_CHOICES),
+            ("precision", PRECISIONS),
+        ):
+            value = getattr(self, name)
+            if value not in choices:
+                raise ConfigError(f"{name} {value!r} is not one of {', '.join(choices)}")
 
     def _check_range(self, name: str, low: float, high: float) -> None:
         value = getattr(self, name)
