@@ -117,19 +117,31 @@ def peak_in(
 
 
 def last_json_object(text: str) -> dict:
-    """The JSON object a command printed last (indented or on one line); ValueError if none."""
-    for start in [i for i, ch in enumerate(text) if ch == "{"]:
+    """The JSON object a command printed last (indented or on one line, with log lines before or
+    after it); ValueError if none."""
+    decoder, found, at = json.JSONDecoder(), None, text.find("{")
+    while at != -1:
         try:
-            found = json.loads(text[start:])
+            value, end = decoder.raw_decode(text, at)
         except ValueError:
+            at = text.find("{", at + 1)
             continue
-        if isinstance(found, dict):
-            return found
-    raise ValueError("no JSON object in the output")
+        if isinstance(value, dict):
+            found = value
+        at = text.find("{", end)
+    if found is None:
+        raise ValueError("no JSON object in the output")
+    return found
 
 
 def _cell(step: Step, text: str) -> str:
     return text if step.status == "ok" else f"{step.status}: {step.reason}"[:80].replace("|", "/")
+
+
+def _tf32(rows: list[Row]) -> str:
+    """TF32 as the bare loops ran (fp32 convolutions and matmuls on Ampere and newer)."""
+    found = [r.bare.result["tf32"] for r in rows if r.bare.result.get("tf32")]
+    return found[0] if found else "TF32 unknown"
 
 
 def _half(half: dict | None) -> str:
@@ -378,9 +390,7 @@ def bare_step(args: argparse.Namespace, row: Row, out: Path, budget: Budget) -> 
     ]
     name = f"bare-{row.model}-{row.precision}.txt"
     code, text = run_logged(cmd, out / "logs" / name, limit)
-    _finish(
-        row.bare, code, text, f"logs/{name}", lambda t: last_json_object(t.strip().splitlines()[-1])
-    )
+    _finish(row.bare, code, text, f"logs/{name}", last_json_object)
     problem = precision_problem(row.precision, row.bare.result.get("against_fp32"))
     if row.bare.status == "ok" and problem:
         row.bare.status, row.bare.reason = "failed", problem
@@ -715,7 +725,7 @@ def _write(args: argparse.Namespace, info: dict, rows: list[Row], out: Path, bud
         f"threads in both; bare: batches {args.batches}, {args.seconds} s each; fleet: 1 worker, "
         "--max-batch-rows "
         f"{args.max_batch_rows}, --prefetch on, closed loop {args.concurrency} in flight, "
-        f"then {args.half_load_s:g} s open loop at half its QPS; "
+        f"then {args.half_load_s:g} s open loop at half its QPS; {_tf32(rows)}; "
         f"{args.budget_s - budget.left():.0f} s in all"
     )
     table = render_table(rows, about)

@@ -32,6 +32,14 @@ def test_an_indented_json_report_is_read_whole_not_by_its_last_line():
         last_json_object("Traceback (most recent call last):\n  ...\nRuntimeError: boom\n")
 
 
+def test_the_bare_report_is_found_with_log_lines_after_it_and_objects_inside_it():
+    """Issue 31: the bare step was parsed from its last output line only: a warning printed at
+    exit lost the row. The last top-level object wins, not one nested in it."""
+    report = {"best_rows_per_s": 10, "against_fp32": {"max_rel_error": 0.001, "differs": True}}
+    printed = f'batch 1: 10 rows/s\n{{"old": 1}}\n{json.dumps(report)}\nWARNING at exit {{x}}\n'
+    assert last_json_object(printed) == report
+
+
 def test_the_workers_peak_memory_line_is_read_from_its_log():
     log = (
         "... model loaded\n2026-01-01 INFO inferfleet.worker.serving.serve [7] consumer w0: peak "
