@@ -53,6 +53,31 @@ def rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), None where that cannot be read.
+
+    Read when the first heartbeat is built, after the model loaded and warmed up, it is the
+    worker's warm-up time as the scaling policy sees it: interpreter start, imports, load, warm-up.
+    """
+    try:
+        with open("/proc/self/stat") as fh:
+            started_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime_s = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime_s - started_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def _optional(text: str | None) -> float | None:
+    """A non-negative finite number, or None when absent or corrupt."""
+    try:
+        value = float(text) if text else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
 def _int(text: str | None) -> int:
     try:
         return max(0, int(text or 0))
@@ -91,6 +116,8 @@ class HeartbeatInfo:
     # the candidate as this worker has it: "VERSION loaded" (loading, failed, off); "" for none
     shadow: str = ""
     shadow_error: str = ""  # why its candidate failed to load or was stopped
+    warm_s: float | None = None  # process start to first heartbeat: load and warm-up
+    batch_ms: float | None = None  # one batch's time over the last interval (None: no batch)
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> HeartbeatInfo:
@@ -115,6 +142,8 @@ class HeartbeatInfo:
             _rate(d["cache_hit_rate"]) if "cache_hit_rate" in d else None,
             d.get("shadow", ""),
             d.get("shadow_error", ""),
+            _optional(d.get("warm_s")),
+            _optional(d.get("batch_ms")),
         )
 
     @property
@@ -150,11 +179,13 @@ class Heartbeat:
         self.clock = clock
         self.file = file  # each beat is written here too, Redis or not (a liveness probe reads it)
         self._last = (clock(), counters.snapshot())  # the rates of the next beat are since then
+        self.batch_ms: float | None = None  # the last sample's time per batch
         self._fields = {
             "consumer": consumer,
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started_ms": int(time.time() * 1000),
+            **({"warm_s": round(age, 2)} if (age := process_age_s()) is not None else {}),
             **fields,
         }
         self._stop = threading.Event()
@@ -187,6 +218,7 @@ class Heartbeat:
             "rows": totals.rows,
             "rate_rps": round(rate, 2),
             "busy": round(busy, 4),
+            "batch_ms": round(self.batch_ms, 2) if self.batch_ms is not None else "",
             "last_seen_ms": now_ms,
         }
         if self.file:
@@ -203,6 +235,8 @@ class Heartbeat:
         then, before = self._last
         self._last = (now, totals)
         span = max(now - then, 1e-6)
+        batches = totals.batches - before.batches
+        self.batch_ms = (totals.busy_s - before.busy_s) / batches * 1000 if batches > 0 else None
         return (
             totals,
             (totals.requests - before.requests) / span,

@@ -400,7 +400,7 @@ def test_fixed_always_answers_min_workers(min_workers: int, max_workers: int) ->
 @pytest.mark.parametrize(
     "changes_,field,allowed",
     [
-        ({"kind": "fast"}, "kind", "lag, article, fixed"),
+        ({"kind": "fast"}, "kind", "target, lag, article, keda, fixed"),
         ({"min_workers": -1}, "min_workers", "from 0"),
         ({"max_workers": 0}, "max_workers", "from 1"),
         ({"max_workers": 2.5}, "max_workers", "an int"),

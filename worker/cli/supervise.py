@@ -55,6 +55,7 @@ log = logging.getLogger("inferfleet")
 )
 @setting_option(SupervisorSettings, "workers_per_device", "--workers-per-device", type=int)
 @setting_option(PolicySettings, "kind", "--policy", type=click.Choice(POLICY_KINDS))
+@setting_option(PolicySettings, "target_p99_ms", "--target-p99-ms", type=float)
 @setting_option(PolicySettings, "target_drain_s", "--target-drain-s", type=float)
 @setting_option(PolicySettings, "target_high_wait_s", "--target-high-wait-s", type=float)
 @setting_option(PolicySettings, "up_cooldown_s", "--up-cooldown-s", type=float)
@@ -102,6 +103,7 @@ def supervise(
 
 #: The options that are fields of PolicySettings / SupervisorSettings under their own names.
 _POLICY_OPTIONS = (
+    "target_p99_ms",
     "target_drain_s",
     "target_high_wait_s",
     "up_cooldown_s",
@@ -169,8 +171,9 @@ def _fleet_metrics(template: WorkerSettings) -> FleetMetrics | None:
 
 
 def _cover_shards(min_workers: int, shards: int) -> int:
-    """Every shard needs a worker: raise --min-workers to --shards, and say so."""
-    if min_workers < shards:
+    """Every shard needs a worker: raise --min-workers to --shards, and say so (0 stays 0: a fleet
+    scaled to zero, which starts a worker for every shard when one is needed)."""
+    if 0 < min_workers < shards:
         log.warning(
             "--min-workers %d is fewer than --shards %d: running at least %d workers so that every "
             "shard has one (slot i serves shard i mod %d)",
@@ -179,4 +182,4 @@ def _cover_shards(min_workers: int, shards: int) -> int:
             shards,
             shards,
         )
-    return max(min_workers, shards)
+    return max(min_workers, shards) if min_workers else 0

@@ -7,7 +7,7 @@ the pure policy decides on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import redis
 
@@ -49,14 +49,26 @@ def observe(
         pending += shard_pending
         high_wait_s = max(high_wait_s, shard_wait_s)
         beats.extend(read_heartbeats(client, one))
-    capacities = sorted(c for c in (b.capacity_rps for b in beats) if c is not None)
-    capacity = capacities[len(capacities) // 2] if capacities else None
+    serving = [b for b in beats if b.state == "serving"]
     return Observation(
         now_s=now_s,
         workers=workers,
         lag=lag,
         pending=pending,
         rate_rps=sum(b.rate_rps for b in beats),
-        capacity_rps=capacity,
+        capacity_rps=_median(b.capacity_rps for b in beats),
         high_wait_s=high_wait_s,
+        ready=len(serving),
+        warm_s=_median(b.warm_s for b in serving),
+        service_s=_ms_to_s(_median(b.batch_ms for b in serving)),
     )
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    """The median of the known values (the upper one of an even count), None if none is known."""
+    known = sorted(v for v in values if v is not None)
+    return known[len(known) // 2] if known else None
+
+
+def _ms_to_s(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000

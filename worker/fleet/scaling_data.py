@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 #: The policies :func:`~inferfleet.worker.fleet.scaling.desired_workers` knows.
-POLICY_KINDS = ("lag", "article", "fixed")
+POLICY_KINDS = ("target", "lag", "article", "keda", "fixed")
 #: The largest worker count a setting may name.
 MAX_WORKERS_LIMIT = 4096
 
@@ -46,6 +46,10 @@ class Observation:
     rate_rps: float  # fleet throughput over the last interval
     capacity_rps: float | None  # what ONE worker does flat out; None = unknown
     high_wait_s: float | None = None  # how long the high lane's oldest waiting request has waited
+    ready: int | None = None  # workers serving now (heartbeats); None = all of ``workers``
+    warm_s: float | None = None  # how long a new worker took to serve (heartbeats); None = unknown
+    service_s: float | None = None  # one batch's time (heartbeats); None = unknown
+    deadline_s: float | None = None  # the tightest time budget requests carried lately; None = none
 
     def __post_init__(self) -> None:
         _require(
@@ -71,6 +75,11 @@ class Observation:
             and self.high_wait_s >= 0
         )
         _require(wait_ok, "high_wait_s", self.high_wait_s, "None or a finite number >= 0")
+        _require(self.ready is None or _is_count(self.ready), "ready", self.ready, "None or >= 0")
+        for name in ("warm_s", "service_s", "deadline_s"):
+            value = getattr(self, name)
+            ok = value is None or (_is_number(value) and math.isfinite(value) and value >= 0)
+            _require(ok, name, value, "None or a finite number >= 0")
 
 
 @dataclass(frozen=True)
@@ -83,8 +92,9 @@ class PolicySettings:
     kind: str = field(
         default="lag",
         metadata={  # one of POLICY_KINDS
-            "help": "lag: drain-time target with cooldowns; article: queue>50 +1, <10 -1 every 5 "
-            "s; fixed: min.",
+            "help": "target: fewest workers whose predicted p99 meets --target-p99-ms; lag: "
+            "drain-time target with cooldowns; article: queue>50 +1, <10 -1 every 5 s; keda: "
+            "KEDA's lagCount rule (15 s sync, 300 s down window); fixed: min.",
             "env": "INFERFLEET_POLICY",
         },
     )
@@ -113,7 +123,18 @@ class PolicySettings:
             "off)."
         },
     )
+    target_p99_ms: float = field(
+        default=200.0,
+        metadata={"help": "Policy target: the p99 latency to keep requests under (ms)."},
+    )
+    target_down_fraction: float = (
+        0.7  # target: shrink only if the smaller fleet stays this far under
+    )
+    default_warm_s: float = 5.0  # target: a new worker's warm-up time until one is measured
     default_capacity_rps: float = 500.0  # per-worker capacity until one is measured
+    keda_lag_count: float = 50.0  # keda: one worker per this many waiting entries
+    keda_interval_s: float = 15.0  # keda: the HPA's sync period
+    keda_down_window_s: float = 300.0  # keda: the HPA's scale-down stabilization window
     article_up_queue: float = 50.0  # article: average queue per worker over this -> +1
     article_down_queue: float = 10.0  # article: under this -> -1
     article_interval_s: float = 5.0  # article: decide at most this often
@@ -129,6 +150,19 @@ class PolicySettings:
         _check_range("down_cooldown_s", self.down_cooldown_s, 0.0, 86400.0)
         _check_range("default_capacity_rps", self.default_capacity_rps, 0.0, 1e9, low_open=True)
         self._check_article()
+        _check_range("target_p99_ms", self.target_p99_ms, 0.0, 3.6e6, low_open=True)
+        _check_range(
+            "target_down_fraction",
+            self.target_down_fraction,
+            0.0,
+            1.0,
+            low_open=True,
+            high_open=True,
+        )
+        _check_range("default_warm_s", self.default_warm_s, 0.0, 86400.0)
+        _check_range("keda_lag_count", self.keda_lag_count, 0.0, 1e12, low_open=True)
+        _check_range("keda_interval_s", self.keda_interval_s, 0.0, 86400.0)
+        _check_range("keda_down_window_s", self.keda_down_window_s, 0.0, 86400.0)
 
     def _check_counts(self) -> None:
         _check_int("min_workers", self.min_workers, 0, MAX_WORKERS_LIMIT)
@@ -171,7 +205,8 @@ class PolicyState:
     Beyond the change times: when observing began, the previous observation's
     time and backlog (for the backlog's growth; None while the lag is
     unknown), the last measured per-worker capacity, and the recent arrival
-    estimates as ``(now_s, arrivals_rps)`` pairs for the scale-down peak.
+    estimates as ``(now_s, arrivals_rps)`` pairs for the scale-down peak; the
+    ``target`` and ``keda`` policies keep what they measure or propose too.
     """
 
     last_up_s: float = -math.inf
@@ -183,6 +218,10 @@ class PolicyState:
     last_backlog: int | None = None
     capacity_rps: float | None = None
     arrivals: tuple[tuple[float, float], ...] = ()
+    capacities: tuple[tuple[float, float], ...] = ()  # target: measured capacities, for their peak
+    warm_s: float | None = None  # target: the last measured warm-up time
+    service_s: float | None = None  # target: the last measured batch time
+    proposals: tuple[tuple[float, float], ...] = ()  # keda: the raw counts, for the down window
 
 
 @dataclass(frozen=True)

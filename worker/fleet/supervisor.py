@@ -23,7 +23,7 @@ one first drains what that one left running
 
 A queue sharded into S streams (``WorkerSettings.shards``) is one fleet:
 slot i serves shard i mod S, the lag observed is the sum over the shards,
-and at least S workers run so that every shard has one.
+and at least S workers run so that every shard has one (none with ``min_workers`` 0).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class SupervisorSettings:
         ):
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be at least {low}, got {getattr(self, name)}")
-        if self.policy.min_workers < self.worker.shards:
+        if 0 < self.policy.min_workers < self.worker.shards:
             raise ConfigError(
                 f"min_workers {self.policy.min_workers} is fewer than the {self.worker.shards} "
                 f"shards: every shard needs a worker"
@@ -316,6 +316,8 @@ class Supervisor:
         decision = desired_workers(obs, self.settings.policy, self.state)
         self.state = decision.state
         current = obs.workers
+        if 0 < decision.workers < self.settings.worker.shards:  # up from zero: every shard one
+            decision = replace(decision, workers=self.settings.worker.shards)
         if decision.workers > current:
             log.info("scaling up %d -> %d: %s", current, decision.workers, decision.reason)
             self._want(decision.workers - current)
