@@ -118,6 +118,8 @@ class HeartbeatInfo:
     shadow_error: str = ""  # why its candidate failed to load or was stopped
     warm_s: float | None = None  # process start to first heartbeat: load and warm-up
     batch_ms: float | None = None  # one batch's time over the last interval (None: no batch)
+    batch_rows: float | None = None  # rows a batch over the last interval (None: no batch)
+    max_rows: int | None = None  # the most rows a batch may have
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> HeartbeatInfo:
@@ -144,6 +146,8 @@ class HeartbeatInfo:
             d.get("shadow_error", ""),
             _optional(d.get("warm_s")),
             _optional(d.get("batch_ms")),
+            _optional(d.get("batch_rows")),
+            int(rows) if (rows := _optional(d.get("max_rows"))) else None,
         )
 
     @property
@@ -180,6 +184,7 @@ class Heartbeat:
         self.file = file  # each beat is written here too, Redis or not (a liveness probe reads it)
         self._last = (clock(), counters.snapshot())  # the rates of the next beat are since then
         self.batch_ms: float | None = None  # the last sample's time per batch
+        self.batch_rows: float | None = None  # and rows per batch
         self._fields = {
             "consumer": consumer,
             "pid": os.getpid(),
@@ -219,6 +224,7 @@ class Heartbeat:
             "rate_rps": round(rate, 2),
             "busy": round(busy, 4),
             "batch_ms": round(self.batch_ms, 2) if self.batch_ms is not None else "",
+            "batch_rows": round(self.batch_rows, 2) if self.batch_rows is not None else "",
             "last_seen_ms": now_ms,
         }
         if self.file:
@@ -237,6 +243,7 @@ class Heartbeat:
         span = max(now - then, 1e-6)
         batches = totals.batches - before.batches
         self.batch_ms = (totals.busy_s - before.busy_s) / batches * 1000 if batches > 0 else None
+        self.batch_rows = (totals.rows - before.rows) / batches if batches > 0 else None
         return (
             totals,
             (totals.requests - before.requests) / span,

@@ -61,6 +61,12 @@ log = logging.getLogger("inferfleet")
 @setting_option(PolicySettings, "up_cooldown_s", "--up-cooldown-s", type=float)
 @setting_option(PolicySettings, "down_cooldown_s", "--down-cooldown-s", type=float)
 @setting_option(PolicySettings, "max_step", "--max-step", type=int)
+@setting_option(PolicySettings, "target_utilization", "--target-utilization", type=float)
+@setting_option(PolicySettings, "down_utilization", "--down-utilization", type=float)
+@setting_option(PolicySettings, "article_up_queue", "--article-up-queue", type=float)
+@setting_option(PolicySettings, "article_down_queue", "--article-down-queue", type=float)
+@setting_option(PolicySettings, "article_interval_s", "--article-interval-s", type=float)
+@setting_option(PolicySettings, "keda_lag_count", "--keda-lag-count", type=float)
 @setting_option(SupervisorSettings, "interval_s", "--interval-s", type=float)
 @setting_option(SupervisorSettings, "drain_timeout_s", "--drain-timeout-s", type=float)
 @setting_option(SupervisorSettings, "crash_loop_deaths", "--crash-loop-deaths", type=int)
@@ -109,6 +115,12 @@ _POLICY_OPTIONS = (
     "up_cooldown_s",
     "down_cooldown_s",
     "max_step",
+    "target_utilization",
+    "down_utilization",
+    "article_up_queue",
+    "article_down_queue",
+    "article_interval_s",
+    "keda_lag_count",
 )
 _SUPERVISOR_OPTIONS = ("interval_s", "drain_timeout_s", "crash_loop_deaths", "crash_loop_window_s")
 

@@ -61,6 +61,8 @@ def observe(
         ready=len(serving),
         warm_s=_median(b.warm_s for b in serving),
         service_s=_ms_to_s(_median(b.batch_ms for b in serving)),
+        batch_rows=_median(b.batch_rows for b in serving),
+        max_rows=_int_or_none(_median(b.max_rows for b in serving)),
     )
 
 
@@ -68,6 +70,10 @@ def _median(values: Iterable[float | None]) -> float | None:
     """The median of the known values (the upper one of an even count), None if none is known."""
     known = sorted(v for v in values if v is not None)
     return known[len(known) // 2] if known else None
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def _ms_to_s(ms: float | None) -> float | None:

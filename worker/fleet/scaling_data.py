@@ -50,6 +50,8 @@ class Observation:
     warm_s: float | None = None  # how long a new worker took to serve (heartbeats); None = unknown
     service_s: float | None = None  # one batch's time (heartbeats); None = unknown
     deadline_s: float | None = None  # the tightest time budget requests carried lately; None = none
+    batch_rows: float | None = None  # rows a batch lately (heartbeats); None = unknown
+    max_rows: int | None = None  # the most rows a batch may have; None = unknown
 
     def __post_init__(self) -> None:
         _require(
@@ -76,7 +78,9 @@ class Observation:
         )
         _require(wait_ok, "high_wait_s", self.high_wait_s, "None or a finite number >= 0")
         _require(self.ready is None or _is_count(self.ready), "ready", self.ready, "None or >= 0")
-        for name in ("warm_s", "service_s", "deadline_s"):
+        ok = self.max_rows is None or (_is_count(self.max_rows) and self.max_rows >= 1)
+        _require(ok, "max_rows", self.max_rows, "None or an int >= 1")
+        for name in ("warm_s", "service_s", "deadline_s", "batch_rows"):
             value = getattr(self, name)
             ok = value is None or (_is_number(value) and math.isfinite(value) and value >= 0)
             _require(ok, name, value, "None or a finite number >= 0")
@@ -104,8 +108,14 @@ class PolicySettings:
         default=5.0,
         metadata={"help": "Scale up when the backlog would take longer than this to drain."},
     )
-    target_utilization: float = 0.75  # steady arrivals use at most this fraction of capacity
-    down_utilization: float = 0.4  # shrink only if the smaller fleet is at most this busy
+    target_utilization: float = field(
+        default=0.75,
+        metadata={"help": "lag: steady arrivals use at most this fraction of capacity."},
+    )
+    down_utilization: float = field(
+        default=0.4,
+        metadata={"help": "lag: shrink only if the smaller fleet is at most this busy."},
+    )
     up_cooldown_s: float = field(
         default=2.0, metadata={"help": "Least time between two scale-ups."}
     )
@@ -132,12 +142,20 @@ class PolicySettings:
     )
     default_warm_s: float = 5.0  # target: a new worker's warm-up time until one is measured
     default_capacity_rps: float = 500.0  # per-worker capacity until one is measured
-    keda_lag_count: float = 50.0  # keda: one worker per this many waiting entries
+    keda_lag_count: float = field(
+        default=50.0, metadata={"help": "keda: one worker per this many waiting entries."}
+    )
     keda_interval_s: float = 15.0  # keda: the HPA's sync period
     keda_down_window_s: float = 300.0  # keda: the HPA's scale-down stabilization window
-    article_up_queue: float = 50.0  # article: average queue per worker over this -> +1
-    article_down_queue: float = 10.0  # article: under this -> -1
-    article_interval_s: float = 5.0  # article: decide at most this often
+    article_up_queue: float = field(
+        default=50.0, metadata={"help": "article: +1 over this average queue per worker."}
+    )
+    article_down_queue: float = field(
+        default=10.0, metadata={"help": "article: -1 under this average queue per worker."}
+    )
+    article_interval_s: float = field(
+        default=5.0, metadata={"help": "article: decide at most this often (s)."}
+    )
 
     def __post_init__(self) -> None:
         if self.kind not in POLICY_KINDS:
@@ -221,6 +239,9 @@ class PolicyState:
     capacities: tuple[tuple[float, float], ...] = ()  # target: measured capacities, for their peak
     warm_s: float | None = None  # target: the last measured warm-up time
     service_s: float | None = None  # target: the last measured batch time
+    # target: (now_s, rows a batch, seconds a batch) lately, for the batch time's fit
+    batches: tuple[tuple[float, float, float], ...] = ()
+    max_rows: int | None = None  # target: the last known batch row limit
     proposals: tuple[tuple[float, float], ...] = ()  # keda: the raw counts, for the down window
 
 

@@ -7,18 +7,26 @@ fewest workers that keep it under ``target_p99_ms`` (or under the tightest
 deadline requests carried lately, when that is shorter). What it predicts
 from is measured, never configured, once measured:
 
-* a worker's capacity: the peak ``rate / busy`` of the last few minutes
-  (a worker that served small batches at night could serve more);
+* a worker's capacity at full batches: a line ``seconds = a + b * rows``
+  fitted to the batches of the last few minutes, at ``max_rows`` rows
+  (``rate / busy`` alone reads low at light load, when batches are small),
+  or the peak ``rate / busy`` while the batch sizes seen cannot tell;
 * the warm-up time, from the heartbeats (process start to first beat);
 * one batch's time, the least latency any request sees;
 * the arrivals, extrapolated over the warm-up by their recent trend: a
   worker asked for now serves only ``warm_s`` from now.
 
+When no fleet in the bounds meets the target (a backlog that the warm-up
+makes late whatever is started, or more arrivals than ``max_workers``
+serve), it runs the fewest workers within 10% of the best p99 any could
+give: waking from zero for one request starts one worker, not all of them.
+
 It keeps the lag policy's shape: up at once (to the predicted size, not a
 step at a time) after ``up_cooldown_s``; down one ``max_step`` at a time,
 ``down_cooldown_s`` after any change, only if the smaller fleet would stay
-under ``target_down_fraction`` of the target at the recent peak of arrivals
-(hysteresis), and never while the lag is unknown.
+under ``target_down_fraction`` of the target at the arrivals' mean over the
+down cooldown (or their forecast, if higher): hysteresis against noise
+without the bias of a noisy peak; never while the lag is unknown.
 
 Policy ``"keda"`` is the rule KEDA's ``lagCount`` trigger makes the
 Kubernetes HPA apply, for comparison: every ``keda_interval_s`` (the HPA's
@@ -30,10 +38,12 @@ stabilization window).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from inferfleet.worker.fleet.scaling_data import Decision, Observation, PolicySettings, PolicyState
 from inferfleet.worker.fleet.scaling_load import (
+    MAX_ARRIVAL_SAMPLES,
     Load,
     ceil_div,
     clamp,
@@ -45,12 +55,22 @@ from inferfleet.worker.fleet.scaling_load import (
 )
 from inferfleet.worker.fleet.waits import Fleet, predicted_p99_s
 
-__all__ = ["target_policy", "keda_policy", "fewest_meeting", "CAPACITY_WINDOW_S", "TREND_WINDOW_S"]
+__all__ = [
+    "target_policy",
+    "keda_policy",
+    "fewest_meeting",
+    "fewest_near_best",
+    "full_batch_capacity",
+    "CAPACITY_WINDOW_S",
+    "TREND_WINDOW_S",
+]
 
 #: How far back a worker's peak capacity is remembered.
 CAPACITY_WINDOW_S = 300.0
 #: The arrivals' trend is their slope over this window.
 TREND_WINDOW_S = 10.0
+#: Missing the target anyway, a fleet this close to the best p99 is enough.
+NEAR_BEST = 1.1
 #: The HPA ignores a change within this fraction of the current count.
 _HPA_TOLERANCE = 0.1
 
@@ -64,10 +84,11 @@ def target_policy(obs: Observation, settings: PolicySettings, state: PolicyState
     up = fewest_meeting(ahead, target_s, settings)
     if up is None or up > obs.workers:
         return _up(obs, settings, state, up, ahead, target_s)
-    at_peak = replace(fleet, arrivals_rps=max(load.peak_arrivals_rps, ahead.arrivals_rps))
-    down = fewest_meeting(at_peak, target_s * settings.target_down_fraction, settings)
+    window = [rps for _, rps in state.arrivals]
+    steady = replace(fleet, arrivals_rps=max(sum(window) / len(window), ahead.arrivals_rps))
+    down = fewest_meeting(steady, target_s * settings.target_down_fraction, settings)
     if down is not None and down < obs.workers:
-        return _down(obs, settings, state, load, down)
+        return _down(obs, settings, state, load, down, steady.arrivals_rps)
     p99_ms = predicted_p99_s(fleet, obs.workers) * 1000
     reason = f"steady: {obs.workers} workers predict p99 {p99_ms:.0f} ms <= {target_s * 1000:g} ms"
     return finish(obs, settings, state, obs.workers, reason + _about(fleet))
@@ -82,6 +103,26 @@ def fewest_meeting(fleet: Fleet, target_s: float, settings: PolicySettings) -> i
     return None
 
 
+def fewest_near_best(fleet: Fleet, settings: PolicySettings) -> int:
+    """When no fleet meets the target: enough workers for the arrivals alone to meet it and to
+    clear, within the target, what will be queued once new workers are warm; at least the fewest
+    within NEAR_BEST of the best p99 any fleet in the bounds would give. What the warm-up makes
+    late anyway buys no more workers than that."""
+    options = range(settings.min_workers, settings.max_workers + 1)
+    p99 = {workers: predicted_p99_s(fleet, workers) for workers in options}
+    best = min(p99.values())
+    if math.isinf(best):
+        return settings.max_workers
+    near = min(w for w, value in p99.items() if value <= best * NEAR_BEST)
+    target_s = settings.target_p99_ms / 1000
+    alone = replace(fleet, backlog=0, ready=settings.max_workers)
+    steady = fewest_meeting(alone, target_s, settings)
+    # what is queued once new workers are warm is cleared within the target from then on
+    queued = fleet.backlog + (fleet.arrivals_rps - fleet.ready * fleet.capacity_rps) * fleet.warm_s
+    drain = ceil_div(max(queued, 0.0) / target_s + fleet.arrivals_rps, fleet.capacity_rps)
+    return clamp(max(near, drain, settings.max_workers if steady is None else steady), settings)
+
+
 def _fleet(
     obs: Observation, settings: PolicySettings, state: PolicyState, load: Load
 ) -> tuple[Fleet, PolicyState]:
@@ -92,17 +133,56 @@ def _fleet(
         capacities = recent(capacities, obs.now_s, measured, CAPACITY_WINDOW_S)
     warm_s = obs.warm_s if obs.warm_s is not None else state.warm_s
     service_s = positive(obs.service_s) or state.service_s
-    state = replace(state, capacities=capacities, warm_s=warm_s, service_s=service_s)
+    batches = _batches(state.batches, obs)
+    max_rows = obs.max_rows or state.max_rows
+    state = replace(
+        state,
+        capacities=capacities,
+        warm_s=warm_s,
+        service_s=service_s,
+        batches=batches,
+        max_rows=max_rows,
+    )
     ready = obs.workers if obs.ready is None else min(obs.ready, obs.workers)
+    peak = max((c for _, c in capacities), default=load.capacity_rps)
     fleet = Fleet(
         arrivals_rps=load.arrivals_rps,
-        capacity_rps=max((c for _, c in capacities), default=load.capacity_rps),
+        capacity_rps=max(peak, full_batch_capacity(batches, max_rows) or 0.0),
         backlog=load.backlog,
         ready=ready,
         warm_s=settings.default_warm_s if warm_s is None else warm_s,
         service_s=service_s or 0.0,
     )
     return fleet, state
+
+
+def full_batch_capacity(
+    batches: tuple[tuple[float, float, float], ...], max_rows: int | None
+) -> float | None:
+    """Rows a second at ``max_rows``-row batches, from ``seconds = a + b * rows`` (a, b >= 0)
+    fitted to ``(now_s, rows, seconds)`` samples; None while their sizes differ by under a row."""
+    if max_rows is None or len(batches) < 3:
+        return None
+    rows = [r for _, r, _ in batches]
+    if max(rows) - min(rows) < 1.0:
+        return None
+    mean_r = sum(rows) / len(rows)
+    mean_t = sum(t for _, _, t in batches) / len(batches)
+    spread = sum((r - mean_r) ** 2 for r in rows)
+    slope = max(0.0, sum((r - mean_r) * (t - mean_t) for _, r, t in batches) / spread)
+    base = max(0.0, mean_t - slope * mean_r)
+    full_s = base + slope * max_rows
+    return max_rows / full_s if full_s > 0 else None
+
+
+def _batches(
+    kept: tuple[tuple[float, float, float], ...], obs: Observation
+) -> tuple[tuple[float, float, float], ...]:
+    """The batch samples of the capacity window, this observation's appended if it has one."""
+    kept = tuple(b for b in kept if obs.now_s - CAPACITY_WINDOW_S < b[0] < obs.now_s)
+    if obs.batch_rows and obs.service_s:
+        kept += ((obs.now_s, obs.batch_rows, obs.service_s),)
+    return kept[-MAX_ARRIVAL_SAMPLES:]
 
 
 def _target_s(obs: Observation, settings: PolicySettings) -> float:
@@ -139,9 +219,11 @@ def _up(
     fleet: Fleet,
     target_s: float,
 ) -> Decision:
-    workers = settings.max_workers if up is None else up
+    workers = fewest_near_best(fleet, settings) if up is None else up
     why = (
-        f"no fleet up to {settings.max_workers} meets p99 {target_s * 1000:g} ms"
+        f"no fleet up to {settings.max_workers} meets p99 {target_s * 1000:g} ms; {workers} "
+        f"predict {predicted_p99_s(fleet, workers) * 1000:.0f} ms, within "
+        f"{NEAR_BEST - 1:.0%} of the best"
         if up is None
         else f"{workers} workers predict p99 "
         f"{predicted_p99_s(fleet, workers) * 1000:.0f} ms <= {target_s * 1000:g} ms"
@@ -158,7 +240,12 @@ def _up(
 
 
 def _down(
-    obs: Observation, settings: PolicySettings, state: PolicyState, load: Load, down: int
+    obs: Observation,
+    settings: PolicySettings,
+    state: PolicyState,
+    load: Load,
+    down: int,
+    arrivals_rps: float,
 ) -> Decision:
     quiet_s = obs.now_s - state.last_change_s
     if not load.lag_known:
@@ -170,7 +257,7 @@ def _down(
     else:
         workers = max(down, obs.workers - settings.max_step)
         fraction = f"{settings.target_down_fraction:.0%} of the target"
-        why = f"{down} workers stay under {fraction} at peak ~{load.peak_arrivals_rps:.0f} rps"
+        why = f"{down} workers stay under {fraction} at ~{arrivals_rps:.0f} rps"
         return finish(obs, settings, state, workers, f"down {obs.workers - workers}: {why}")
     return finish(obs, settings, state, obs.workers, reason)
 
@@ -185,7 +272,8 @@ def keda_policy(obs: Observation, settings: PolicySettings, state: PolicyState) 
     proposed = ceil_div(lag, settings.keda_lag_count)
     if lag > 0 or settings.min_workers > 0:  # active: the HPA's own minimum is one
         proposed = max(proposed, 1)
-    if obs.workers > 0 and abs(proposed / obs.workers - 1) <= _HPA_TOLERANCE:
+    ratio = lag / (settings.keda_lag_count * obs.workers) if obs.workers else 0.0
+    if obs.workers > 0 and lag > 0 and abs(ratio - 1) <= _HPA_TOLERANCE:
         proposed = obs.workers
     window = recent(state.proposals, obs.now_s, proposed, settings.keda_down_window_s)
     state = replace(state, proposals=window)

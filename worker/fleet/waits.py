@@ -13,7 +13,11 @@ is the larger of the two plus one batch's service time:
   :func:`backlog_wait_s` takes the larger.
 * **Random arrivals at a steady rate.** Even a fleet that keeps up makes
   some requests wait, more the busier it is: the p99 wait of an M/M/c queue
-  (Erlang's C formula, :func:`steady_p99_wait_s`).
+  (Erlang's C formula, :func:`steady_p99_wait_s`) scaled by
+  :data:`BATCH_FACTOR`, since a batch's time varies far less than M/M/c's
+  exponential service assumes (the M/D/c wait is about half), and at least
+  one batch's time whenever more than the tail would wait (a request that
+  arrives as a batch starts waits for it to end).
 
 A fleet that cannot keep up (arrivals at least its capacity) waits forever:
 ``math.inf``. The replayer (:mod:`inferfleet.worker.fleet.replay`) checks the
@@ -25,10 +29,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Fleet", "predicted_p99_s", "backlog_wait_s", "steady_p99_wait_s", "erlang_c"]
+__all__ = [
+    "Fleet",
+    "predicted_p99_s",
+    "backlog_wait_s",
+    "steady_p99_wait_s",
+    "erlang_c",
+    "TAIL",
+    "BATCH_FACTOR",
+]
 
 #: The tail the steady wait is predicted for.
 TAIL = 0.01
+#: The steady wait of batching workers as a fraction of M/M/c's: measured in the replayer
+#: (tests/unit/test_waits.py holds the model within bounds of the simulated fleet).
+BATCH_FACTOR = 0.6
 
 
 @dataclass(frozen=True)
@@ -83,7 +98,9 @@ def steady_p99_wait_s(fleet: Fleet, workers: int) -> float:
     if spare <= 0:
         return math.inf
     waits = erlang_c(workers, fleet.arrivals_rps / fleet.capacity_rps)
-    return 0.0 if waits <= TAIL else math.log(waits / TAIL) / spare
+    if waits <= TAIL:
+        return 0.0
+    return max(fleet.service_s, BATCH_FACTOR * math.log(waits / TAIL) / spare)
 
 
 def erlang_c(servers: int, offered: float) -> float:

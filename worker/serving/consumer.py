@@ -517,6 +517,7 @@ class Consumer:
             "version": self.runtime.version,
             "model": self.model_source,
             "loop_ms": int(self.loop_at_s * 1000),
+            "max_rows": self.row_limit.max_rows,  # the scaling policy's full batch
             "swap_error": self.watcher.error if self.watcher else "",
             # what swap and shadow check a candidate against
             "input_spec": describe_spec(spec) if (spec := self.runtime.input_spec) else "",
