@@ -1,9 +1,10 @@
 """The ``inferfleet`` click group, with every command family registered on it.
 
-One module per family: :mod:`.serving` (worker), :mod:`.supervise`, :mod:`.requests` (enqueue,
-result), :mod:`.admin` (status, dead), :mod:`.sharing` (limit, cancel), :mod:`.bench`,
-:mod:`.lifecycle` (swap, alerts), :mod:`.pipeline` (split) and :mod:`.rollout` (shadow); the
-options they share are in :mod:`.options`. Only the commands that need torch import it, when run.
+One module per family: :mod:`.serving` (worker), :mod:`.supervise`, :mod:`.scaler`,
+:mod:`.requests` (enqueue, result), :mod:`.admin` (status, dead), :mod:`.sharing` (limit,
+cancel), :mod:`.bench`, :mod:`.lifecycle` (swap, alerts), :mod:`.pipeline` (split) and
+:mod:`.rollout` (shadow); the options they share are in :mod:`.options`. Only the commands that
+need torch import it, when run.
 
 Every option has an environment variable (shown in ``--help``); bad input exits with a clear
 message and status 2, a failed request with status 1. The command line is the only part of
@@ -22,6 +23,7 @@ from inferfleet.worker.cli import (
     pipeline,
     requests,
     rollout,
+    scaler,
     serving,
     sharing,
     supervise,
@@ -55,6 +57,7 @@ def main() -> None:
 for _command in (
     serving.worker,
     supervise.supervise,
+    scaler.scaler,
     requests.enqueue,
     requests.result,
     admin.status,

@@ -29,9 +29,43 @@ from inferfleet.worker.signals import on_signals
 if TYPE_CHECKING:
     from inferfleet.worker.metrics import FleetMetrics
 
-__all__ = ["supervise"]
+__all__ = ["supervise", "policy_options", "policy_settings"]
 
 log = logging.getLogger("inferfleet")
+
+
+def policy_options(command: Any) -> Any:
+    """The scaling policy's options (``supervise`` and ``scaler`` share them)."""
+    for option in reversed(_POLICY_DECORATORS):
+        command = option(command)
+    return command
+
+
+_POLICY_DECORATORS = (
+    setting_option(PolicySettings, "kind", "--policy", type=click.Choice(POLICY_KINDS)),
+    setting_option(PolicySettings, "target_p99_ms", "--target-p99-ms", type=float),
+    setting_option(PolicySettings, "target_drain_s", "--target-drain-s", type=float),
+    setting_option(PolicySettings, "target_high_wait_s", "--target-high-wait-s", type=float),
+    setting_option(PolicySettings, "up_cooldown_s", "--up-cooldown-s", type=float),
+    setting_option(PolicySettings, "down_cooldown_s", "--down-cooldown-s", type=float),
+    setting_option(PolicySettings, "max_step", "--max-step", type=int),
+    setting_option(PolicySettings, "target_utilization", "--target-utilization", type=float),
+    setting_option(PolicySettings, "down_utilization", "--down-utilization", type=float),
+    setting_option(PolicySettings, "article_up_queue", "--article-up-queue", type=float),
+    setting_option(PolicySettings, "article_down_queue", "--article-down-queue", type=float),
+    setting_option(PolicySettings, "article_interval_s", "--article-interval-s", type=float),
+    setting_option(PolicySettings, "keda_lag_count", "--keda-lag-count", type=float),
+)
+
+
+def policy_settings(min_workers: int, max_workers: int, options: dict[str, Any]) -> PolicySettings:
+    """The PolicySettings the policy options give (popped from ``options``); ConfigError if bad."""
+    return PolicySettings(
+        kind=options.pop("policy"),
+        min_workers=min_workers,
+        max_workers=max_workers,
+        **{name: options.pop(name) for name in _POLICY_OPTIONS},
+    )
 
 
 @click.command()
@@ -54,19 +88,7 @@ log = logging.getLogger("inferfleet")
     help="auto, cpu, or cuda:0,cuda:1,... (workers are placed round-robin).",
 )
 @setting_option(SupervisorSettings, "workers_per_device", "--workers-per-device", type=int)
-@setting_option(PolicySettings, "kind", "--policy", type=click.Choice(POLICY_KINDS))
-@setting_option(PolicySettings, "target_p99_ms", "--target-p99-ms", type=float)
-@setting_option(PolicySettings, "target_drain_s", "--target-drain-s", type=float)
-@setting_option(PolicySettings, "target_high_wait_s", "--target-high-wait-s", type=float)
-@setting_option(PolicySettings, "up_cooldown_s", "--up-cooldown-s", type=float)
-@setting_option(PolicySettings, "down_cooldown_s", "--down-cooldown-s", type=float)
-@setting_option(PolicySettings, "max_step", "--max-step", type=int)
-@setting_option(PolicySettings, "target_utilization", "--target-utilization", type=float)
-@setting_option(PolicySettings, "down_utilization", "--down-utilization", type=float)
-@setting_option(PolicySettings, "article_up_queue", "--article-up-queue", type=float)
-@setting_option(PolicySettings, "article_down_queue", "--article-down-queue", type=float)
-@setting_option(PolicySettings, "article_interval_s", "--article-interval-s", type=float)
-@setting_option(PolicySettings, "keda_lag_count", "--keda-lag-count", type=float)
+@policy_options
 @setting_option(SupervisorSettings, "interval_s", "--interval-s", type=float)
 @setting_option(SupervisorSettings, "drain_timeout_s", "--drain-timeout-s", type=float)
 @setting_option(SupervisorSettings, "crash_loop_deaths", "--crash-loop-deaths", type=int)
@@ -89,12 +111,7 @@ def supervise(
         device_list = resolve_devices(devices)
         gpus = [d for d in device_list if d != "cpu"]
         default_max = len(gpus) * workers_per_device if gpus else (os.cpu_count() or 1)
-        policy = PolicySettings(
-            kind=options.pop("policy"),
-            min_workers=min_workers,
-            max_workers=max_workers or max(default_max, min_workers),
-            **{name: options.pop(name) for name in _POLICY_OPTIONS},
-        )
+        policy = policy_settings(min_workers, max_workers or max(default_max, min_workers), options)
         settings = SupervisorSettings(
             policy=policy,
             devices=tuple(device_list),
