@@ -9,9 +9,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(
-    predicate: Callable[[], T], timeout_s: float, what: str, every_s: float = 0.05
-) -> T:
+def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, every_s: float = 0.05) -> T:
     """Poll ``predicate`` until it returns something true and return that; the deadline only
     bounds a hang (AssertionError naming ``what``), it is never what a test checks."""
     deadline = time.monotonic() + timeout_s
