@@ -18,6 +18,11 @@ warm-up beside each.
 
 ``zero``: with ``--min-workers 0``, how long the first request after idle waits.
 
+``trace``: write a trace file as a user would supply one (one Unix time a line): bursts of
+five times the base rate for 20 s every 90 s, the traffic of a batch job calling a service.
+
+    python -m benchmarks.bench_autoscale trace --out bench-out/autoscale/bursts.txt
+
     python -m benchmarks.bench_autoscale zero --runs 3
 """
 
@@ -113,12 +118,13 @@ def cheapest_failing(
 def replay_trace(name: str, args: argparse.Namespace, service: ServiceModel) -> dict[str, Any]:
     """Every policy on one trace: rows for the table, the results for the plot."""
     times = trace_times(name, args.seconds, args.peak_rps, args.seed)
+    seconds = float(times[-1]) if Path(name).is_file() else args.seconds
     target_s = args.target_p99_ms / 1000
     rows, results = [], {}
     for kind in GRIDS:
-        best = tune(times, kind, service, target_s, args.seconds)
+        best = tune(times, kind, service, target_s, seconds)
         if best is None:
-            knobs, summary = cheapest_failing(times, kind, service, target_s, args.seconds)
+            knobs, summary = cheapest_failing(times, kind, service, target_s, seconds)
             rows.append({"policy": kind, "setting": knobs, "meets": False, **summary})
             continue
         knobs, result, summary = best
@@ -425,10 +431,34 @@ def idle_until_zero(client: redis.Redis, proc: subprocess.Popen) -> None:
         time.sleep(0.2)
 
 
+def bursts(seconds: float, peak_rps: float) -> traces.Rate:
+    """Five times the base rate for 20 s every 90 s (the first 30 s in), else the base."""
+
+    def rate(t: float) -> float:
+        return peak_rps if (t - 30.0) % 90.0 < 20.0 and t >= 30.0 else peak_rps / 5
+
+    return rate
+
+
+#: Where the written trace's times start: a Unix time, as a user's log export would have them.
+TRACE_EPOCH_S = 1_796_000_000.0
+
+
+def cmd_trace(args: argparse.Namespace) -> None:
+    """Write the bursts trace as a file of Unix times, one a line."""
+    times = traces.arrivals(bursts(args.seconds, args.peak_rps), args.seconds, args.seed)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        "# bursts: Unix times of arrivals\n" + "".join(f"{TRACE_EPOCH_S + t:.4f}\n" for t in times)
+    )
+    print(f"{len(times):,} arrivals over {args.seconds:g} s written to {out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("replay", "real", "zero"):
+    for name in ("replay", "real", "zero", "trace"):
         one = sub.add_parser(name)
         one.add_argument("--out", default="bench-out/autoscale")
         one.add_argument("--seconds", type=float, default=600.0)
@@ -443,8 +473,10 @@ def main(argv: list[str] | None = None) -> None:
     sub.choices["real"].add_argument("--trace", default="diurnal")
     sub.choices["real"].add_argument("--policies", default="target,lag,keda,article")
     sub.choices["zero"].add_argument("--runs", type=int, default=3)
+    sub.choices["trace"].set_defaults(out="bench-out/autoscale/bursts.txt")
     args = parser.parse_args(argv)
-    {"replay": cmd_replay, "real": cmd_real, "zero": cmd_zero}[args.command](args)
+    commands = {"replay": cmd_replay, "real": cmd_real, "zero": cmd_zero, "trace": cmd_trace}
+    commands[args.command](args)
 
 
 if __name__ == "__main__":

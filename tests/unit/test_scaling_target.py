@@ -16,7 +16,12 @@ from inferfleet.worker.fleet.scaling import (
     PolicyState,
     desired_workers,
 )
-from inferfleet.worker.fleet.scaling_target import full_batch_capacity
+from inferfleet.worker.fleet.scaling_target import (
+    fewest_meeting,
+    fewest_near_best,
+    full_batch_capacity,
+)
+from inferfleet.worker.fleet.waits import Fleet
 
 SERVICE = ServiceModel(batch_s=0.05, max_rows=4, warm_s=5.0)  # 80 rps a worker
 TARGET = PolicySettings(kind="target", min_workers=1, max_workers=8, default_capacity_rps=80.0)
@@ -108,6 +113,22 @@ def test_capacity_at_full_batches_is_fitted_from_the_batch_sizes_seen() -> None:
     one_size = tuple((float(t), 2.0, 0.05) for t in range(5))
     assert full_batch_capacity(one_size, 4) is None
     assert full_batch_capacity(constant, None) is None
+
+
+def test_one_noisy_second_of_arrivals_buys_fewer_workers_than_the_same_rate_held() -> None:
+    calm = [seen(t, 4, rate_rps=240.0) for t in range(1, 20)]
+    spike = run([*calm, seen(20, 4, rate_rps=420.0)], TARGET)[-1]
+    held = max(run([*calm, *[seen(t, 4, rate_rps=420.0) for t in range(20, 24)]], TARGET))
+    assert spike < held  # the mean of the last seconds, not the last second alone
+
+
+def test_a_backlog_the_warm_up_makes_late_anyway_buys_a_seconds_recovery_not_every_worker():
+    # 1 of 2 workers ready, 115 rps arriving: 208 queued by the time new workers are warm
+    fleet = Fleet(
+        arrivals_rps=115.0, capacity_rps=80.0, backlog=33, ready=1, warm_s=5.0, service_s=0.05
+    )
+    assert fewest_meeting(fleet, 0.2, TARGET) is None
+    assert fewest_near_best(fleet, TARGET) == 5  # (208 / RECOVER_S + 115) / 80 -> 5, not 8
 
 
 def test_it_holds_when_no_fleet_meets_the_target_at_the_most_workers() -> None:

@@ -243,6 +243,7 @@ class PolicyState:
     batches: tuple[tuple[float, float, float], ...] = ()
     max_rows: int | None = None  # target: the last known batch row limit
     proposals: tuple[tuple[float, float], ...] = ()  # keda: the raw counts, for the down window
+    levels: tuple[tuple[float, float], ...] = ()  # target: unclipped arrival samples, for the mean
 
 
 @dataclass(frozen=True)

@@ -69,18 +69,30 @@ __all__ = [
 CAPACITY_WINDOW_S = 300.0
 #: The arrivals' trend is their slope over this window.
 TREND_WINDOW_S = 10.0
+#: Scale-ups judge the arrivals by their mean over this window (one second's count is noisy).
+LEVEL_WINDOW_S = 3.0
 #: Missing the target anyway, a fleet this close to the best p99 is enough.
 NEAR_BEST = 1.1
+#: Missing it anyway, what is queued once new workers are warm is cleared within this long:
+#: within the target itself bought every worker there is for a moment's backlog (a flash
+#: crowd cost 8 workers for its first 20 s), while a second costs a second of late requests.
+RECOVER_S = 1.0
 #: The HPA ignores a change within this fraction of the current count.
 _HPA_TOLERANCE = 0.1
 
 
 def target_policy(obs: Observation, settings: PolicySettings, state: PolicyState) -> Decision:
     """The fewest workers whose predicted p99 meets the target (see the module's text)."""
+    signed = _signed_arrivals(obs, state)  # before observe_load moves the last backlog on
     load, state = observe_load(obs, settings, state)
+    state = replace(state, levels=recent(state.levels, obs.now_s, signed, TREND_WINDOW_S))
     fleet, state = _fleet(obs, settings, state, load)
     target_s = _target_s(obs, settings)
-    ahead = replace(fleet, arrivals_rps=load.arrivals_rps + _trend(state, obs.now_s) * fleet.warm_s)
+    trend = _trend(state.levels, obs.now_s)
+    last = [v for t, v in state.levels if obs.now_s - t < LEVEL_WINDOW_S]
+    # the window's mean lags the arrivals by half the window: the trend carries it to now
+    level = max(0.0, sum(last) / len(last) + trend * LEVEL_WINDOW_S / 2)
+    ahead = replace(fleet, arrivals_rps=level + trend * fleet.warm_s)
     up = fewest_meeting(ahead, target_s, settings)
     if up is None or up > obs.workers:
         return _up(obs, settings, state, up, ahead, target_s)
@@ -105,7 +117,7 @@ def fewest_meeting(fleet: Fleet, target_s: float, settings: PolicySettings) -> i
 
 def fewest_near_best(fleet: Fleet, settings: PolicySettings) -> int:
     """When no fleet meets the target: enough workers for the arrivals alone to meet it and to
-    clear, within the target, what will be queued once new workers are warm; at least the fewest
+    clear, within RECOVER_S, what will be queued once new workers are warm; at least the fewest
     within NEAR_BEST of the best p99 any fleet in the bounds would give. What the warm-up makes
     late anyway buys no more workers than that."""
     options = range(settings.min_workers, settings.max_workers + 1)
@@ -117,9 +129,9 @@ def fewest_near_best(fleet: Fleet, settings: PolicySettings) -> int:
     target_s = settings.target_p99_ms / 1000
     alone = replace(fleet, backlog=0, ready=settings.max_workers)
     steady = fewest_meeting(alone, target_s, settings)
-    # what is queued once new workers are warm is cleared within the target from then on
+    # what is queued once new workers are warm is cleared within RECOVER_S from then on
     queued = fleet.backlog + (fleet.arrivals_rps - fleet.ready * fleet.capacity_rps) * fleet.warm_s
-    drain = ceil_div(max(queued, 0.0) / target_s + fleet.arrivals_rps, fleet.capacity_rps)
+    drain = ceil_div(max(queued, 0.0) / RECOVER_S + fleet.arrivals_rps, fleet.capacity_rps)
     return clamp(max(near, drain, settings.max_workers if steady is None else steady), settings)
 
 
@@ -191,17 +203,25 @@ def _target_s(obs: Observation, settings: PolicySettings) -> float:
     return min(target_s, obs.deadline_s) if obs.deadline_s else target_s
 
 
-def _trend(state: PolicyState, now_s: float) -> float:
-    """The arrivals' least-squares slope over the trend window, if rising (rps per second)."""
-    points = [(t, rps) for t, rps in state.arrivals if now_s - t <= TREND_WINDOW_S]
-    if len(points) < 3:
+def _signed_arrivals(obs: Observation, state: PolicyState) -> float:
+    """Throughput plus the backlog's change, a shrinking backlog included: unbiased, so that
+    their mean over a window is the window's arrival rate (the lag policy's peak clips at 0)."""
+    elapsed_s = obs.now_s - state.last_observed_s
+    if obs.lag is None or state.last_backlog is None or not 0 < elapsed_s < math.inf:
+        return obs.rate_rps
+    return obs.rate_rps + (obs.lag + obs.pending - state.last_backlog) / elapsed_s
+
+
+def _trend(samples: tuple[tuple[float, float], ...], now_s: float) -> float:
+    """The arrivals' slope over the trend window, if rising (rps per second): the mean of its
+    later half less that of its earlier half, over half the window. A least-squares line would
+    tilt on one noisy last second (its leverage is the largest) and buy workers for it."""
+    half_s = TREND_WINDOW_S / 2
+    later = [rps for t, rps in samples if now_s - t < half_s]
+    earlier = [rps for t, rps in samples if half_s <= now_s - t < TREND_WINDOW_S]
+    if len(later) < 2 or len(earlier) < 2:
         return 0.0
-    mean_t = sum(t for t, _ in points) / len(points)
-    mean_r = sum(r for _, r in points) / len(points)
-    spread = sum((t - mean_t) ** 2 for t, _ in points)
-    if spread <= 0:
-        return 0.0
-    return max(0.0, sum((t - mean_t) * (r - mean_r) for t, r in points) / spread)
+    return max(0.0, (sum(later) / len(later) - sum(earlier) / len(earlier)) / half_s)
 
 
 def _about(fleet: Fleet) -> str:
