@@ -279,13 +279,15 @@ def cli_options(kind: str, knobs: dict[str, float], target_ms: float) -> list[st
     return options
 
 
-def supervise(url: str, options: list[str], min_workers: int = 1) -> subprocess.Popen:
-    """``inferfleet supervise`` on the simulated accelerator: 4-row batches of 50 ms."""
+def supervise(url: str, options: list[str], log: Path, min_workers: int = 1) -> subprocess.Popen:
+    """``inferfleet supervise`` on the simulated accelerator: 4-row batches of 50 ms. Its log,
+    every scaling decision with its reason, goes to ``log``."""
     env = dict(os.environ, REDIS_URL=url, PYTHONPATH=str(ROOT), BATCH_S="0.05")
     cmd = [sys.executable, "-m", "inferfleet", "supervise", "--name", "auto", "--model", HANDLER]
-    cmd += ["--max-batch-rows", "4", "--devices", "cpu", "--log-level", "warning"]
+    cmd += ["--max-batch-rows", "4", "--devices", "cpu", "--log-level", "info"]
     cmd += ["--interval-s", "1", "--min-workers", str(min_workers), "--max-workers", "8"]
-    return subprocess.Popen([*cmd, *options], env=env, cwd=ROOT)
+    with log.open("w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([*cmd, *options], env=env, cwd=ROOT, stderr=out, stdout=out)
 
 
 def wait_for_workers(client: redis.Redis, proc: subprocess.Popen, count: int) -> None:
@@ -296,10 +298,13 @@ def wait_for_workers(client: redis.Redis, proc: subprocess.Popen, count: int) ->
         time.sleep(0.1)
 
 
-def real_run(kind: str, knobs: dict[str, float], times: np.ndarray, target_ms: float) -> dict:
+def real_run(
+    kind: str, knobs: dict[str, float], times: np.ndarray, target_ms: float, out: Path
+) -> dict:
     """One policy on the real fleet: what happened, and what the replayer predicts of it."""
     with EmbeddedRedis() as server:
-        proc = supervise(server.url, cli_options(kind, knobs, target_ms))
+        log = out / f"supervise-{kind}.log"
+        proc = supervise(server.url, cli_options(kind, knobs, target_ms), log)
         client = redis.Redis.from_url(server.url)
         try:
             wait_for_workers(client, proc, 1)
@@ -381,7 +386,7 @@ def cmd_real(args: argparse.Namespace) -> None:
     tuned = tuned_settings(out / "replay.json", args.trace)
     rows = []
     for kind in args.policies.split(","):
-        row = real_run(kind, tuned.get(kind, {}), times, args.target_p99_ms)
+        row = real_run(kind, tuned.get(kind, {}), times, args.target_p99_ms, out)
         rows.append(row)
         print(real_table([row], args.target_p99_ms).splitlines()[-1], flush=True)
         (out / f"real-{args.trace}.json").write_text(json.dumps(rows, indent=1))
@@ -404,7 +409,9 @@ def cmd_zero(args: argparse.Namespace) -> None:
     waits = []
     with EmbeddedRedis() as server:
         options = ["--policy", "target", "--down-cooldown-s", "5"]
-        proc = supervise(server.url, options, min_workers=0)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        proc = supervise(server.url, options, out / "supervise-zero.log", min_workers=0)
         client = redis.Redis.from_url(server.url)
         try:
             with Producer(server.url, "auto") as producer:

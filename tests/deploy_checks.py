@@ -38,6 +38,7 @@ import yaml
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import DEFAULT_PREFIX, GROUP, shard_keys
 from inferfleet.worker.cli import main
+from inferfleet.worker.cli.supervise import policy_settings
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.errors import ConfigError
 from inferfleet.worker.keys import stage_keys
@@ -141,6 +142,11 @@ def _parse(
             WorkerSettings(
                 **{k: v for k, v in params.items() if k in _WORKER_FIELDS and v is not None}
             )
+        except ConfigError as exc:
+            return [f"{where}: {exc}"], params
+    if command.name == "scaler":  # the policy the scaler would run, validated as it would be
+        try:
+            policy_settings(params["min_workers"], params["max_workers"], dict(params))
         except ConfigError as exc:
             return [f"{where}: {exc}"], params
     return [], params
@@ -608,10 +614,22 @@ def _keda_env_names(docs: list[dict], deployment: str) -> set[str]:
     }
 
 
+def is_scaler(deployment: dict) -> bool:
+    """A Deployment of ``inferfleet scaler`` (scaler.yaml), not of workers."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return as_argv(container.get("args"))[:1] == ["scaler"]
+
+
+def worker_deployments(docs: list[dict]) -> dict[str, dict]:
+    """The Deployments whose pods run workers (by name)."""
+    return {n: d for n, d in by_kind(docs, "Deployment").items() if not is_scaler(d)}
+
+
 def worker_pod_problems(docs: list[dict], models: set[str]) -> tuple[list[str], dict[str, dict]]:
-    """Each Deployment: one ``inferfleet worker`` per pod, its options, env, port, resources."""
+    """Each worker Deployment: one ``inferfleet worker`` per pod, its options, env, port,
+    resources."""
     problems, parsed = [], {}
-    for name, dep in by_kind(docs, "Deployment").items():
+    for name, dep in worker_deployments(docs).items():
         pod = dep["spec"]["template"]
         container = pod["spec"]["containers"][0]
         where = f"Deployment {name}"
@@ -665,7 +683,7 @@ def liveness_problems(docs: list[dict]) -> list[str]:
     """A worker pod is restarted when hung: a liveness probe reads the heartbeat file the worker
     writes (its INFERFLEET_HEARTBEAT_FILE), and starts only once the model is loaded."""
     problems = []
-    for name, dep in by_kind(docs, "Deployment").items():
+    for name, dep in worker_deployments(docs).items():
         container = dep["spec"]["template"]["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container.get("env") or []}
         live = " ".join(
@@ -691,7 +709,7 @@ def liveness_problems(docs: list[dict]) -> list[str]:
 
 def liveness_command(docs: list[dict]) -> list[str]:
     """The first Deployment's liveness probe command (the tests run it on heartbeat files)."""
-    container = next(iter(by_kind(docs, "Deployment").values()))["spec"]["template"]["spec"][
+    container = next(iter(worker_deployments(docs).values()))["spec"]["template"]["spec"][
         "containers"
     ][0]
     return as_argv(container["livenessProbe"]["exec"]["command"])
@@ -710,7 +728,7 @@ def secret_problems(applied: list[dict]) -> list[str]:
 def grace_period_problems(docs: list[dict]) -> list[str]:
     """terminationGracePeriodSeconds covers the preStop pause plus the worker's drain."""
     problems = []
-    for name, dep in by_kind(docs, "Deployment").items():
+    for name, dep in worker_deployments(docs).items():
         spec = dep["spec"]["template"]["spec"]
         grace = spec.get("terminationGracePeriodSeconds", 30)
         pre = (
@@ -736,7 +754,7 @@ def selector_problems(docs: list[dict]) -> list[str]:
         for n, d in by_kind(docs, "Deployment").items()
     }
     problems = []
-    for name, dep in by_kind(docs, "Deployment").items():
+    for name, dep in worker_deployments(docs).items():
         if not _selects(dep["spec"]["selector"], labels[name]):
             problems.append(f"Deployment {name}: its selector does not match its pod labels")
     for name, pdb in by_kind(docs, "PodDisruptionBudget").items():
@@ -751,7 +769,8 @@ def _selects(selector: dict, labels: dict) -> bool:
 
 
 def keda_problems(docs: list[dict], parsed: dict[str, dict]) -> list[str]:
-    """Each ScaledObject scales a worker Deployment on its queue's stream and group lag."""
+    """Each ScaledObject scales a worker Deployment: on its queue's stream and group lag, or on
+    the count a scaler serves (scaler_problems) with the group's pending entries beside it."""
     problems = []
     for name, so in by_kind(docs, "ScaledObject").items():
         spec, where = so["spec"], f"ScaledObject {name}"
@@ -761,7 +780,8 @@ def keda_problems(docs: list[dict], parsed: dict[str, dict]) -> list[str]:
             continue
         problems += _scaling_problems(where, spec, parsed[target["name"]])
         for trigger in spec.get("triggers") or []:
-            problems += _trigger_problems(docs, where, trigger, parsed[target["name"]])
+            if trigger.get("type") != "metrics-api":  # the scaler's: scaler_problems
+                problems += _trigger_problems(docs, where, trigger, parsed[target["name"]])
     return problems
 
 
@@ -777,8 +797,12 @@ def _scaling_problems(where: str, spec: dict, params: dict) -> list[str]:
     kind = (
         "redis-cluster-streams" if params.get("cluster") else "redis-streams"
     )  # the scaler for the topology
-    if [t.get("type") for t in spec.get("triggers") or []] != [kind]:
-        problems.append(f"{where}: the trigger is not one {kind} trigger")
+    kinds = [t.get("type") for t in spec.get("triggers") or []]
+    if kinds not in ([kind], ["metrics-api", kind]):
+        problems.append(
+            f"{where}: the triggers are {kinds}, not one {kind} trigger on the lag or a "
+            f"metrics-api trigger on a scaler's count with a {kind} trigger on pending entries"
+        )
     return problems
 
 
@@ -799,14 +823,112 @@ def _trigger_problems(docs: list[dict], where: str, trigger: dict, params: dict)
     except (ProtocolError, IndexError) as exc:
         return problems + [f"{where}: {exc}"]
     expected = {"stream": stream, "consumerGroup": GROUP, "lagCount": "50"}
+    if "pendingEntriesCount" in meta:  # beside a scaler's count: busy workers are kept
+        expected = {"stream": stream, "consumerGroup": GROUP}
+        problems += _pending_problems(where, meta["pendingEntriesCount"], params)
     problems += [
         f"{where}: {k} is {meta.get(k)!r}, not {v!r}"
         for k, v in expected.items()
         if meta.get(k) != v
     ]
-    if "activationLagCount" not in meta:
+    if "lagCount" in expected and "activationLagCount" not in meta:
         problems.append(f"{where}: no activationLagCount (KEDA needs it with lagCount)")
     return problems + _redis_auth_problems(docs, where, trigger, params["_env"])
+
+
+def _pending_problems(where: str, count: Any, params: dict) -> list[str]:
+    """pendingEntriesCount is at least one batch: the pending entries then keep a pod while any
+    is pending, and never ask for more pods than the workers that hold them."""
+    rows = params.get("max_batch_rows") or 0
+    if not (isinstance(count, str) and count.isdigit() and int(count) >= rows):
+        return [f"{where}: pendingEntriesCount {count!r} is under one batch ({rows} rows)"]
+    return []
+
+
+def scaler_problems(docs: list[dict], parsed: dict[str, dict]) -> list[str]:
+    """Each scaler Deployment runs ``inferfleet scaler`` for a worker Deployment's queue, a Service
+    exposes its port, and that Deployment's ScaledObject reads its count (metrics-api) with the
+    scaler's bounds as its replica bounds."""
+    problems = []
+    for name, dep in by_kind(docs, "Deployment").items():
+        if not is_scaler(dep):
+            continue
+        where, pod = f"Deployment {name}", dep["spec"]["template"]
+        container = pod["spec"]["containers"][0]
+        env, found = container_env(docs, container)
+        found_cmd, params = command_problems(as_argv(container.get("args")), env)
+        problems += [f"{where}: {p}" for p in found + found_cmd]
+        if not params:
+            continue
+        problems += _scaler_probe_problems(where, container, params["port"])
+        problems += _resource_problems(where, container)
+        workers = [w for w, p in parsed.items() if _same_queue(p, params)]
+        if not workers:
+            problems.append(f"{where}: no worker Deployment serves queue {params['name']!r}")
+            continue
+        url = _service_url(docs, pod["metadata"].get("labels") or {}, params["port"])
+        if url is None:
+            problems.append(f"{where}: no Service selects its pod on port {params['port']}")
+        for worker in workers:
+            problems += _reader_problems(docs, worker, url, params)
+    return problems
+
+
+def _same_queue(worker: dict, scaler: dict) -> bool:
+    return (worker.get("name"), worker.get("prefix")) == (scaler.get("name"), scaler.get("prefix"))
+
+
+def _scaler_probe_problems(where: str, container: dict, port: int) -> list[str]:
+    named = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
+    problems = [] if port in named.values() else [f"{where}: no containerPort {port}"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = (container.get(probe) or {}).get("httpGet") or {}
+        if get.get("path") != "/healthz" or named.get(get.get("port"), get.get("port")) != port:
+            problems.append(f"{where}: {probe} does not GET /healthz on port {port}")
+    return problems
+
+
+def _service_url(docs: list[dict], labels: dict, port: int) -> str | None:
+    """The in-cluster URL of /desired through a Service selecting ``labels`` on ``port``."""
+    for name, service in by_kind(docs, "Service").items():
+        spec = service["spec"]
+        if _selects({"matchLabels": spec.get("selector") or {}}, labels):
+            for entry in spec.get("ports") or []:
+                if entry.get("port") == port:
+                    namespace = service["metadata"].get("namespace", "default")
+                    return f"http://{name}.{namespace}.svc.cluster.local:{port}/desired"
+    return None
+
+
+def _reader_problems(docs: list[dict], worker: str, url: str | None, params: dict) -> list[str]:
+    """The worker Deployment's ScaledObject reads the scaler's count, with its bounds."""
+    for name, so in by_kind(docs, "ScaledObject").items():
+        spec = so["spec"]
+        if spec["scaleTargetRef"].get("name") != worker:
+            continue
+        where = f"ScaledObject {name}"
+        readers = [t for t in spec.get("triggers") or [] if t.get("type") == "metrics-api"]
+        if not readers:
+            return [f"{where}: no metrics-api trigger reads the scaler of {worker}"]
+        meta = readers[0].get("metadata") or {}
+        expected = {"valueLocation": "desired", "targetValue": "1"}
+        if url is not None:
+            expected["url"] = url
+        problems = [
+            f"{where}: metrics-api {k} is {meta.get(k)!r}, not {v!r}"
+            for k, v in expected.items()
+            if meta.get(k) != v
+        ]
+        if not 0 < float(meta.get("activationTargetValue") or 0) < 1:
+            problems.append(f"{where}: activationTargetValue must lie in (0, 1): one desired wakes")
+        bounds = (spec.get("minReplicaCount", 0), spec.get("maxReplicaCount", 100))
+        if bounds != (params["min_workers"], params["max_workers"]):
+            problems.append(
+                f"{where}: replicas {bounds} are not the scaler's --min-workers/--max-workers "
+                f"{(params['min_workers'], params['max_workers'])}"
+            )
+        return problems
+    return [f"Deployment {worker}: no ScaledObject scales it on its scaler's count"]
 
 
 def _redis_auth_problems(
@@ -843,7 +965,7 @@ def _redis_auth_problems(
 def gpu_pod_problems(docs: list[dict]) -> list[str]:
     """The GPU variant asks the device plugin for a GPU and runs on CUDA."""
     problems = []
-    for name, dep in by_kind(docs, "Deployment").items():
+    for name, dep in worker_deployments(docs).items():
         container = dep["spec"]["template"]["spec"]["containers"][0]
         gpus = ((container.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
         if not isinstance(gpus, int) or gpus < 1:

@@ -19,11 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate as kv
 import pytest
 
 from tests import deploy_checks as dc
 from tests.conftest import running_in_ci
+from tests.keda_schema import SCHEMAS
 
 ROOT = dc.ROOT
 K8S = ROOT / "deploy" / "k8s"
@@ -65,6 +67,8 @@ def k8s_docs(variant: str) -> list[dict]:
         "pipeline",
     ):  # its Deployments and ScaledObjects stand in for the base ones
         replaced = {("Deployment", "inferfleet-worker"), ("ScaledObject", "inferfleet-worker")}
+        # each shard or stage scales on its own stream's lag: no scaler for the base queue
+        replaced |= {("Deployment", "inferfleet-scaler"), ("Service", "inferfleet-scaler")}
         if variant == "pipeline":  # another queue, with a disruption budget of its own
             replaced.add(("PodDisruptionBudget", "inferfleet-worker"))
     else:
@@ -171,6 +175,7 @@ def k8s_problems(f: dict[str, Any], key: str = "k8s") -> list[str]:
         problems
         + dc.selector_problems(docs)
         + dc.keda_problems(docs, parsed)
+        + dc.scaler_problems(docs, parsed)
         + dc.grace_period_problems(docs)
         + dc.liveness_problems(docs)
     )
@@ -277,11 +282,14 @@ def test_kubernetes_worker_keda_pdb_and_grace_agree_with_the_code(files: dict[st
     kinds = {d["kind"] for d in files["k8s"]}
     assert kinds == {
         "Deployment",
+        "Service",
         "ScaledObject",
         "TriggerAuthentication",
         "PodDisruptionBudget",
         "Secret",
     }
+    scaler = files["k8s"]
+    assert [d for d in scaler if d["kind"] == "Deployment" and dc.is_scaler(d)]
 
 
 def test_the_sharded_variant_scales_each_shard_on_its_own_stream(files: dict[str, Any]) -> None:
@@ -390,7 +398,9 @@ REDIS = ("services", "redis")
 POD = ("Deployment/inferfleet-worker", "spec", "template")
 CONTAINER = (*POD, "spec", "containers", 0)
 ENV = (*CONTAINER, "env")
-TRIGGER = ("ScaledObject/inferfleet-worker", "spec", "triggers", 0, "metadata")
+TRIGGER = ("ScaledObject/inferfleet-worker", "spec", "triggers", 1, "metadata")  # pending
+READER = ("ScaledObject/inferfleet-worker", "spec", "triggers", 0, "metadata")  # the scaler's
+SCALER = ("Deployment/inferfleet-scaler", "spec", "template", "spec", "containers", 0)
 SHARD1 = ("Deployment/inferfleet-worker-s1", "spec", "template", "spec", "containers", 0, "args")
 SHARD1_TRIGGER = ("ScaledObject/inferfleet-worker-s1", "spec", "triggers", 0)
 
@@ -694,13 +704,80 @@ BREAKS: list[tuple[str, str, Callable, str]] = [
         put((*TRIGGER, "consumerGroup"), "worker"),
         "consumerGroup is 'worker'",
     ),
-    ("lagCount as a number", "k8s", put((*TRIGGER, "lagCount"), 50), "lagCount must be a string"),
-    ("lagCount", "k8s", put((*TRIGGER, "lagCount"), "100"), "lagCount is '100', not '50'"),
+    (
+        "pendingEntriesCount as a number",
+        "k8s",
+        put((*TRIGGER, "pendingEntriesCount"), 64),
+        "pendingEntriesCount must be a string",
+    ),
+    (
+        "pendingEntriesCount not a batch",
+        "k8s",
+        put((*TRIGGER, "pendingEntriesCount"), "10"),
+        "pendingEntriesCount '10' is under one batch (64 rows)",
+    ),
+    (
+        "lagCount",
+        "k8s_sharded",
+        put((*SHARD1_TRIGGER, "metadata", "lagCount"), "100"),
+        "lagCount is '100', not '50'",
+    ),
     (
         "no activationLagCount",
-        "k8s",
-        drop((*TRIGGER, "activationLagCount")),
+        "k8s_sharded",
+        drop((*SHARD1_TRIGGER, "metadata", "activationLagCount")),
         "no activationLagCount",
+    ),
+    # Kubernetes: the scaler KEDA reads
+    (
+        "scaler URL unqualified",
+        "k8s",
+        put((*READER, "url"), "http://inferfleet-scaler:9200/desired"),
+        "metrics-api url is",
+    ),
+    ("scaler value", "k8s", put((*READER, "valueLocation"), "count"), "valueLocation is 'count'"),
+    ("activation at zero", "k8s", put((*READER, "activationTargetValue"), "0"), "must lie in"),
+    (
+        "replicas not the scaler's",
+        "k8s",
+        put(("ScaledObject/inferfleet-worker", "spec", "maxReplicaCount"), 8),
+        "are not the scaler's --min-workers/--max-workers",
+    ),
+    (
+        "no reader",
+        "k8s",
+        drop(("ScaledObject/inferfleet-worker", "spec", "triggers", 0)),
+        "no metrics-api",
+    ),
+    (
+        "scaler option",
+        "k8s",
+        put((*SCALER, "args"), ["scaler", "--prot", "9200"]),
+        "no option --prot",
+    ),
+    (
+        "scaler port not served",
+        "k8s",
+        put(("Service/inferfleet-scaler", "spec", "ports", 0, "port"), 9300),
+        "no Service selects its pod on port 9200",
+    ),
+    (
+        "scaler probe",
+        "k8s",
+        put((*SCALER, "livenessProbe", "httpGet", "path"), "/desired"),
+        "livenessProbe does not GET /healthz",
+    ),
+    (
+        "scaler on another queue",
+        "k8s",
+        put((*SCALER, "env", "name=INFERFLEET_NAME", "value"), "ranker"),
+        "no worker Deployment serves queue 'ranker'",
+    ),
+    (
+        "scaler policy out of range",
+        "k8s",
+        put((*SCALER, "env", "name=INFERFLEET_TARGET_P99_MS", "value"), "-5"),
+        "target_p99_ms",
     ),
     (
         "pollingInterval",
@@ -998,6 +1075,7 @@ def test_the_manifests_validate_against_the_kubernetes_schemas() -> None:
             checked.add(doc["kind"])
     assert checked == {
         "Deployment",
+        "Service",
         "PodDisruptionBudget",
         "Secret",
         "Job",
@@ -1042,3 +1120,72 @@ def test_the_schema_validation_rejects_a_broken_deployment(what: str, mutate: Ca
     mutate(deployment)
     with pytest.raises(kv.ValidationError):
         kv.validate(deployment, kv.latest_version(), strict=True)
+
+
+# --------------------------------------------------------------------------- KEDA's schemas
+
+
+def keda_docs() -> list[dict]:
+    return [d for d in applied_docs() if d["apiVersion"].startswith(CUSTOM_API_GROUPS)]
+
+
+def keda_schema_problems(doc: dict) -> list[str]:
+    """What KEDA's CRD schema (tests/keda_schema.py) and, for the HPA behaviour inside it,
+    Kubernetes' own HorizontalPodAutoscaler schema refuse in ``doc``."""
+    validator = jsonschema.Draft7Validator(SCHEMAS[doc["kind"]])
+    problems = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
+    hpa = ((doc["spec"].get("advanced") or {}).get("horizontalPodAutoscalerConfig")) or {}
+    if "behavior" in hpa:
+        wrapped = {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": doc["metadata"]["name"]},
+            "spec": {
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x"},
+                "maxReplicas": 1,
+                "behavior": hpa["behavior"],
+            },
+        }
+        try:
+            kv.validate(wrapped, kv.latest_version(), strict=True)
+        except kv.ValidationError as exc:
+            problems.append(f"behavior: {exc}")
+    return problems
+
+
+def test_the_keda_objects_meet_keda_s_schema() -> None:
+    docs = keda_docs()
+    assert {d["kind"] for d in docs} == {"ScaledObject", "TriggerAuthentication"}
+    assert {d["metadata"]["name"]: keda_schema_problems(d) for d in docs} == {
+        d["metadata"]["name"]: [] for d in docs
+    }
+
+
+@pytest.mark.parametrize(
+    ("what", "mutate", "expected"),
+    [
+        (
+            "misspelt field",
+            rename(("spec", "pollingInterval"), "pollingIntervall"),
+            "pollingIntervall",
+        ),
+        ("unquoted metadata", put(("spec", "triggers", 0, "metadata", "targetValue"), 1), "string"),
+        ("no triggers", drop(("spec", "triggers")), "'triggers' is a required property"),
+        (
+            "a misspelt HPA policy",
+            put(
+                ("spec", "advanced", "horizontalPodAutoscalerConfig", "behavior", "scaleUp"),
+                {"polices": []},
+            ),
+            "behavior",
+        ),
+    ],
+)
+def test_the_keda_schema_refuses_a_broken_scaled_object(
+    what: str, mutate: Callable, expected: str
+) -> None:
+    scaled = copy.deepcopy(
+        next(d for d in dc.load_yaml_all(K8S / "keda.yaml") if d["kind"] == "ScaledObject")
+    )
+    mutate(scaled)
+    assert any(expected in p for p in keda_schema_problems(scaled))

@@ -17,6 +17,7 @@ from inferfleet.worker.fleet.scaling import (
     desired_workers,
 )
 from inferfleet.worker.fleet.scaling_target import (
+    SURGE_MEMORY_S,
     fewest_meeting,
     fewest_near_best,
     full_batch_capacity,
@@ -129,6 +130,24 @@ def test_a_backlog_the_warm_up_makes_late_anyway_buys_a_seconds_recovery_not_eve
     )
     assert fewest_meeting(fleet, 0.2, TARGET) is None
     assert fewest_near_best(fleet, TARGET) == 5  # (208 / RECOVER_S + 115) / 80 -> 5, not 8
+
+
+def test_after_a_burst_it_keeps_the_workers_to_absorb_it_again_for_the_memory_then_shrinks():
+    def shrinks_to(burst_rps: float) -> list[int]:
+        state, workers, decided = PolicyState(), 6, []
+        rates = [80.0] * 20 + [burst_rps] * 20 + [80.0] * int(SURGE_MEMORY_S + 60)
+        for t, rate in enumerate(rates, 1):
+            decision = desired_workers(seen(t, workers, rate_rps=rate), TARGET, state)
+            state, workers = decision.state, decision.workers
+            decided.append(workers)
+        return decided[40:]  # from the burst's end on
+
+    calm = shrinks_to(80.0)
+    burst = shrinks_to(400.0)
+    remembered = burst[: int(SURGE_MEMORY_S) - 30]
+    assert min(calm) == calm[-1] == 2  # no burst: down to what 80 rps needs
+    assert min(remembered) >= 5  # 400 rps again would be absorbed while others warm up
+    assert burst[-1] == 2  # forgotten after SURGE_MEMORY_S
 
 
 def test_it_holds_when_no_fleet_meets_the_target_at_the_most_workers() -> None:

@@ -244,6 +244,8 @@ class PolicyState:
     max_rows: int | None = None  # target: the last known batch row limit
     proposals: tuple[tuple[float, float], ...] = ()  # keda: the raw counts, for the down window
     levels: tuple[tuple[float, float], ...] = ()  # target: unclipped arrival samples, for the mean
+    means: tuple[tuple[float, float], ...] = ()  # target: those means over the last warm-up
+    rises: tuple[tuple[float, float], ...] = ()  # target: how far each mean rose within a warm-up
 
 
 @dataclass(frozen=True)

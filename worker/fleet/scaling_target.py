@@ -13,8 +13,11 @@ from is measured, never configured, once measured:
   or the peak ``rate / busy`` while the batch sizes seen cannot tell;
 * the warm-up time, from the heartbeats (process start to first beat);
 * one batch's time, the least latency any request sees;
-* the arrivals, extrapolated over the warm-up by their recent trend: a
-  worker asked for now serves only ``warm_s`` from now.
+* the arrivals: their mean over the last LEVEL_WINDOW_S (throughput plus the
+  backlog's change, unclipped, so the mean is unbiased; one second's count is
+  noisy), extrapolated over the warm-up by their trend (the later half of the
+  trend window's mean less the earlier half's): a worker asked for now serves
+  only ``warm_s`` from now.
 
 When no fleet in the bounds meets the target (a backlog that the warm-up
 makes late whatever is started, or more arrivals than ``max_workers``
@@ -26,7 +29,11 @@ step at a time) after ``up_cooldown_s``; down one ``max_step`` at a time,
 ``down_cooldown_s`` after any change, only if the smaller fleet would stay
 under ``target_down_fraction`` of the target at the arrivals' mean over the
 down cooldown (or their forecast, if higher): hysteresis against noise
-without the bias of a noisy peak; never while the lag is unknown.
+without the bias of a noisy peak; never while the lag is unknown. Nor below
+what would absorb, within the target, the largest sudden rise seen over the
+last SURGE_MEMORY_S (a rise within one warm-up, less Poisson noise): traffic
+that bursts keeps the workers its bursts need while they recur, and a fleet
+that saw none shrinks as before.
 
 Policy ``"keda"`` is the rule KEDA's ``lagCount`` trigger makes the
 Kubernetes HPA apply, for comparison: every ``keda_interval_s`` (the HPA's
@@ -71,6 +78,9 @@ CAPACITY_WINDOW_S = 300.0
 TREND_WINDOW_S = 10.0
 #: Scale-ups judge the arrivals by their mean over this window (one second's count is noisy).
 LEVEL_WINDOW_S = 3.0
+#: How long a sudden rise of the arrivals is remembered: the fleet keeps enough workers to
+#: absorb it, should it come again, for this long after it was seen.
+SURGE_MEMORY_S = 120.0
 #: Missing the target anyway, a fleet this close to the best p99 is enough.
 NEAR_BEST = 1.1
 #: Missing it anyway, what is queued once new workers are warm is cleared within this long:
@@ -93,6 +103,7 @@ def target_policy(obs: Observation, settings: PolicySettings, state: PolicyState
     # the window's mean lags the arrivals by half the window: the trend carries it to now
     level = max(0.0, sum(last) / len(last) + trend * LEVEL_WINDOW_S / 2)
     ahead = replace(fleet, arrivals_rps=level + trend * fleet.warm_s)
+    state, surge = _surge(state, obs.now_s, level, fleet.warm_s)
     up = fewest_meeting(ahead, target_s, settings)
     if up is None or up > obs.workers:
         return _up(obs, settings, state, up, ahead, target_s)
@@ -100,10 +111,39 @@ def target_policy(obs: Observation, settings: PolicySettings, state: PolicyState
     steady = replace(fleet, arrivals_rps=max(sum(window) / len(window), ahead.arrivals_rps))
     down = fewest_meeting(steady, target_s * settings.target_down_fraction, settings)
     if down is not None and down < obs.workers:
+        down = max(down, fewest_absorbing(steady, surge, target_s, settings, obs.workers))
+    if down is not None and down < obs.workers:
         return _down(obs, settings, state, load, down, steady.arrivals_rps)
     p99_ms = predicted_p99_s(fleet, obs.workers) * 1000
     reason = f"steady: {obs.workers} workers predict p99 {p99_ms:.0f} ms <= {target_s * 1000:g} ms"
     return finish(obs, settings, state, obs.workers, reason + _about(fleet))
+
+
+def fewest_absorbing(
+    fleet: Fleet, surge_rps: float, target_s: float, settings: PolicySettings, upto: int
+) -> int:
+    """The fewest workers (at most ``upto``) that, should the arrivals jump by ``surge_rps``
+    now, keep the target while every worker the bounds allow warms up to help."""
+    if surge_rps <= 0:
+        return settings.min_workers
+    jumped = replace(fleet, arrivals_rps=fleet.arrivals_rps + surge_rps)
+    for workers in range(settings.min_workers, upto):
+        if predicted_p99_s(replace(jumped, ready=workers), settings.max_workers) <= target_s:
+            return workers
+    return upto
+
+
+def _surge(
+    state: PolicyState, now_s: float, level: float, warm_s: float
+) -> tuple[PolicyState, float]:
+    """The largest rise of the arrivals within one warm-up over the last SURGE_MEMORY_S: a
+    fleet shrunk below what absorbs it would miss the target when it comes again."""
+    means = recent(state.means, now_s, level, max(warm_s, LEVEL_WINDOW_S))
+    # less two standard deviations of a Poisson rate's mean over the level window: noise
+    noise = 2.0 * math.sqrt(level / LEVEL_WINDOW_S)
+    rise = max(0.0, level - min(v for _, v in means) - noise)
+    rises = recent(state.rises, now_s, rise, SURGE_MEMORY_S)
+    return replace(state, means=means, rises=rises), max(v for _, v in rises)
 
 
 def fewest_meeting(fleet: Fleet, target_s: float, settings: PolicySettings) -> int | None:
