@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from inferfleet.worker.embedded import EmbeddedRedis
 from inferfleet.worker.fleet import traces
 from inferfleet.worker.fleet.replay import ReplayResult, ServiceModel, replay
 from inferfleet.worker.fleet.scaling import PolicySettings
+from inferfleet.worker.fleet.waits import Fleet, predicted_p99_s
 from inferfleet.worker.heartbeat import read_heartbeats
 from inferfleet.worker.keys import supervisor_key
 
@@ -130,7 +131,29 @@ def replay_trace(name: str, args: argparse.Namespace, service: ServiceModel) -> 
         knobs, result, summary = best
         rows.append({"policy": kind, "setting": knobs, "meets": True, **summary})
         results[kind] = result
-    return {"trace": name, "requests": len(times), "rows": rows, "results": results}
+    oracle = oracle_worker_s(times, seconds, service, target_s)
+    return {
+        "trace": name,
+        "requests": len(times),
+        "oracle_worker_s": oracle,
+        "rows": rows,
+        "results": results,
+    }
+
+
+def oracle_worker_s(
+    times: np.ndarray, seconds: float, service: ServiceModel, target_s: float
+) -> float:
+    """A floor no policy reaches: each second, the fewest workers whose steady p99 at that
+    second's arrivals meets the target, as if the arrivals were known and workers warm at once."""
+    total = 0
+    for count in traces.rates_per_second(times, seconds):
+        fleet = Fleet(float(count), service.capacity_rps, 0, 0, 0.0, service.batch_time(1))
+        workers = 1
+        while predicted_p99_s(replace(fleet, ready=workers), workers) > target_s:
+            workers += 1
+        total += workers
+    return float(total)
 
 
 def saving(rows: list[dict[str, Any]]) -> str:
@@ -149,7 +172,7 @@ def table(trace: dict[str, Any], target_ms: float) -> str:
     """The trace's rows as markdown."""
     lines = [
         f"**{trace['trace']}** ({trace['requests']:,} requests; target p99 {target_ms:g} ms: "
-        f"{saving(trace['rows'])})",
+        f"{saving(trace['rows'])}; the oracle's floor {trace['oracle_worker_s']:,.0f} worker-s)",
         "",
         "| policy | setting (tuned) | meets | worker-s | p50 ms | p99 ms | over target | events |",
         "|---|---|---|---:|---:|---:|---:|---:|",
@@ -482,8 +505,14 @@ def main(argv: list[str] | None = None) -> None:
     sub.choices["zero"].add_argument("--runs", type=int, default=3)
     sub.choices["trace"].set_defaults(out="bench-out/autoscale/bursts.txt")
     args = parser.parse_args(argv)
+    unknown = [k for k in getattr(args, "policies", "").split(",") if k and k not in GRIDS]
+    if unknown:
+        parser.error(f"unknown policies {unknown}: one of {', '.join(GRIDS)}")
     commands = {"replay": cmd_replay, "real": cmd_real, "zero": cmd_zero, "trace": cmd_trace}
-    commands[args.command](args)
+    try:
+        commands[args.command](args)
+    except ValueError as exc:  # a trace name or file that is not one, a bad number
+        parser.error(str(exc))
 
 
 if __name__ == "__main__":

@@ -234,3 +234,39 @@ def test_bench_online_measures_every_mode_and_refuses_an_unknown_one(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert refused.returncode == 2 and "unknown modes ['tasks']" in refused.stderr
+
+
+AUTOSCALE = [sys.executable, "-m", "benchmarks.bench_autoscale"]
+
+
+def test_bench_autoscale_replays_every_policy_on_named_traces_and_a_users_file(tmp_path):
+    """``bench_autoscale trace`` writes a user's file of Unix times; ``replay`` runs every
+    policy on it and on a named trace, tuning the baselines, with the oracle's floor and a plot
+    of each; a trace that is neither a name nor a file is refused in one line."""
+    trace = tmp_path / "bursts.txt"
+    wrote = subprocess.run(
+        [*AUTOSCALE, "trace", "--seconds", "60", "--peak-rps", "60", "--out", str(trace)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert wrote.returncode == 0, wrote.stderr[-3000:]
+    assert float(trace.read_text().splitlines()[1]) > 1e9  # Unix times, as a user's log has
+    done = subprocess.run(
+        [*AUTOSCALE, "replay", "--traces", f"flash,{trace}", "--seconds", "60",
+         "--peak-rps", "60", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "replay.json").read_text())
+    assert [r["trace"] for r in report] == ["flash", str(trace)]
+    for entry in report:
+        assert [r["policy"] for r in entry["rows"]] == ["target", "lag", "article", "keda"]
+        assert entry["oracle_worker_s"] > 0
+        assert all(r["requests"] == entry["requests"] > 0 for r in entry["rows"])
+    assert (tmp_path / "replay-flash.png").stat().st_size > 0
+    assert (tmp_path / "replay-bursts.png").stat().st_size > 0
+    refused = subprocess.run(
+        [*AUTOSCALE, "replay", "--traces", "weekly", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "unknown trace 'weekly'" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -117,6 +117,26 @@ def test_burst_scales_up_drains_and_scales_back_down(
     assert len(names) <= 2  # drained workers left the group (one may be mid-exit)
 
 
+@pytest.mark.timeout(240)
+def test_the_target_policy_scales_an_idle_fleet_to_zero_and_wakes_it_for_one_request(
+    run_supervisor, redis_url, redis_client, monkeypatch
+):
+    monkeypatch.setenv("SLOW_BATCH_S", "0.02")
+    policy = PolicySettings(
+        kind="target", min_workers=0, max_workers=2, down_cooldown_s=2.0, target_p99_ms=500
+    )
+    supervisor = run_supervisor("tests.handlers:Slow", policy)
+    keys = QueueKeys("q")
+    producer = Producer(redis_url, "q")
+    first = producer.submit(np.full((1, 4), 1.0, np.float32))  # wakes the fleet from nothing
+    np.testing.assert_array_equal(producer.result(first, timeout_s=120).outputs, 2.0)
+    wait_until(lambda: alive_workers(supervisor) == 0, 120, "the idle fleet to reach zero")
+    assert read_heartbeats(redis_client, keys) == []  # drained, not just forgotten
+    rid = producer.submit(np.full((1, 4), 3.0, np.float32))
+    np.testing.assert_array_equal(producer.result(rid, timeout_s=120).outputs, 6.0)
+    assert alive_workers(supervisor) >= 1
+
+
 def test_killed_worker_is_replaced(run_supervisor, redis_url, redis_client, models_dir):
     policy = PolicySettings(kind="fixed", min_workers=2, max_workers=2)
     supervisor = run_supervisor(str(models_dir / "affine.pt"), policy)
