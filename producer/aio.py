@@ -16,6 +16,7 @@ from inferfleet.producer import defaults, errors
 from inferfleet.producer.base import ProducerBase, missing_reply_message, sum_shards
 from inferfleet.producer.bulk import InOrder, MapRun, place
 from inferfleet.producer.connections import (
+    aclose_client,
     block_slices,
     connect_async,
     translate_errors,
@@ -404,7 +405,7 @@ class AsyncProducer(ProducerBase):
         if not self._closed:
             await self._replies.aclose()
             if self._owns_client:
-                await self.redis.aclose()
+                await aclose_client(self.redis)
         self._closed = True
 
     async def __aenter__(self) -> AsyncProducer:

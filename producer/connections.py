@@ -34,11 +34,14 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from inferfleet.producer import errors
+from inferfleet.producer.sentinel import SentinelURL, is_sentinel_url, parse_sentinel_url
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -51,6 +54,9 @@ __all__ = [
     "client_options",
     "connect",
     "connect_async",
+    "close_client",
+    "aclose_client",
+    "open_client",
     "redis_url",
     "refusal",
     "socket_timeout_for",
@@ -125,14 +131,68 @@ def client_options(block_s: float = 0.0, health_check_s: int = 0) -> dict[str, A
 
 def connect(url: str, cluster: bool = False) -> Any:
     """A redis.Redis, or a RedisCluster when asked, with redis-py's command retries off."""
-    factory = RedisCluster.from_url if cluster else redis.Redis.from_url
-    return factory(url, retry=Retry(NoBackoff(), 0), **client_options(MAX_BLOCK_S))
+    return open_client(url, cluster, client_options(MAX_BLOCK_S))
 
 
 def connect_async(url: str, cluster: bool = False) -> Any:
     """The asyncio twin of :func:`connect`."""
-    factory = AsyncRedisCluster.from_url if cluster else aioredis.Redis.from_url
-    return factory(url, retry=AsyncRetry(NoBackoff(), 0), **client_options(MAX_BLOCK_S))
+    return open_client(url, cluster, client_options(MAX_BLOCK_S), asyncio=True)
+
+
+def open_client(url: str, cluster: bool, options: dict[str, Any], asyncio: bool = False) -> Any:
+    """The one place a client is made from a URL: a Redis, a RedisCluster, or the primary a
+    Sentinel URL names (:mod:`~inferfleet.producer.sentinel`), each with redis-py's command
+    retries off and ``options`` (:func:`client_options`). ValueError for a bad URL."""
+    retry = AsyncRetry(NoBackoff(), 0) if asyncio else Retry(NoBackoff(), 0)
+    if is_sentinel_url(url):
+        if cluster:
+            raise ValueError("a Sentinel URL names one primary, not a cluster: drop --cluster")
+        return _primary(parse_sentinel_url(url), retry, options, asyncio)
+    if cluster:
+        factory = AsyncRedisCluster.from_url if asyncio else RedisCluster.from_url
+    else:
+        factory = aioredis.Redis.from_url if asyncio else redis.Redis.from_url
+    return factory(url, retry=retry, **options)
+
+
+def close_client(client: Any) -> None:
+    """Close ``client``'s connections, and its Sentinels' where a Sentinel URL made it."""
+    client.close()
+    for sentinel in _sentinels_of(client):
+        sentinel.close()
+
+
+async def aclose_client(client: Any) -> None:
+    """The asyncio twin of :func:`close_client`."""
+    await client.aclose()
+    for sentinel in _sentinels_of(client):
+        await sentinel.aclose()
+
+
+def _sentinels_of(client: Any) -> list[Any]:
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    return list(getattr(manager, "sentinels", []))
+
+
+def _primary(target: SentinelURL, retry: Any, options: dict[str, Any], asyncio: bool) -> Any:
+    """A client of the primary the Sentinels name, asked again on every new connection."""
+    sentinel_kwargs = {
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "username": target.sentinel_username,
+        "password": target.sentinel_password,
+    }
+    cls = AsyncSentinel if asyncio else Sentinel
+    sentinels = cls(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)
+    return sentinels.master_for(
+        target.service,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        ssl=target.tls,
+        retry=retry,
+        **options,
+    )
 
 
 def refusal(message: str) -> errors.InferfleetError | None:

@@ -17,6 +17,7 @@ from inferfleet.producer.base import ProducerBase, missing_reply_message, sum_sh
 from inferfleet.producer.bulk import InOrder, MapRun, place
 from inferfleet.producer.connections import (
     block_slices,
+    close_client,
     connect,
     translate_errors,
 )
@@ -468,7 +469,7 @@ class Producer(ProducerBase):
         if not self._closed:
             self._replies.close()
             if self._owns_client:
-                self.redis.close()
+                close_client(self.redis)
         self._closed = True
 
     def __enter__(self) -> Producer:

@@ -73,7 +73,8 @@ class WorkerSettings:
     redis_url: str = field(
         default_factory=lambda: os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
         metadata={
-            "help": f"Redis URL (redis://, rediss://, unix://); default {DEFAULT_REDIS_URL}.",
+            "help": f"Redis URL (redis://, rediss://, unix://, redis+sentinel://HOST:PORT,.../"
+            f"SERVICE/DB); default {DEFAULT_REDIS_URL}.",
             "env": "REDIS_URL",
         },
     )

@@ -39,15 +39,13 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.retry import Retry
 
 from inferfleet.producer.connections import (
     HEALTH_CHECK_INTERVAL_S,
     MAX_BLOCK_S,
     client_options,
+    open_client,
     redis_url,
 )
 from inferfleet.worker.errors import ServerTooOld
@@ -73,8 +71,8 @@ log = logging.getLogger(__name__)
 
 
 def _connect(url: str, cluster: bool, block_s: float, health_check_s: int = 0) -> redis.Redis:
-    factory = RedisCluster.from_url if cluster else redis.Redis.from_url
-    return factory(url, retry=Retry(NoBackoff(), 0), **client_options(block_s, health_check_s))
+    client: redis.Redis = open_client(url, cluster, client_options(block_s, health_check_s))
+    return client
 
 
 def worker_client(url: str, cluster: bool = False, block_s: float = 0.0) -> redis.Redis:

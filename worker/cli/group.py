@@ -14,17 +14,19 @@ from typing import Any
 
 import click
 
+from inferfleet.producer.sentinel import SENTINEL_SCHEMES
+
 __all__ = ["InferfleetGroup", "SECTIONS", "check_redis_url", "with_hint"]
 
 #: Help headings, in order, and the commands under each.
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "Serve a model": ("worker", "supervise", "save-model"),
+    "Serve a model": ("worker", "supervise", "scaler", "save-model"),
     "Send requests": ("enqueue", "result"),
     "Watch and manage a queue": ("status", "dead", "alerts", "swap"),
     "Measure": ("bench",),
 }
 
-_SCHEMES = ("redis://", "rediss://", "unix://")
+_SCHEMES = ("redis://", "rediss://", "unix://", *SENTINEL_SCHEMES)
 
 #: (what a Redis error says, what to do about it)
 _HINTS = (
@@ -60,7 +62,7 @@ def check_redis_url(ctx: click.Context, param: click.Parameter, value: str | Non
         fixed = f"redis://{value}" if "/" not in value else f"redis://{value.split('://')[-1]}"
         raise click.BadParameter(
             f"{value!r} needs a scheme: {fixed}{'/0' if '/' not in value else ''} "
-            f"(or rediss:// for TLS, unix:// for a socket)"
+            f"(or rediss:// for TLS, unix:// for a socket, redis+sentinel:// for Sentinels)"
         )
     return value
 

@@ -1,0 +1,193 @@
+"""Redis Sentinel, with real servers on loopback: a primary, a replica and three Sentinels
+(the finder's server binary in ``--sentinel`` mode). Every part that takes a Redis URL takes a
+Sentinel URL, and a worker and a producer follow a failover without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from inferfleet.producer import AsyncProducer, Producer
+from inferfleet.worker.embedded import EmbeddedRedis, find_redis_server, free_port
+from tests.conftest import ROOT, stop_process, worker_env
+from tests.helpers import wait_until
+
+SERVICE = "mymaster"
+
+
+@dataclass
+class SentinelSet:
+    primary: EmbeddedRedis
+    replica: EmbeddedRedis
+    ports: list[int]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return f"redis+sentinel://{hosts}/{SERVICE}/0"
+
+    def primary_port(self) -> int:
+        answer = redis.Redis(port=self.ports[0]).sentinel_get_master_addr_by_name(SERVICE)
+        return int(answer[1])
+
+
+def _sentinel(
+    binary: str, port: int, primary_port: int, workdir: Path, extra: str = ""
+) -> subprocess.Popen:
+    conf = workdir / f"sentinel-{port}.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {workdir}\n"
+        f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n"
+        f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+        f"sentinel failover-timeout {SERVICE} 10000\n{extra}"
+    )
+    return subprocess.Popen(
+        [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+@pytest.fixture
+def sentinels(tmp_path: Path) -> Iterator[SentinelSet]:
+    binary = find_redis_server()
+    assert binary, "no Redis 7+ server: ./scripts/setup installs one"
+    primary = EmbeddedRedis().start()
+    replica = EmbeddedRedis(extra_args=("--replicaof", "127.0.0.1", str(primary.port))).start()
+    ports = [free_port() for _ in range(3)]
+    procs = [_sentinel(binary, port, primary.port, tmp_path) for port in ports]
+    found = SentinelSet(primary, replica, ports)
+    try:
+        wait_until(lambda: _sees_replica(found), 30, "the Sentinels to find the replica")
+        yield found
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        replica.stop()
+        primary.stop()
+
+
+def _sees_replica(found: SentinelSet) -> bool:
+    try:
+        replicas = redis.Redis(port=found.ports[0]).sentinel_slaves(SERVICE)
+        return (
+            len(replicas) == 1
+            and redis.Redis(port=found.replica.port).info("replication").get("master_link_status")
+            == "up"
+        )
+    except redis.exceptions.ConnectionError:
+        return False
+
+
+def test_a_worker_and_a_producer_follow_a_killed_primary_without_a_restart(
+    sentinels: SentinelSet,
+) -> None:
+    consumer = "sentinel-worker"
+    env = worker_env(sentinels.url)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "inferfleet", "worker", "--name", "fo", "--model",
+         "tests.handlers:Scale", "--consumer", consumer, "--idle-block-ms", "200"],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        with Producer(sentinels.url, "fo") as producer:
+            before = [
+                producer.infer(np.full((1, 4), i, np.float32), timeout_s=60) for i in range(20)
+            ]
+            assert [float(r[0, 0]) for r in before] == [2.0 * i for i in range(20)]
+            os.kill(sentinels.primary.pid, signal.SIGKILL)  # type: ignore[arg-type]
+            wait_until(
+                lambda: sentinels.primary_port() == sentinels.replica.port,
+                60,
+                "the Sentinels to promote the replica",
+            )
+            (after,) = wait_until(lambda: _answered(producer), 60, "an answer from the new primary")
+            assert float(after[0, 0]) == 200.0
+            more = [producer.infer(np.full((1, 4), i, np.float32), timeout_s=60) for i in range(20)]
+            assert [float(r[0, 0]) for r in more] == [2.0 * i for i in range(20)]
+        assert worker.poll() is None, "the worker exited instead of following the failover"
+        groups = redis.Redis(port=sentinels.replica.port).xinfo_consumers(
+            "inferfleet:{fo}:requests", "workers"
+        )
+        assert consumer in {g["name"].decode() for g in groups}
+    finally:
+        stop_process(worker)
+        assert worker.stderr is not None
+        worker.stderr.close()
+
+
+def _answered(producer: Producer):
+    """One request's reply, or None while the failover still shows as a connection error."""
+    from inferfleet.producer.errors import ConnectionError as SdkConnectionError
+
+    try:
+        return (producer.infer(np.full((1, 4), 100.0, np.float32), timeout_s=10),)
+    except SdkConnectionError:
+        return None
+
+
+def test_the_supervisor_the_cli_and_the_async_sdk_take_a_sentinel_url(
+    sentinels: SentinelSet,
+) -> None:
+    env = worker_env(sentinels.url)
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "inferfleet", "supervise", "--name", "sv", "--model",
+         "tests.handlers:Scale", "--policy", "fixed", "--min-workers", "1", "--devices", "cpu"],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+
+        async def one() -> float:
+            async with AsyncProducer(sentinels.url, "sv") as producer:
+                out = await producer.infer(np.full((1, 4), 4.0, np.float32), timeout_s=120)
+                return float(out[0, 0])
+
+        assert asyncio.run(one()) == 8.0
+        status = subprocess.run(
+            [sys.executable, "-m", "inferfleet", "status", "--name", "sv", "--json"],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        assert len(json.loads(status.stdout)["queues"][0]["workers"]) == 1
+    finally:
+        assert stop_process(supervisor, 60) == 0
+        assert supervisor.stderr is not None
+        supervisor.stderr.close()
+
+
+#: The Sentinels' ACL that docs/operations.md gives the fleet's users: SENTINEL MASTERS alone.
+SENTINEL_ACL = "user default off\nuser fleet on >sentinel-pw -@all +sentinel|masters\n"
+
+
+def test_the_documented_sentinel_acl_is_all_a_client_needs(tmp_path: Path) -> None:
+    binary = find_redis_server()
+    assert binary, "no Redis 7+ server: ./scripts/setup installs one"
+    port = free_port()
+    with EmbeddedRedis() as primary:
+        proc = _sentinel(binary, port, primary.port, tmp_path, SENTINEL_ACL)
+        try:
+            url = f"redis+sentinel://127.0.0.1:{port}/{SERVICE}/0"
+            auth = "?sentinel_username=fleet&sentinel_password=sentinel-pw"
+            with Producer(url + auth, "acl") as producer:
+                wait_until(lambda: _reaches(producer), 30, "the primary through the Sentinel")
+            with pytest.raises(Exception, match="No master found"):  # the Sentinel said NOAUTH
+                with Producer(url, "acl") as refused:
+                    refused.submit(np.ones((1, 4), np.float32))
+        finally:
+            stop_process(proc)
+
+
+def _reaches(producer: Producer) -> bool:
+    try:
+        return bool(producer.submit(np.ones((1, 4), np.float32)))
+    except Exception:  # noqa: BLE001 - the Sentinel still starting
+        return False
