@@ -48,6 +48,8 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from inferfleet.worker.errors import ConfigError
 
 __all__ = [
+    "DESIRED_WORKERS",
+    "DESIRED_WORKERS_HELP",
     "WorkerMetrics",
     "FleetMetrics",
     "worker_metrics",
@@ -437,6 +439,7 @@ class FleetMetrics:
         self.restarts = 0
         self.lag: int | None = None
         self.pending: int | None = None
+        self.desired: int | None = None
         self._stop_server: Callable[[], None] | None = None
 
     def start(self) -> None:
@@ -457,9 +460,18 @@ class FleetMetrics:
             self.path,
         )
 
-    def observed(self, workers: int, lag: int | None = None, pending: int | None = None) -> None:
-        """The supervisor's latest view: live worker processes, and the group's lag and pending."""
+    def observed(
+        self,
+        workers: int,
+        lag: int | None = None,
+        pending: int | None = None,
+        desired: int | None = None,
+    ) -> None:
+        """The supervisor's latest view: live worker processes, the group's lag and pending, and
+        the count its scaling policy asked for."""
         self.workers = workers
+        if desired is not None:
+            self.desired = desired
         if lag is not None:
             self.lag = lag
         if pending is not None:
@@ -489,6 +501,7 @@ class FleetMetrics:
         for name, value, doc in (
             ("inferfleet_queue_lag", self.lag, "Entries not yet delivered to group workers."),
             ("inferfleet_queue_pending", self.pending, "Entries delivered, not yet acknowledged."),
+            (DESIRED_WORKERS, self.desired, DESIRED_WORKERS_HELP),
         ):
             if value is not None:
                 gauge = GaugeMetricFamily(name, doc, labels=["queue"])
@@ -507,6 +520,12 @@ class FleetMetrics:
             self.path = None
 
 
+#: The count the scaling policy asks for: the supervisor's gauge, and what ``inferfleet scaler``
+#: serves to Prometheus beside its /desired (worker/fleet/scaler.py).
+DESIRED_WORKERS = "inferfleet_desired_workers"
+DESIRED_WORKERS_HELP = "Workers the scaling policy wants now."
+
+
 def metric_names() -> list[str]:
     """Every metric name a worker or a supervisor exports, as scraped (``_total`` on counters),
     sorted.
@@ -516,5 +535,7 @@ def metric_names() -> list[str]:
     """
     registry = CollectorRegistry()
     _Families(registry)
-    families = [*registry.collect(), *FleetMetrics("", 0).collect()]
+    fleet = FleetMetrics("", 0)
+    fleet.observed(0, lag=0, pending=0, desired=0)  # every gauge it can export, named
+    families = [*registry.collect(), *fleet.collect()]
     return sorted({f.name + "_total" if f.type == "counter" else f.name for f in families})

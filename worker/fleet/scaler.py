@@ -35,6 +35,7 @@ from inferfleet.worker.errors import ConfigError
 from inferfleet.worker.fleet.observe import observe
 from inferfleet.worker.fleet.scaling import PolicySettings, PolicyState, desired_workers
 from inferfleet.worker.heartbeat import read_heartbeats
+from inferfleet.worker.metrics import DESIRED_WORKERS, DESIRED_WORKERS_HELP
 
 __all__ = ["Scaler", "serve_scaler"]
 
@@ -103,9 +104,9 @@ class Scaler:
         """The Prometheus exposition of the desired count."""
         desired = self.report()["desired"]
         return (
-            "# HELP inferfleet_desired_workers Workers the scaling policy wants now.\n"
-            "# TYPE inferfleet_desired_workers gauge\n"
-            f'inferfleet_desired_workers{{queue="{queue}"}} {desired}\n'
+            f"# HELP {DESIRED_WORKERS} {DESIRED_WORKERS_HELP}\n"
+            f"# TYPE {DESIRED_WORKERS} gauge\n"
+            f'{DESIRED_WORKERS}{{queue="{queue}"}} {desired}\n'
         ).encode()
 
 

@@ -287,6 +287,7 @@ class Supervisor:
                 sum(1 for s in self.slots if s.alive),
                 obs.lag if obs else None,
                 obs.pending if obs else None,
+                self.last_decision.workers if self.last_decision else None,
             )
 
     def _prune(self) -> None:
