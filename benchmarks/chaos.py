@@ -8,7 +8,8 @@ pushes requests, breaks something, and counts what came back:
 * ``kill``:   SIGKILL a random worker every second while requests flow;
 * ``redis``:  SIGKILL redis-server mid-run and start it again (AOF, fsync always);
 * ``poison``: one request kills every worker that computes it, others keep flowing;
-* ``swap``:   hot swaps and a rollback while a random worker is SIGKILLed every second.
+* ``swap``:   hot swaps and a rollback while a random worker is SIGKILLed every second;
+* ``failover``, ``switchover``: the primary behind Sentinels SIGKILLed, or switched over.
 
 Every scenario reports requests, answered, lost (no reply), duplicated (more
 than one reply in a reply list: every list read again at the end, once the
@@ -22,6 +23,11 @@ tests/integration/test_reliability.py run the same functions smaller and assert 
     python -m benchmarks.chaos redis --requests 3000
     python -m benchmarks.chaos poison --requests 2000
     python -m benchmarks.chaos swap --requests 4000
+    python -m benchmarks.chaos failover --requests 4000
+    python -m benchmarks.chaos switchover --requests 4000
+
+``failover`` and ``switchover`` run the fleet and the producer on a Sentinel URL: a primary, a
+replica and three Sentinels; the primary is SIGKILLed, or handed over by SENTINEL FAILOVER.
 """
 
 from __future__ import annotations
@@ -43,11 +49,13 @@ import numpy as np
 import redis
 
 from inferfleet.producer import Producer, errors
+from inferfleet.producer.connections import close_client, connect
 from inferfleet.producer.protocol import GROUP, QueueKeys, decode_reply
 from inferfleet.worker.embedded import EmbeddedRedis
 from inferfleet.worker.heartbeat import read_heartbeats
 from inferfleet.worker.serving.lifecycle import publish, rollback
 from tests.fixtures.example_handlers import POISON
+from tests.fixtures.sentinels import SERVICE, SentinelSet
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +97,7 @@ def fleet(
         *extra,
     ]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
-    client = redis.Redis.from_url(url)
+    client = connect(url)  # a Sentinel URL too
     try:
         wait_for(lambda: len(read_heartbeats(client, KEYS)) >= workers, 120, "the fleet to start")
         yield proc
@@ -99,7 +107,7 @@ def fleet(
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-        client.close()
+        close_client(client)
 
 
 def wait_for(predicate, timeout_s: float, what: str) -> None:
@@ -345,11 +353,61 @@ def scenario_swap(requests: int = 4000, workers: int = 3, kill_every_s: float = 
     return result
 
 
+def scenario_failover(requests: int = 4000, workers: int = 2, planned: bool = False) -> dict:
+    """Requests flow through a Sentinel URL; the primary is SIGKILLed mid-run (``planned``:
+    ``SENTINEL FAILOVER`` instead), the Sentinels promote the replica, and the fleet and the
+    producer follow it without a restart. Replication is asynchronous: what the primary had
+    accepted but not yet sent to the replica is lost (or answered on the old primary only)."""
+    with SentinelSet() as sentinels, fleet(sentinels.url, workers):
+        accepted: dict[str, int] = {}
+        feeder = threading.Thread(target=feed, args=(sentinels.url, requests, 600, accepted))
+        feeder.start()
+        time.sleep(1.5)
+        broke = time.monotonic()
+        if planned:
+            redis.Redis(port=sentinels.ports[0]).sentinel_failover(SERVICE)
+        else:
+            os.kill(sentinels.primary.pid or 0, signal.SIGKILL)
+        promoted_s = sentinels.wait_promoted()
+        first_reply_s = _first_reply_s(sentinels.url, broke)
+        feeder.join()
+        client = connect(sentinels.url)
+        result = tally(client, accepted, 120)
+        result.update(
+            failover="SENTINEL FAILOVER" if planned else "primary SIGKILLed",
+            promoted_s=round(promoted_s, 2),
+            first_reply_after_failure_s=round(first_reply_s, 2),
+        )
+        close_client(client)
+    return result
+
+
+def scenario_switchover(requests: int = 4000, workers: int = 2) -> dict:
+    """``failover`` planned: SENTINEL FAILOVER while the primary is healthy."""
+    return scenario_failover(requests, workers, planned=True)
+
+
+def _first_reply_s(url: str, since: float) -> float:
+    """Seconds from ``since`` until a new request is answered through ``url``."""
+    probe = Producer(url, NAME, default_deadline_s=None)
+    try:
+        while True:
+            try:
+                probe.result(probe.submit(inputs_for(0)), timeout_s=5)
+                return time.monotonic() - since
+            except (errors.ConnectionError, errors.InferfleetError):
+                time.sleep(0.05)  # still failing over: the request may not have been accepted
+    finally:
+        probe.close()
+
+
 SCENARIOS = {
     "kill": scenario_kill,
     "redis": scenario_redis,
     "poison": scenario_poison,
     "swap": scenario_swap,
+    "failover": scenario_failover,
+    "switchover": scenario_switchover,
 }
 
 

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,71 +20,14 @@ import redis
 from inferfleet.producer import AsyncProducer, Producer
 from inferfleet.worker.embedded import EmbeddedRedis, find_redis_server, free_port
 from tests.conftest import ROOT, stop_process, worker_env
+from tests.fixtures.sentinels import SERVICE, SentinelSet, sentinel_process
 from tests.helpers import wait_until
-
-SERVICE = "mymaster"
-
-
-@dataclass
-class SentinelSet:
-    primary: EmbeddedRedis
-    replica: EmbeddedRedis
-    ports: list[int]
-
-    @property
-    def url(self) -> str:
-        hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports)
-        return f"redis+sentinel://{hosts}/{SERVICE}/0"
-
-    def primary_port(self) -> int:
-        answer = redis.Redis(port=self.ports[0]).sentinel_get_master_addr_by_name(SERVICE)
-        return int(answer[1])
-
-
-def _sentinel(
-    binary: str, port: int, primary_port: int, workdir: Path, extra: str = ""
-) -> subprocess.Popen:
-    conf = workdir / f"sentinel-{port}.conf"
-    conf.write_text(
-        f"port {port}\nbind 127.0.0.1\ndir {workdir}\n"
-        f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n"
-        f"sentinel down-after-milliseconds {SERVICE} 1000\n"
-        f"sentinel failover-timeout {SERVICE} 10000\n{extra}"
-    )
-    return subprocess.Popen(
-        [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
 
 
 @pytest.fixture
-def sentinels(tmp_path: Path) -> Iterator[SentinelSet]:
-    binary = find_redis_server()
-    assert binary, "no Redis 7+ server: ./scripts/setup installs one"
-    primary = EmbeddedRedis().start()
-    replica = EmbeddedRedis(extra_args=("--replicaof", "127.0.0.1", str(primary.port))).start()
-    ports = [free_port() for _ in range(3)]
-    procs = [_sentinel(binary, port, primary.port, tmp_path) for port in ports]
-    found = SentinelSet(primary, replica, ports)
-    try:
-        wait_until(lambda: _sees_replica(found), 30, "the Sentinels to find the replica")
+def sentinels() -> Iterator[SentinelSet]:
+    with SentinelSet() as found:
         yield found
-    finally:
-        for proc in procs:
-            stop_process(proc)
-        replica.stop()
-        primary.stop()
-
-
-def _sees_replica(found: SentinelSet) -> bool:
-    try:
-        replicas = redis.Redis(port=found.ports[0]).sentinel_slaves(SERVICE)
-        return (
-            len(replicas) == 1
-            and redis.Redis(port=found.replica.port).info("replication").get("master_link_status")
-            == "up"
-        )
-    except redis.exceptions.ConnectionError:
-        return False
 
 
 def test_a_worker_and_a_producer_follow_a_killed_primary_without_a_restart(
@@ -105,16 +47,13 @@ def test_a_worker_and_a_producer_follow_a_killed_primary_without_a_restart(
             ]
             assert [float(r[0, 0]) for r in before] == [2.0 * i for i in range(20)]
             os.kill(sentinels.primary.pid, signal.SIGKILL)  # type: ignore[arg-type]
-            wait_until(
-                lambda: sentinels.primary_port() == sentinels.replica.port,
-                60,
-                "the Sentinels to promote the replica",
-            )
+            sentinels.wait_promoted()
             (after,) = wait_until(lambda: _answered(producer), 60, "an answer from the new primary")
             assert float(after[0, 0]) == 200.0
             more = [producer.infer(np.full((1, 4), i, np.float32), timeout_s=60) for i in range(20)]
             assert [float(r[0, 0]) for r in more] == [2.0 * i for i in range(20)]
         assert worker.poll() is None, "the worker exited instead of following the failover"
+        assert sentinels.replica is not None
         groups = redis.Redis(port=sentinels.replica.port).xinfo_consumers(
             "inferfleet:{fo}:requests", "workers"
         )
@@ -173,7 +112,7 @@ def test_the_documented_sentinel_acl_is_all_a_client_needs(tmp_path: Path) -> No
     assert binary, "no Redis 7+ server: ./scripts/setup installs one"
     port = free_port()
     with EmbeddedRedis() as primary:
-        proc = _sentinel(binary, port, primary.port, tmp_path, SENTINEL_ACL)
+        proc = sentinel_process(binary, port, primary.port, tmp_path, SENTINEL_ACL)
         try:
             url = f"redis+sentinel://127.0.0.1:{port}/{SERVICE}/0"
             auth = "?sentinel_username=fleet&sentinel_password=sentinel-pw"
