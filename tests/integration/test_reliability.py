@@ -58,12 +58,13 @@ def test_hot_swaps_while_workers_are_killed_lose_nothing_and_name_their_version(
     assert result["sim-1"] > 0 and result["sim-2"] > 0, result
 
 
-def test_a_killed_primary_behind_sentinels_is_followed_and_what_it_loses_is_only_counted():
+@pytest.mark.parametrize("planned", [False, True], ids=["killed", "switched-over"])
+def test_a_primary_behind_sentinels_is_followed_and_what_it_loses_is_only_counted(planned):
     """Without durability (replication is asynchronous) a SIGKILLed primary may take accepted
-    requests with it: docs/reliability.md reports how many. What must hold: the fleet and the
-    producers follow the promoted replica without a restart, nothing stays pending, and no reply
-    is wrong."""
-    result = scenario_failover(requests=2000, workers=2)
+    requests with it, and a switched-over one takes what it accepts until it is demoted:
+    docs/reliability.md reports how many. What must hold: the fleet and the producers follow
+    the promoted replica without a restart, nothing stays pending, and no reply is wrong."""
+    result = scenario_failover(requests=2000, workers=2, planned=planned)
     assert result["promoted_s"] < 30, result
     assert result["first_reply_after_failure_s"] < 60, result
     assert result["unacknowledged"] == 0, result

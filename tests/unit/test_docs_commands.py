@@ -125,6 +125,9 @@ RUN_BY: dict[str, str] = {
         _RELIABILITY + "test_redis_crash_and_restart_with_aof_loses_no_accepted_request",
     r"^docs/reliability\.md: python -m benchmarks\.chaos poison ":
         _RELIABILITY + "test_a_request_that_kills_its_worker_is_dead_lettered_while_others_flow",
+    r"^docs/reliability\.md: python -m benchmarks\.chaos (failover|switchover) ":
+        _RELIABILITY
+        + "test_a_primary_behind_sentinels_is_followed_and_what_it_loses_is_only_counted",
     r"^docs/reliability\.md: python -m benchmarks\.chaos swap ":
         _RELIABILITY
         + "test_hot_swaps_while_workers_are_killed_lose_nothing_and_name_their_version",
