@@ -34,3 +34,16 @@ def test_a_sentinel_url_never_shows_its_password_in_an_error() -> None:
     with pytest.raises(ValueError) as caught:
         parse_sentinel_url("redis+sentinel://:hunter2@h1:x/main")
     assert "hunter2" not in str(caught.value)
+
+
+def test_the_cli_cuts_redis_pys_client_repr_and_says_what_to_check() -> None:
+    from inferfleet.worker.cli.group import with_hint
+
+    raw = (
+        "Redis error: No master found for 'mymaster' : <redis.client.Redis(<redis.connection."
+        "ConnectionPool(<redis.connection.Connection(db=0,host=127.0.0.1,port=1)>)>)> - "
+        "network:ConnectionError: Error 111 connecting to 127.0.0.1:1. Connection refused."
+    )
+    shown = with_hint(raw)
+    assert "<redis.client" not in shown and "No master found for 'mymaster'" in shown
+    assert "Connection refused" in shown and "are the Sentinels of the URL reachable" in shown

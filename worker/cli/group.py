@@ -10,6 +10,7 @@ stay click's (status 2).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -31,6 +32,11 @@ _SCHEMES = ("redis://", "rediss://", "unix://", *SENTINEL_SCHEMES)
 #: (what a Redis error says, what to do about it)
 _HINTS = (
     (
+        "No master found",
+        "no Sentinel named a primary: are the Sentinels of the URL reachable, do they monitor "
+        "that service name, and does the URL give their ?sentinel_password if they need one?",
+    ),
+    (
         "Cluster mode is not enabled",
         "this Redis is not a cluster: drop --cluster (and INFERFLEET_CLUSTER)",
     ),
@@ -49,7 +55,8 @@ _HINTS = (
 
 def with_hint(message: str) -> str:
     """``message`` with what to do appended when it is a Redis error we know."""
-    text = message.rstrip()
+    # redis-py's MasterNotFoundError carries its Sentinel client's whole repr: keep the sense
+    text = re.sub(r" : <redis\.client\.Redis\(.*\)>", "", message.rstrip())
     for needle, hint in _HINTS:
         if needle in text and hint not in text:
             return f"{text} ({hint})"
