@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,9 @@ import pytest
 import redis
 
 from inferfleet.producer import AsyncProducer, Producer
+from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.embedded import EmbeddedRedis, find_redis_server, free_port
+from inferfleet.worker.heartbeat import read_heartbeats
 from tests.conftest import ROOT, stop_process, worker_env
 from tests.fixtures.sentinels import SERVICE, SentinelSet, sentinel_process
 from tests.helpers import wait_until
@@ -46,6 +49,7 @@ def test_a_worker_and_a_producer_follow_a_killed_primary_without_a_restart(
                 producer.infer(np.full((1, 4), i, np.float32), timeout_s=60) for i in range(20)
             ]
             assert [float(r[0, 0]) for r in before] == [2.0 * i for i in range(20)]
+            killed_ms = time.time() * 1000
             os.kill(sentinels.primary.pid, signal.SIGKILL)  # type: ignore[arg-type]
             sentinels.wait_promoted()
             (after,) = wait_until(lambda: _answered(producer), 60, "an answer from the new primary")
@@ -54,10 +58,17 @@ def test_a_worker_and_a_producer_follow_a_killed_primary_without_a_restart(
             assert [float(r[0, 0]) for r in more] == [2.0 * i for i in range(20)]
         assert worker.poll() is None, "the worker exited instead of following the failover"
         assert sentinels.replica is not None
-        groups = redis.Redis(port=sentinels.replica.port).xinfo_consumers(
-            "inferfleet:{fo}:requests", "workers"
-        )
+        promoted = redis.Redis(port=sentinels.replica.port)
+        groups = promoted.xinfo_consumers("inferfleet:{fo}:requests", "workers")
         assert consumer in {g["name"].decode() for g in groups}
+        wait_until(  # its heartbeat beats on the new primary: status and the supervisor see it
+            lambda: any(
+                b.consumer == consumer and b.last_seen_ms > killed_ms
+                for b in read_heartbeats(promoted, QueueKeys("fo"))
+            ),
+            30,
+            "a heartbeat of the worker's written to the new primary",
+        )
     finally:
         stop_process(worker)
         assert worker.stderr is not None
