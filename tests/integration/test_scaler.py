@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from inferfleet.producer import Producer
+from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.fleet.observe import observe, tightest_budget_s
 from tests.conftest import ROOT, stop_process, worker_env
 from tests.helpers import wait_until
 
@@ -93,3 +95,20 @@ def test_a_bad_interval_or_a_taken_port_exits_with_one_clear_line(redis_url: str
         busy = start_scaler(redis_url, "--name", "kedaq", "--port", port)
         _, err = busy.communicate(timeout=60)
     assert busy.returncode == 1 and f"port {port}" in err and "Traceback" not in err
+
+
+def test_the_deadlines_the_newest_requests_carry_become_the_policys_budget(
+    redis_url: str, redis_client
+) -> None:
+    keys = QueueKeys("budgets")
+    x = np.ones((1, 4), np.float32)
+    with Producer(redis_url, "budgets", default_deadline_s=None) as producer:
+        for _ in range(10):
+            producer.submit(x)
+        assert tightest_budget_s(redis_client, keys) is None  # no deadline: no budget
+        redis_client.xadd(keys.requests, {"id": "odd", "body": b"", "deadline": b"soon"})
+        for _ in range(30):
+            producer.submit(x, deadline_s=0.15)
+    budget = tightest_budget_s(redis_client, keys)
+    assert budget is not None and 0.05 < budget <= 0.16  # the malformed one is passed over
+    assert observe(redis_client, keys, 1, 0.0).deadline_s == budget

@@ -1,8 +1,9 @@
 """What the supervisor observes each interval: the queue's lag and pending, the workers' rates.
 
 :func:`observe` reads them from Redis (the lanes' group info, the
-heartbeats) into the :class:`~inferfleet.worker.fleet.scaling_data.Observation`
-the pure policy decides on.
+heartbeats, the deadlines the newest requests carry) into the
+:class:`~inferfleet.worker.fleet.scaling_data.Observation` the pure policy
+decides on.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from collections.abc import Iterable, Sequence
 
 import redis
 
-from inferfleet.producer.protocol import QueueKeys
+from inferfleet.producer.errors import ProtocolError
+from inferfleet.producer.protocol import QueueKeys, parse_deadline
 from inferfleet.producer.sharing import read_lanes
 from inferfleet.worker.fleet.scaling_data import Observation
 from inferfleet.worker.heartbeat import read_heartbeats
 
-__all__ = ["observe"]
+__all__ = ["DEADLINE_SAMPLE", "observe", "tightest_budget_s"]
 
 
 def _lag_and_pending(client: redis.Redis, keys: QueueKeys) -> tuple[int | None, int, float]:
@@ -31,6 +33,27 @@ def _lag_and_pending(client: redis.Redis, keys: QueueKeys) -> tuple[int | None, 
     return lag, sum(lane.pending for lane in lanes), lanes[0].wait_s
 
 
+#: How many of a shard's newest requests the deadline sample reads (one XREVRANGE a second).
+DEADLINE_SAMPLE = 64
+
+
+def tightest_budget_s(client: redis.Redis, keys: QueueKeys) -> float | None:
+    """The time budget the newest requests carry, deadline less enqueue time (the entry id's
+    milliseconds): the 10th percentile of the sample, so one odd caller's tiny deadline does not
+    size the fleet alone; None when none of them carries a deadline."""
+    budgets = []
+    for entry_id, fields in client.xrevrange(keys.requests, count=DEADLINE_SAMPLE):
+        try:
+            deadline_ms = parse_deadline(fields.get(b"deadline"))
+        except ProtocolError:
+            continue  # the worker answers it bad_request; it says nothing of a budget
+        if deadline_ms is not None:
+            budgets.append(deadline_ms - int(entry_id.split(b"-")[0]))
+    if not budgets:
+        return None
+    return max(0.0, sorted(budgets)[len(budgets) // 10] / 1000)
+
+
 def observe(
     client: redis.Redis, keys: QueueKeys | Sequence[QueueKeys], workers: int, now_s: float
 ) -> Observation:
@@ -43,12 +66,14 @@ def observe(
     pending = 0
     high_wait_s = 0.0
     beats = []
+    budgets = []
     for one in [keys] if isinstance(keys, QueueKeys) else keys:
         shard_lag, shard_pending, shard_wait_s = _lag_and_pending(client, one)
         lag = None if lag is None or shard_lag is None else lag + shard_lag
         pending += shard_pending
         high_wait_s = max(high_wait_s, shard_wait_s)
         beats.extend(read_heartbeats(client, one))
+        budgets.append(tightest_budget_s(client, one))
     serving = [b for b in beats if b.state == "serving"]
     return Observation(
         now_s=now_s,
@@ -63,6 +88,7 @@ def observe(
         service_s=_ms_to_s(_median(b.batch_ms for b in serving)),
         batch_rows=_median(b.batch_rows for b in serving),
         max_rows=_int_or_none(_median(b.max_rows for b in serving)),
+        deadline_s=min((b for b in budgets if b is not None), default=None),
     )
 
 
