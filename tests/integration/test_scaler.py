@@ -12,6 +12,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+import redis
 
 from inferfleet.producer import Producer
 from inferfleet.producer.protocol import QueueKeys
@@ -112,3 +113,15 @@ def test_the_deadlines_the_newest_requests_carry_become_the_policys_budget(
     budget = tightest_budget_s(redis_client, keys)
     assert budget is not None and 0.05 < budget <= 0.16  # the malformed one is passed over
     assert observe(redis_client, keys, 1, 0.0).deadline_s == budget
+    # a user whose ACL lacks XRANGE: no budget, and the observation goes on
+    redis_client.execute_command(
+        "ACL", "SETUSER", "noxrange", "on", ">pw", "~*", "+@all", "-xrange"
+    )
+    try:
+        port = redis_client.connection_pool.connection_kwargs["port"]
+        limited = redis.Redis(port=port, username="noxrange", password="pw")
+        assert tightest_budget_s(limited, keys) is None
+        assert observe(limited, keys, 1, 0.0).deadline_s is None
+        limited.close()
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", "noxrange")

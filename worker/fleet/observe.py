@@ -8,6 +8,8 @@ decides on.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Sequence
 
 import redis
@@ -18,7 +20,9 @@ from inferfleet.producer.sharing import read_lanes
 from inferfleet.worker.fleet.scaling_data import Observation
 from inferfleet.worker.heartbeat import read_heartbeats
 
-__all__ = ["DEADLINE_SAMPLE", "observe", "tightest_budget_s"]
+__all__ = ["DEADLINE_SAMPLE", "DEADLINE_WINDOW_S", "observe", "tightest_budget_s"]
+
+log = logging.getLogger(__name__)
 
 
 def _lag_and_pending(client: redis.Redis, keys: QueueKeys) -> tuple[int | None, int, float]:
@@ -33,16 +37,37 @@ def _lag_and_pending(client: redis.Redis, keys: QueueKeys) -> tuple[int | None, 
     return lag, sum(lane.pending for lane in lanes), lanes[0].wait_s
 
 
-#: How many of a shard's newest requests the deadline sample reads (one XREVRANGE a second).
+#: How many of a shard's recent requests the deadline sample reads (one XRANGE a second)...
 DEADLINE_SAMPLE = 64
+#: ...of those enqueued in the last this many seconds.
+DEADLINE_WINDOW_S = 5.0
+_warned: set[str] = set()
 
 
-def tightest_budget_s(client: redis.Redis, keys: QueueKeys) -> float | None:
-    """The time budget the newest requests carry, deadline less enqueue time (the entry id's
-    milliseconds): the 10th percentile of the sample, so one odd caller's tiny deadline does not
-    size the fleet alone; None when none of them carries a deadline."""
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
+def tightest_budget_s(
+    client: redis.Redis, keys: QueueKeys, now_ms: float | None = None
+) -> float | None:
+    """The time budget recent requests carry, deadline less enqueue time (the entry id's
+    milliseconds): the 10th percentile of up to DEADLINE_SAMPLE requests enqueued in the last
+    DEADLINE_WINDOW_S, so one odd caller's tiny deadline does not size the fleet alone; None
+    when none of them carries a deadline, or the user may not read the stream.
+
+    XRANGE from a time, not XREVRANGE: the worker's and the operator's ACL (docs/security.md)
+    grant XRANGE only."""
+    since_ms = int((time.time() * 1000 if now_ms is None else now_ms) - DEADLINE_WINDOW_S * 1000)
+    try:
+        entries = client.xrange(keys.requests, min=f"{max(since_ms, 0)}-0", count=DEADLINE_SAMPLE)
+    except redis.exceptions.NoPermissionError as exc:
+        _warn_once(f"no deadline budgets for the scaling policy: {exc}")
+        return None
     budgets = []
-    for entry_id, fields in client.xrevrange(keys.requests, count=DEADLINE_SAMPLE):
+    for entry_id, fields in entries:
         try:
             deadline_ms = parse_deadline(fields.get(b"deadline"))
         except ProtocolError:
