@@ -2,6 +2,14 @@
 
 Its names are imported when first used, so that a command that never serves a
 model (``inferfleet status``, ``enqueue``...) does not import torch.
+
+This module is the package's public face, above the subpackages, and in no table
+of docs/architecture.md: what it imports when imported follows the shared
+modules' row (only shared modules and ``producer``), while ``__getattr__`` may
+hand out a name from any subpackage (``save_model`` lives in ``runtime/``, the
+torch boundary, where it belongs). In return no module of the package imports
+these names from here. tests/unit/test_architecture.py reads ``_HOMES`` and
+holds both rules.
 """
 
 from __future__ import annotations
