@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from inferfleet.producer.aio import AsyncProducer
 from inferfleet.producer.connections import DEFAULT_REDIS_URL
+from inferfleet.producer.durability import Durability
 from inferfleet.producer.errors import (
     BadRequest,
     Cancelled,
@@ -20,6 +21,7 @@ from inferfleet.producer.errors import (
     Expired,
     InferfleetError,
     ModelError,
+    NotReplicated,
     Overloaded,
     ProtocolError,
     QueueFull,
@@ -41,9 +43,11 @@ __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_REDIS_URL",
     "DeadLetter",
+    "Durability",
     "Expired",
     "InferfleetError",
     "ModelError",
+    "NotReplicated",
     "Overloaded",
     "Producer",
     "ProtocolError",

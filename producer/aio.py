@@ -22,6 +22,7 @@ from inferfleet.producer.connections import (
     translate_errors,
 )
 from inferfleet.producer.connections import redis_url as resolve_url
+from inferfleet.producer.durability import Durability, confirmed
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
     BodyEncoder,
@@ -35,7 +36,7 @@ from inferfleet.producer.sharing import (
     limits_key,
     validate_priority,
 )
-from inferfleet.producer.transport import Round, arun
+from inferfleet.producer.transport import Round, arun, raise_first_error
 from inferfleet.producer.writes import AsyncWriteBatcher
 
 __all__ = ["AsyncProducer"]
@@ -58,9 +59,18 @@ class AsyncProducer(ProducerBase):
         shards: int = defaults.SHARDS,
         cluster: bool = False,
         tenant: str | None = None,
+        durability: Durability | None = None,
     ) -> None:
         super().__init__(
-            name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards, tenant
+            name,
+            prefix,
+            default_deadline_s,
+            max_backlog,
+            on_full,
+            full_wait_s,
+            shards,
+            tenant,
+            durability,
         )
         self._owns_client = client is None
         self.cluster = cluster or isinstance(client, AsyncRedisCluster)
@@ -72,7 +82,25 @@ class AsyncProducer(ProducerBase):
     def _fresh_io(self) -> None:
         self._limits_reading: asyncio.Future | None = None
         self._replies = AsyncReplyReader(self.redis, self.inboxes, self.cluster)
-        self._writes = AsyncWriteBatcher(lambda round_: arun(self.redis, round_, keep_errors=True))
+        self._writes = AsyncWriteBatcher(self._send_round)
+
+    async def _send_round(self, round_: Round, keep_errors: bool = True) -> list[Any]:
+        """The twin of :meth:`Producer._send_round
+        <inferfleet.producer.sync.Producer._send_round>`."""
+        writes = round_.replies
+        waits = self.durable_waits(round_)
+        replies = await arun(self.redis, round_, keep_errors=True)
+        return await self._confirmed(replies, writes, waits, keep_errors)
+
+    async def _confirmed(self, replies: list, writes: int, waits: int, keep_errors: bool) -> list:
+        """``replies`` with durability's verdict applied; after a shortfall the idle connections
+        are closed, so the next call finds the primary again."""
+        out = confirmed(replies, writes, waits, self.durability)
+        if waits and any(isinstance(one, errors.NotReplicated) for one in out):
+            pool = getattr(self.redis, "connection_pool", None)  # a cluster follows MOVED
+            if pool is not None:
+                await pool.disconnect(inuse_connections=False)
+        return out if keep_errors else raise_first_error(out)
 
     def _reset_io(self) -> None:
         """In a forked child: new connections where this producer made its client (asyncio
@@ -251,7 +279,7 @@ class AsyncProducer(ProducerBase):
             await self._check_limits()
             sent, round_ = self._submit_round(batch, encoder, deadline_s, lane)
             with translate_errors():
-                await arun(self.redis, round_)
+                await self._send_round(round_, keep_errors=False)
             rids += sent
         return rids
 
@@ -358,8 +386,11 @@ class AsyncProducer(ProducerBase):
         batch = calls.fill(round_)
         if batch and on_send is not None:
             on_send(batch)
+        writes = round_.replies
+        waits = self.durable_waits(round_) if batch else 0
         with translate_errors():
-            await self._replies.read_for(round_ if batch else None, defaults.POLL_S)
+            sent = await self._replies.read_for(round_ if batch else None, defaults.POLL_S)
+            await self._confirmed(sent, writes, waits, False)
         items, box[:] = box[:], []
         replies: list[Reply] = []
         for item in items:

@@ -24,6 +24,7 @@ from inferfleet.producer.bulk import (
     ReplyScan,
     group_by_shard,
 )
+from inferfleet.producer.durability import Durability, queue_waits
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
     GROUP,
@@ -121,7 +122,10 @@ class ProducerBase:
         full_wait_s: float = defaults.FULL_WAIT_S,
         shards: int = defaults.SHARDS,
         tenant: str | None = None,
+        durability: Durability | None = None,
     ) -> None:
+        if durability is not None and not isinstance(durability, Durability):
+            raise TypeError(f"durability must be a Durability or None, got {durability!r}")
         if default_deadline_s is not None and default_deadline_s <= 0:
             raise ValueError(
                 f"default_deadline_s must be positive or None, got {default_deadline_s}"
@@ -143,6 +147,8 @@ class ProducerBase:
         self._library_loaded = False
         self.shards = shards
         self.name = name
+        #: wait for replicas to confirm every write (None: Redis's asynchronous replication)
+        self.durability = durability
         self.default_deadline_s = default_deadline_s
         self.max_backlog = max_backlog
         self.on_full = on_full
@@ -395,6 +401,22 @@ class ProducerBase:
             else:
                 round_.xadd(stream, *mine, extra)
         return groups
+
+    def wait_nodes(self) -> list[Any]:
+        """Where a round's ``WAIT`` goes: the one server (``None``), or on a cluster each node
+        that holds one of this producer's shards now (read at each round: a failover moves
+        them)."""
+        if not self.cluster:
+            return [None]
+        nodes = {}
+        for keys in self.shard_keys:
+            node = self.redis.get_node_from_key(keys.requests)  # type: ignore[attr-defined]
+            nodes[node.name] = node
+        return list(nodes.values())
+
+    def durable_waits(self, round_: Round) -> int:
+        """Queue the ``WAIT`` (s) durability asks for behind the writes of ``round_``."""
+        return queue_waits(round_, self.durability, self.wait_nodes() if self.durability else [])
 
     def _submit_round(
         self, batch: list[Any], encoder: BodyEncoder, deadline_s: float | None, lane: int = 1

@@ -7,6 +7,7 @@ caller can catch the whole family at once::
     ├── ProtocolError            bytes or values that break the wire contract
     │                            (``.code`` is ``bad_request`` or ``too_large``)
     ├── ConnectionError          Redis could not be reached or dropped us
+    │   └── NotReplicated        with durability on: no replica confirmed the write
     ├── ReplyTimeout             no reply arrived within the timeout
     ├── QueueFull                the queue's backlog is over max_backlog (the producer's or the
     fleet's) ├── RateLimited              the producer's tenant is over its fleet-wide quota └──
@@ -37,6 +38,7 @@ __all__ = [
     "InferfleetError",
     "ProtocolError",
     "ConnectionError",
+    "NotReplicated",
     "ReplyTimeout",
     "QueueFull",
     "RateLimited",
@@ -74,6 +76,16 @@ class ProtocolError(InferfleetError, ValueError):
 
 class ConnectionError(InferfleetError, builtins.ConnectionError):
     """Redis could not be reached, refused us, or the connection dropped."""
+
+
+class NotReplicated(ConnectionError):
+    """With durability on (:class:`~inferfleet.producer.durability.Durability`), the primary
+    took the write but too few replicas confirmed it in time.
+
+    The request may be lost in a failover, or may still be computed: send it again
+    (with a new id) if it is still needed. The next call reconnects, so a primary
+    that was switched over is left.
+    """
 
 
 class ReplyTimeout(InferfleetError, TimeoutError):

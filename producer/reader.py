@@ -143,18 +143,17 @@ class ReplyReader(_Reader):
             self._waiting.discard(rids)
             self._served -= served
 
-    def read_for(self, sending: Round | None, wait_s: float) -> None:
+    def read_for(self, sending: Round | None, wait_s: float) -> list[Any]:
         """One read in the caller's thread, after ``sending`` in the same round trip: every reply
-        it pops goes to its call's sink; an error reply to ``sending`` is raised."""
+        it pops goes to its call's sink; returns the replies to ``sending`` (an error reply among
+        them is raised)."""
         with self._cond:
             shards = self._waiting.shards()
         if not shards:
-            if sending is not None:
-                run(self._client, sending)
-            return
+            return [] if sending is None else run(self._client, sending)
         writes = 0 if sending is None else sending.replies
         round_ = self._plan.round(shards, max(wait_s, _MIN_BLOCK_S), into=sending)
-        raise_first_error(self._read(round_, writes))
+        return raise_first_error(self._read(round_, writes))
 
     def close(self) -> None:
         """Stop the thread (after its current read) and end every wait with an error."""
@@ -232,19 +231,17 @@ class AsyncReplyReader(_Reader):
         self._waiting.discard(rids)
         self._served -= served
 
-    async def read_for(self, sending: Round | None, wait_s: float) -> None:
+    async def read_for(self, sending: Round | None, wait_s: float) -> list[Any]:
         """The twin of :meth:`ReplyReader.read_for`. The read runs as a task of its own behind
         :func:`asyncio.shield`: cancelling the caller never cancels a read whose replies
         may be other calls'."""
         shards = self._waiting.shards()
         if not shards:
-            if sending is not None:
-                await arun(self._client, sending)
-            return
+            return [] if sending is None else await arun(self._client, sending)
         writes = 0 if sending is None else sending.replies
         round_ = self._plan.round(shards, max(wait_s, _MIN_BLOCK_S), into=sending)
         task = asyncio.get_running_loop().create_task(self._read(round_, writes))
-        raise_first_error(await asyncio.shield(task))
+        return raise_first_error(await asyncio.shield(task))
 
     async def aclose(self) -> None:
         """Cancel the task and end every wait with an error."""

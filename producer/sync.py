@@ -22,6 +22,7 @@ from inferfleet.producer.connections import (
     translate_errors,
 )
 from inferfleet.producer.connections import redis_url as resolve_url
+from inferfleet.producer.durability import Durability, confirmed
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
     BodyEncoder,
@@ -35,7 +36,7 @@ from inferfleet.producer.sharing import (
     limits_key,
     validate_priority,
 )
-from inferfleet.producer.transport import Round, run
+from inferfleet.producer.transport import Round, raise_first_error, run
 from inferfleet.producer.writes import WriteBatcher
 
 __all__ = ["Producer"]
@@ -110,9 +111,18 @@ class Producer(ProducerBase):
         shards: int = defaults.SHARDS,
         cluster: bool = False,
         tenant: str | None = None,
+        durability: Durability | None = None,
     ) -> None:
         super().__init__(
-            name, prefix, default_deadline_s, max_backlog, on_full, full_wait_s, shards, tenant
+            name,
+            prefix,
+            default_deadline_s,
+            max_backlog,
+            on_full,
+            full_wait_s,
+            shards,
+            tenant,
+            durability,
         )
         self._owns_client = client is None
         self.cluster = cluster or isinstance(client, RedisCluster)
@@ -124,7 +134,25 @@ class Producer(ProducerBase):
         """A new reply reader, write batcher and locks (at start, and in a forked child)."""
         self._limits_lock = threading.Lock()
         self._replies = ReplyReader(self.redis, self.inboxes, self.cluster)
-        self._writes = WriteBatcher(lambda round_: run(self.redis, round_, keep_errors=True))
+        self._writes = WriteBatcher(self._send_round)
+
+    def _send_round(self, round_: Round, keep_errors: bool = True) -> list[Any]:
+        """Send a round of writes (followed by the ``WAIT`` durability asks for); one reply a
+        write, an error reply (or NotReplicated) in its place."""
+        writes = round_.replies
+        waits = self.durable_waits(round_)
+        replies = run(self.redis, round_, keep_errors=True)
+        return self._confirmed(replies, writes, waits, keep_errors)
+
+    def _confirmed(self, replies: list, writes: int, waits: int, keep_errors: bool) -> list:
+        """``replies`` with durability's verdict applied (:func:`confirmed`); after a shortfall
+        the idle connections are closed, so the next call finds the primary again."""
+        out = confirmed(replies, writes, waits, self.durability)
+        if waits and any(isinstance(one, errors.NotReplicated) for one in out):
+            pool = getattr(self.redis, "connection_pool", None)  # a cluster follows MOVED
+            if pool is not None:
+                pool.disconnect(inuse_connections=False)
+        return out if keep_errors else raise_first_error(out)
 
     def _make_room(self, adding: int) -> None:
         """Enforce max_backlog before sending ``adding`` requests (raise or wait)."""
@@ -290,7 +318,7 @@ class Producer(ProducerBase):
             self._check_limits()
             sent, round_ = self._submit_round(batch, encoder, deadline_s, lane)
             with translate_errors():
-                run(self.redis, round_)
+                self._send_round(round_, keep_errors=False)
             rids += sent
         return rids
 
@@ -422,8 +450,10 @@ class Producer(ProducerBase):
     def _collected(self, box: SimpleQueue, wait_s: float, sending: Round | None) -> list[Reply]:
         """Send ``sending`` and read the inbox (waiting up to ``wait_s``) in one round trip, then
         the replies put in ``box``; an error put there, or replied to ``sending``, is raised."""
+        writes = sending.replies if sending is not None else 0
+        waits = self.durable_waits(sending) if sending is not None else 0
         with translate_errors():
-            self._replies.read_for(sending, wait_s)
+            self._confirmed(self._replies.read_for(sending, wait_s), writes, waits, False)
         replies: list[Reply] = []
         while not box.empty():
             item = box.get_nowait()

@@ -88,6 +88,12 @@ class Round:
         self._ops.append(("command", tuple(args)))
         self.replies += 1
 
+    def wait(self, replicas: int, timeout_ms: int, node: Any = None) -> None:
+        """``WAIT replicas timeout_ms`` on the connection that sent the writes before it (on a
+        cluster, ``node``'s: the node that took them)."""
+        self._ops.append(("wait", ("WAIT", replicas, timeout_ms), node))
+        self.replies += 1
+
     def lpop(self, key: str, count: int | None = None) -> None:
         """``LPOP key [count]``."""
         self._ops.append(("lpop", key, count))
@@ -117,7 +123,7 @@ class Round:
                 out.append(_pack_xadds(*op[1:]))
             elif op[0] == "lpop":
                 out.append(_pack_lpop(op[1], op[2]))
-            elif op[0] == "command":
+            elif op[0] in ("command", "wait"):
                 out.append(pack_command(op[1]))
             elif op[0] == "blpop":
                 parts = [b"BLPOP", *(key.encode() for key in op[1]), op[2].encode()]
@@ -128,20 +134,33 @@ class Round:
 
     def commands(self) -> Iterator[tuple]:
         """The round as redis-py command arguments (for a pipeline)."""
+        for args, _ in self.routed():
+            yield args
+
+    def routed(self) -> Iterator[tuple[tuple, dict]]:
+        """(arguments, redis-py options) of each command: a cluster's ``WAIT`` names its node."""
         for op in self._ops:
-            if op[0] == "xadd":
-                _, stream, rids, bodies, fields = op
-                extra = [part for pair in fields for part in pair]
-                for rid, body in zip(rids, bodies):
-                    yield ("XADD", stream, "*", "id", rid, "body", body, *extra)
-            elif op[0] == "lpop":
-                yield ("LPOP", op[1]) if op[2] is None else ("LPOP", op[1], op[2])
-            elif op[0] == "blpop":
-                yield ("BLPOP", *op[1], op[2])
-            elif op[0] == "command":
-                yield op[1]
+            if op[0] == "wait":
+                yield op[1], ({} if op[2] is None else {"target_nodes": op[2]})
             else:
-                yield from (("LPOP", key) for key in op[1])
+                yield from ((args, {}) for args in self._commands(op))
+
+    @staticmethod
+    def _commands(op: tuple) -> Iterator[tuple]:
+        """The commands of one queued operation (all but ``wait``)."""
+        if op[0] == "xadd":
+            _, stream, rids, bodies, fields = op
+            extra = [part for pair in fields for part in pair]
+            for rid, body in zip(rids, bodies):
+                yield ("XADD", stream, "*", "id", rid, "body", body, *extra)
+        elif op[0] == "lpop":
+            yield ("LPOP", op[1]) if op[2] is None else ("LPOP", op[1], op[2])
+        elif op[0] == "blpop":
+            yield ("BLPOP", *op[1], op[2])
+        elif op[0] == "command":
+            yield op[1]
+        else:
+            yield from (("LPOP", key) for key in op[1])
 
 
 def _pack_xadds(stream: str, rids: Sequence[str], bodies: Sequence[bytes], fields: tuple) -> bytes:
@@ -229,8 +248,8 @@ def run(client: Any, round_: Round, keep_errors: bool = False) -> list[Any]:
         return []
     if not _direct(client, redis.Redis):
         pipe = client.pipeline(transaction=False)
-        for args in round_.commands():
-            pipe.execute_command(*args)
+        for args, options in round_.routed():
+            pipe.execute_command(*args, **options)
         return list(pipe.execute(raise_on_error=not keep_errors))
     pool = client.connection_pool
     conn = pool.get_connection()
@@ -295,8 +314,8 @@ async def arun(client: Any, round_: Round, keep_errors: bool = False) -> list[An
         return []
     if not _direct(client, aioredis.Redis):
         pipe = client.pipeline(transaction=False)
-        for args in round_.commands():
-            pipe.execute_command(*args)
+        for args, options in round_.routed():
+            pipe.execute_command(*args, **options)
         return list(await pipe.execute(raise_on_error=not keep_errors))
     pool = client.connection_pool
     conn = await pool.get_connection()

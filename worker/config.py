@@ -14,6 +14,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from inferfleet.producer.connections import DEFAULT_REDIS_URL
+from inferfleet.producer.durability import Durability
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
@@ -110,6 +111,18 @@ class WorkerSettings:
     )
     reply_ttl_s: int = field(
         default=DEFAULT_REPLY_TTL_S, metadata={"help": "TTL of each reply list."}
+    )
+    wait_replicas: int = field(
+        default=0,
+        metadata={
+            "help": "After each round of replies, WAIT until this many replicas have them "
+            "(0: no wait). With 1 and one replica, a failover keeps every reply and "
+            "acknowledgement a worker made (docs/reliability.md, 'Durability')."
+        },
+    )
+    wait_timeout_ms: int = field(
+        default=1000,
+        metadata={"help": "The longest --wait-replicas waits a round (a shortfall is counted)."},
     )
     max_body_bytes: int = field(
         default=16 * 1024 * 1024, metadata={"help": "Larger bodies are answered too_large."}
@@ -261,6 +274,8 @@ class WorkerSettings:
         self._check_range("torch_threads", 1, 1024)
         self._check_range("reply_ttl_s", 1, 30 * 86400)
         self._check_range("max_body_bytes", 64, 1 << 31)
+        self._check_range("wait_replicas", 0, 64)
+        self._check_range("wait_timeout_ms", 1, 60_000)
         self._check_range("idle_block_ms", 1, 60_000)
         self._check_range("claim_idle_s", 0.1, 86400)
         self._check_range("max_deliveries", 1, 1000)
@@ -326,6 +341,13 @@ class WorkerSettings:
     @property
     def max_wait_s(self) -> float:
         return self.max_wait_ms / 1000.0
+
+    @property
+    def durability(self) -> Durability | None:
+        """What the reply writers wait for after each round (None: nothing)."""
+        if not self.wait_replicas:
+            return None
+        return Durability(self.wait_replicas, self.wait_timeout_ms)
 
 
 def _check_ip_address(name: str, value: str) -> None:

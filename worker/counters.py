@@ -118,6 +118,10 @@ class Counters:
         if self.metrics.enabled and count:
             self.metrics.answered({"ok": count})
 
+    def replies_not_replicated(self) -> None:
+        """A round of replies too few replicas confirmed in time (``--wait-replicas``)."""
+        self.metrics.replies_not_replicated()
+
     def replies_skipped(self, count: int) -> None:
         """Replies not written because another consumer had answered those entries."""
         self.skipped += count

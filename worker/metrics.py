@@ -291,6 +291,11 @@ class _Families:
         self.swaps = make(
             Counter, "inferfleet_swaps_total", "Model hot swaps, by result.", ("result",)
         )
+        self.not_replicated = make(
+            Counter,
+            "inferfleet_replies_not_replicated_total",
+            "Reply rounds fewer replicas confirmed than --wait-replicas asks, within its timeout.",
+        )
         self.lane_reads = make(
             Counter, "inferfleet_lane_requests_total", "Entries read, by lane.", ("lane",)
         )
@@ -381,6 +386,11 @@ class WorkerMetrics:
         """One model hot swap attempt: ok, failed or stale."""
         if self.enabled:
             (self._swaps.get(result) or self._f.swaps.labels(self.queue, result)).inc()
+
+    def replies_not_replicated(self) -> None:
+        """One round of replies fewer replicas confirmed than ``--wait-replicas`` asks."""
+        if self.enabled:
+            self._f.not_replicated.labels(self.queue).inc()
 
     def model_version(self, version: str) -> None:
         """Now serving ``version``: its info series is 1, the previous version's goes away."""

@@ -139,6 +139,27 @@ def send_packed(pool: redis.ConnectionPool, packed: bytes) -> Any:
     return read_answer(pool, conn)
 
 
+def send_packed_then(pool: redis.ConnectionPool, packed: bytes, then: bytes) -> tuple[Any, Any]:
+    """Send ``packed`` and ``then`` on one connection of ``pool`` (``then`` is a ``WAIT``: it
+    must follow the writes on their own connection); both answers, an error answer in its
+    place."""
+    conn = checkout(pool)
+    answers: list[Any] = []
+    try:
+        conn.send_packed_command([packed, then])
+        for _ in range(2):
+            try:
+                answers.append(conn.read_response())
+            except redis.exceptions.ResponseError as exc:  # read whole: the next one follows
+                answers.append(exc)
+    except BaseException:
+        conn.disconnect()  # an answer may still come: this connection must not be read again
+        raise
+    finally:
+        pool.release(conn)
+    return answers[0], answers[1]
+
+
 def call_packed(pool: redis.ConnectionPool, packed: bytes, load: Callable[[], None]) -> Any:
     """Send a packed script call and return its answer; on NOSCRIPT (Redis restarted or flushed
     its scripts: nothing ran) ``load`` the script and send it again."""

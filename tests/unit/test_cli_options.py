@@ -140,6 +140,8 @@ def test_an_options_range_is_what_the_worker_settings_accept() -> None:
         "housekeeping_s",
         "heartbeat_s",
         "stage",
+        "wait_replicas",
+        "wait_timeout_ms",
     }
     for option in _range_options():
         low, high = option.type.min, option.type.max

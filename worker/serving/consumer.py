@@ -205,6 +205,7 @@ class Consumer:
             runtime.model_meta,
             self.counters,
             hold_behind_reads=not self.prefetch,
+            durability=self.settings.durability,
         )
         self.lanes = LaneReader(self.keys)
         self.work = LaneWork(

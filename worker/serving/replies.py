@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 import redis
 
+from inferfleet.producer.durability import Durability
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import GROUP, QueueKeys, encode_reply_error
+from inferfleet.producer.transport import pack_command
 from inferfleet.worker.connections import lua_constant, lua_source, script
 from inferfleet.worker.counters import Counters
-from inferfleet.worker.resp import call_packed, pack_evalsha
+from inferfleet.worker.resp import call_packed, pack_evalsha, send_packed_then
 from inferfleet.worker.serving.behind import BehindRead
 from inferfleet.worker.serving.columns import Columns
 from inferfleet.worker.serving.deadletter import DEAD_MAXLEN
@@ -67,8 +69,16 @@ class ReplyWriter:
         counters: Counters,
         *,
         hold_behind_reads: bool = False,
+        durability: Durability | None = None,
     ) -> None:
         self.redis = client
+        #: replicas to WAIT for after each reply call (None: none)
+        self.durability = durability
+        self._wait = (
+            None
+            if durability is None
+            else pack_command(["WAIT", durability.replicas, durability.timeout_ms])
+        )
         self.keys = keys
         self.reply_ttl_ms = reply_ttl_s * 1000
         # PEXPIREAT until the ACL refuses it once; then PEXPIRE, so ACL LOG gets one refusal
@@ -82,7 +92,7 @@ class ReplyWriter:
         )
         self.behind = (
             BehindRead(client, self._call_packed, self.load)
-            if hold_behind_reads and self._direct
+            if hold_behind_reads and self._direct and durability is None
             else None
         )
 
@@ -210,8 +220,18 @@ class ReplyWriter:
 
     def _call_packed(self, packed: bytes) -> Any:
         """Send a packed EVALSHA of the reply script and return its answer (loading the script if
-        Redis lost it)."""
-        return call_packed(self.redis.connection_pool, packed, self.load)
+        Redis lost it), followed by the WAIT durability asks for."""
+        pool = self.redis.connection_pool
+        if self._wait is None:
+            return call_packed(pool, packed, self.load)
+        answer, told = send_packed_then(pool, packed, self._wait)
+        if isinstance(answer, redis.exceptions.NoScriptError):
+            self.load()  # nothing ran: send both again
+            answer, told = send_packed_then(pool, packed, self._wait)
+        if isinstance(answer, Exception):
+            raise answer
+        self._replicated(told)
+        return answer
 
     def _run_script(self, answers: list[Answer]) -> tuple[int, list[int]]:
         keys = [self.keys.requests]
@@ -220,7 +240,51 @@ class ReplyWriter:
             keys.append(answer.reply_key or self.keys.requests)
             args.append(answer.entry_id)
             args.append(answer.payload or b"")
-        return self._told(self._script(keys=keys, args=args))
+        return self._told(self._call_script(self._script, keys, args))
+
+    def _call_script(self, script_: Any, keys: list, args: list) -> Any:
+        """Call ``script_`` (a redis-py Script) and return its answer, followed by the WAIT
+        durability asks for on the same connection."""
+        if self.durability is None:
+            return script_(keys=keys, args=args)
+        answer, told = self._script_then_wait(script_, keys, args)
+        if isinstance(answer, redis.exceptions.NoScriptError):
+            self.load()  # a cluster pipeline does not load it: nothing ran, call it again
+            answer, told = self._script_then_wait(script_, keys, args)
+        if isinstance(answer, Exception):
+            raise answer
+        self._replicated(told)
+        return answer
+
+    def _script_then_wait(self, script_: Any, keys: list, args: list) -> tuple[Any, Any]:
+        """The script's answer and the WAIT's, sent on one connection (errors in their place)."""
+        assert self.durability is not None
+        pipe = self.redis.pipeline(transaction=False)
+        script_(keys=keys, args=args, client=pipe)
+        node = {}
+        if not isinstance(self.redis, redis.Redis):  # a cluster: the node that ran the script
+            node = {"target_nodes": self.redis.get_node_from_key(self.keys.requests)}
+        pipe.execute_command("WAIT", self.durability.replicas, self.durability.timeout_ms, **node)
+        answer, told = pipe.execute(raise_on_error=False)
+        return answer, told
+
+    def _replicated(self, told: Any) -> None:
+        """Count and log a WAIT that fell short (or failed); close the idle connections then, so
+        that the next call finds the primary again (a switch-over leaves this one writable)."""
+        assert self.durability is not None
+        if not isinstance(told, Exception) and int(told) >= self.durability.replicas:
+            return
+        self.counters.replies_not_replicated()
+        log.warning(
+            "replies not confirmed by %d replicas within %d ms (%s): a failover now could "
+            "compute those requests again; reconnecting",
+            self.durability.replicas,
+            self.durability.timeout_ms,
+            told,
+        )
+        pool = getattr(self.redis, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect(inuse_connections=False)
 
     def _ttl_arg(self) -> bytes:
         """The script's ttl argument: ``<ms>`` (PEXPIREAT), or ``p<ms>`` once the ACL refused

@@ -168,9 +168,23 @@ class LaneWork:
         views = {lane: lane_view(keys, lane) for lane in (0, 2)}
         self.depths = {lane: _LaneDepth() for lane in views}
         self.writers = [
-            ReplyWriter(client, views[0], settings.reply_ttl_s, replies.model_meta, counters),
+            ReplyWriter(
+                client,
+                views[0],
+                settings.reply_ttl_s,
+                replies.model_meta,
+                counters,
+                durability=settings.durability,
+            ),
             replies,
-            ReplyWriter(client, views[2], settings.reply_ttl_s, replies.model_meta, counters),
+            ReplyWriter(
+                client,
+                views[2],
+                settings.reply_ttl_s,
+                replies.model_meta,
+                counters,
+                durability=settings.durability,
+            ),
         ]
         self.recoveries = [
             Recovery(client, views[0], settings, cast(Counters, self.depths[0])),

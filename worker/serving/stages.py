@@ -35,6 +35,7 @@ from typing import Any
 
 import redis
 
+from inferfleet.producer.durability import Durability
 from inferfleet.producer.protocol import GROUP, QueueKeys, encode_body
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import lua_source, script
@@ -168,8 +169,9 @@ class ForwardWriter(ReplyWriter):
         model_meta: tuple[str, str],
         counters: Counters,
         next_stream: str,
+        durability: Durability | None = None,
     ) -> None:
-        super().__init__(client, keys, reply_ttl_s, model_meta, counters)
+        super().__init__(client, keys, reply_ttl_s, model_meta, counters, durability=durability)
         self.next_stream = next_stream
         self._forward = script(client, "forward")
 
@@ -190,7 +192,7 @@ class ForwardWriter(ReplyWriter):
             else:
                 keys.append(self.keys.requests)
                 args += [answer.entry_id, 0]
-        done, failed = self._forward(keys=keys, args=args)
+        done, failed = self._call_script(self._forward, keys, args)
         return int(done), [int(i) for i in failed]
 
 
@@ -237,12 +239,15 @@ class StageConsumer(Consumer):
         # a stage answers through its own encoder and writer: never the columnar path, which
         # replies straight from a template (stage 0 reads the queue's own request stream)
         self.columnar = False
+        durability = self.settings.durability
         if last:
-            self.replies = ReplyWriter(*args)
+            self.replies = ReplyWriter(*args, durability=durability)
             self.computer = self._computer(runtime, BatchEncoder)
         else:
             self.replies = ForwardWriter(
-                *args, StageKeys(self.keys.name, self.keys.prefix, stage=stage + 1).requests
+                *args,
+                StageKeys(self.keys.name, self.keys.prefix, stage=stage + 1).requests,
+                durability,
             )
             self.computer = self._computer(runtime, ForwardEncoder)
         self.work.writers[NORMAL] = self.replies  # a stage stream has one lane: the normal one
