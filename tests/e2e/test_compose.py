@@ -44,6 +44,7 @@ from tests.compose_stack import (
     wheel_index,
 )
 from tests.fixtures.build_models import example_inputs
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -112,15 +113,6 @@ def group_state(client: redis.Redis) -> tuple[int, int, int]:
     return int(client.xlen(STREAM)), waiting, int(group["pending"])
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
-        time.sleep(1.0)
-    return time.monotonic() - start
-
-
 def bring_up(stack: ComposeStack, report: Report) -> None:
     start = time.monotonic()
     stack.compose("up", "-d", "redis", "supervisor", "prometheus", timeout_s=600)
@@ -164,11 +156,14 @@ def prometheus_value(stack: ComposeStack, query: str) -> float | None:
 def check_prometheus(stack: ComposeStack, report: Report) -> None:
     served = 3 * BENCH_REQUESTS
     ok = 'sum(inferfleet_requests_total{code="ok"})'
-    waited = wait_until(
+    start = time.monotonic()
+    wait_until(
         lambda: (prometheus_value(stack, ok) or 0) >= served,
         120,
         f"Prometheus to scrape {served} requests served",
+        every_s=1.0,
     )
+    waited = time.monotonic() - start
     workers = prometheus_value(stack, "max(inferfleet_workers)")
     report(
         f"Prometheus scraped inferfleet_workers={workers:g} and {prometheus_value(stack, ok):g} "
@@ -220,7 +215,9 @@ def stop_under_load(stack: ComposeStack, client: redis.Redis, report: Report) ->
     trickle = Trickle(client)
     wait_until(lambda: len(trickle.ids) >= 200, 60, "200 requests sent")
     seconds = stack.stop("supervisor", timeout_s=GRACE_S + 60)
-    time.sleep(2.0)  # requests keep arriving with no worker left: they must wait in the queue
+    # requests keep arriving with no worker left: they must wait in the queue
+    sent = len(trickle.ids)
+    wait_until(lambda: len(trickle.ids) >= sent + 100, 60, "100 requests sent after the stop")
     ids = trickle.stop()
     code = stack.inspect("supervisor", "{{.State.ExitCode}}")
     _, lag, pending = group_state(client)
@@ -231,8 +228,8 @@ def stop_under_load(stack: ComposeStack, client: redis.Redis, report: Report) ->
         f"{len(ids) - len(unanswered)} answered "
         f"{codes}"
     )
+    # exit status 0: it left by itself, within the grace period (past it, Docker kills: 137)
     assert code == "0", stack.logs("supervisor")
-    assert seconds < GRACE_S
     assert pending == 0, "the drain left entries pending"
     assert codes in (["ok"], []), codes
     assert lag > 0 and len(unanswered) == lag, (
@@ -258,7 +255,10 @@ def restart(
     stack.compose("up", "-d", "supervisor", "prometheus", timeout_s=600)
     stack.wait_healthy("supervisor", timeout_s=300)
     wait_until(
-        lambda: group_state(client)[1:] == (0, 0), 120, "the fleet to serve the queue it found"
+        lambda: group_state(client)[1:] == (0, 0),
+        120,
+        "the fleet to serve the queue it found",
+        every_s=1.0,
     )
     replies = Producer(name=QUEUE, client=client).results(ids, timeout_s=30)
     codes = reply_codes(replies)

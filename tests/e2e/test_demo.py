@@ -78,14 +78,14 @@ def test_a_worker_that_dies_mid_run_stops_the_demo_at_once_with_its_last_line(
         _wait_until_serving(demo)
         victim = _demo_worker()
         os.kill(victim, signal.SIGKILL)
-        killed_at = time.monotonic()
+        # bounds a hang only: 3,000,000 requests keep the demo busy far longer
         out, err = demo.communicate(timeout=60)
-        stopped_s = time.monotonic() - killed_at
     finally:
         demo.kill()
     assert demo.returncode != 0
+    # the watch's line: it noticed the death and interrupted the run, which would otherwise have
+    # gone on serving on the other worker, or failed later on its own 60 s reply timeout
     assert re.search(r"demo failed: worker demo-\d exited \(status -9\)", err), err[-2000:]
-    assert stopped_s < 20, stopped_s  # noticed within a fraction of a second, then wound down
     assert "every process the demo started has stopped" not in out
 
 

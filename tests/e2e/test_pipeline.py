@@ -30,6 +30,7 @@ from tests.conftest import (
     wait_for_consumer,
     worker_env,
 )
+from tests.helpers import wait_until
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -103,6 +104,21 @@ def nothing_pending(client: redis.Redis, name: str, stages: int) -> list[int]:
         client.xpending(stage_keys(QueueKeys(name), k).requests, GROUP)["pending"]
         for k in range(stages)
     ]
+
+
+def settled(client: redis.Redis, name: str, stages: int) -> bool:
+    """Every stage's stream delivered to its end and nothing pending: no entry is in flight.
+
+    What waits is read past the group's last delivered id, not from XINFO's ``lag``, which a
+    trimmed stream may report as nil."""
+    for k in range(stages):
+        stream = stage_keys(QueueKeys(name), k).requests
+        group = next(g for g in client.xinfo_groups(stream) if g["name"] in (GROUP, GROUP.encode()))
+        last = group["last-delivered-id"]
+        last = last if isinstance(last, bytes) else last.encode()
+        if group["pending"] or client.xrange(stream, b"(" + last, "+", count=1):
+            return False
+    return True
 
 
 def leftover_replies(client: redis.Redis, name: str) -> int:
@@ -308,9 +324,15 @@ def test_a_stage_worker_killed_mid_run_loses_nothing_and_answers_nothing_twice(
     for i, reply in enumerate(replies):
         assert reply.ok, reply.error_message
         np.testing.assert_allclose(reply.outputs, want[i : i + 1], atol=1e-5, rtol=0)
-    time.sleep(1.0)  # a late duplicate would land now
+    # a late duplicate comes from an entry still in flight: wait until none is (every stage's
+    # stream read to its end and acknowledged), then count the replies left over
+    wait_until(lambda: settled(redis_client, "chaos", 3), 120, "every stage to settle")
     assert leftover_replies(redis_client, "chaos") == 0
     assert nothing_pending(redis_client, "chaos", 3) == [0, 0, 0]
+    # what the victim held was taken over and answered by the others (the duplicates' source)
+    assert not redis_client.xpending_range(
+        stream, GROUP, "-", "+", 10_000, consumername=victim.consumer
+    )
     assert all(proc.poll() is None for proc in others)
 
 

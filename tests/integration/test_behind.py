@@ -11,7 +11,6 @@ while the call was out is loaded and sent again.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from inferfleet.producer import Producer
 from inferfleet.producer.protocol import GROUP, decode_reply, encode_body
 from inferfleet.worker.serving.behind import BehindRead
 from inferfleet.worker.serving.replies import ReplyWriter
+from tests.helpers import wait_until, warmed
 from tests.integration.test_columnar import consumer_on
 
 BODY = encode_body(np.ones((1, 16), np.float32))
@@ -39,14 +39,6 @@ def sends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(BehindRead, "send_with", counted)
     return calls
-
-
-def warmed(consumer):
-    """``consumer`` once it has answered a first request (its body template is known: the next reads
-    are Columns)."""
-    consumer.redis.xadd(consumer.keys.requests, {"id": "warm", "body": BODY})
-    assert consumer.run_once() == 1
-    return consumer
 
 
 def serve(consumer):
@@ -79,7 +71,10 @@ def test_the_loop_sends_replies_behind_reads(redis_url, redis_client, models_dir
 
 def test_a_held_call_never_waits_for_new_entries(redis_url, redis_client, models_dir, monkeypatch):
     """The loop blocks 5 s on an idle queue: a lone request's reply must not wait for that block to
-    end, and neither must the script's answer (the round's counts, an error) be left unread."""
+    end, and neither must the script's answer (the round's counts, an error) be left unread.
+
+    Checked on state, not on time: each time the loop starts a blocking read, what every earlier
+    lone request left must be done (acknowledged, its reply written, the script's answer read)."""
     settled: list[int] = []
     columns_done = ReplyWriter._columns_done
 
@@ -88,27 +83,47 @@ def test_a_held_call_never_waits_for_new_entries(redis_url, redis_client, models
         return columns_done(self, cols, pushed, failed)
 
     monkeypatch.setattr(ReplyWriter, "_columns_done", counted)
-    consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt"), idle_block_ms=5000))
+    consumer = warmed(
+        consumer_on(redis_url, str(models_dir / "affine.pt"), idle_block_ms=5000), BODY
+    )
     assert consumer.replies.behind is not None
+    keys = consumer.keys
+    observer = redis.Redis.from_url(redis_url)  # the loop thread's own view, at each idle read
+    idle_reads: list[tuple[int, int, int]] = []  # (pending, answers settled, lone replies)
+    read = consumer.lanes.read
+
+    def blocking_read(client, name, count, block):
+        if block:
+            lone = observer.exists(*(keys.reply(f"lone{i}") for i in range(3)))
+            pending = int(observer.xpending(keys.requests, GROUP)["pending"])
+            idle_reads.append((pending, len(settled), lone))
+        return read(client, name, count, block)
+
+    monkeypatch.setattr(consumer.lanes, "read", blocking_read)
     stop, thread = serve(consumer)
     try:
-        time.sleep(0.3)  # the loop is blocked in its idle read
         for i in range(3):
-            started = time.monotonic()
-            redis_client.xadd(consumer.keys.requests, {"id": f"lone{i}", "body": BODY})
-            popped = redis_client.blpop([consumer.keys.reply(f"lone{i}")], timeout=4)
-            assert popped is not None, "the reply was held until the idle block ended"
-            assert decode_reply(popped[1]).ok
-            while len(settled) < i + 1 and time.monotonic() - started < 2.5:
-                time.sleep(0.01)
-            assert settled == [1] * (i + 1), "the script's answer waited for the idle block"
+            wait_until(lambda: idle_reads, 30, "the loop to block in its idle read")
+            redis_client.xadd(keys.requests, {"id": f"lone{i}", "body": BODY})
+            wait_until(
+                lambda: idle_reads[-1][2] == i + 1, 30, f"an idle read after lone{i}'s reply"
+            )
     finally:
         stop.set()
         thread.join(10)
+        observer.close()
+    assert set(idle_reads) >= {(0, k, k) for k in range(4)}, idle_reads
+    assert all(state == (0, state[1], state[1]) for state in idle_reads), (
+        "the loop blocked with a reply held or the script's answer unread",
+        idle_reads,
+    )
+    assert settled == [1, 1, 1]
+    for i in range(3):
+        assert decode_reply(redis_client.lpop(keys.reply(f"lone{i}"))).ok
 
 
 def test_a_held_call_lost_with_its_connection_is_answered_once(redis_url, redis_client, models_dir):
-    consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt")))
+    consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt")), BODY)
     keys = consumer.keys
     for i in range(30):
         redis_client.xadd(keys.requests, {"id": f"a{i}", "body": BODY})
@@ -122,11 +137,11 @@ def test_a_held_call_lost_with_its_connection_is_answered_once(redis_url, redis_
     )  # the worker's connections, mid-flight
     stop, thread = serve(consumer)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if int(redis_client.xpending(keys.requests, GROUP)["pending"]) == 0:
-                break
-            time.sleep(0.05)
+        wait_until(
+            lambda: int(redis_client.xpending(keys.requests, GROUP)["pending"]) == 0,
+            20,
+            "the lost call's entries to be answered",
+        )
     finally:
         stop.set()
         thread.join(10)
@@ -136,7 +151,7 @@ def test_a_held_call_lost_with_its_connection_is_answered_once(redis_url, redis_
 
 
 def test_a_script_lost_while_the_call_was_out_is_sent_again(redis_url, redis_client, models_dir):
-    consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt")))
+    consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt")), BODY)
     keys = consumer.keys
     for i in range(10):
         redis_client.xadd(keys.requests, {"id": f"a{i}", "body": BODY})
@@ -204,7 +219,7 @@ def test_a_held_call_refused_by_a_full_redis_leaves_its_entries_pending(
 ):
     """maxmemory (noeviction) below what Redis holds: the held script is refused when it goes out,
     nothing of it is acknowledged, and the replay answers every entry once Redis has room."""
-    consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt")))
+    consumer = warmed(consumer_on(redis_url, str(models_dir / "affine.pt")), BODY)
     keys = consumer.keys
     for i in range(10):
         redis_client.xadd(keys.requests, {"id": f"a{i}", "body": BODY})

@@ -1104,6 +1104,7 @@ def fuzz_settings() -> settings:
 
 # a fixed amount of work (BATCHES hypothesis batches, most of the time spent generating them):
 # 60-100 s on a quiet 2-core machine, past the suite's 120 s default when the machine is busy
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fuzzed_entries_are_answered_once_by_the_contract(
     spawn_worker: Callable, redis_url: str, redis_client: redis.Redis, models_dir: Path

