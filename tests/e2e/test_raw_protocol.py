@@ -19,7 +19,6 @@ import msgpack
 import numpy as np
 import pytest
 import redis
-import torch
 
 from tests.conftest import ROOT, stop_process, wait_for_consumer, worker_env
 
@@ -89,19 +88,6 @@ def assert_all_acked(client: redis.Redis) -> None:
     assert group["pending"] == 0
     if "lag" in group:  # Redis 7+: nothing left to deliver
         assert group["lag"] == 0
-
-
-@pytest.fixture(scope="module")
-def affine(models_dir: Path) -> Callable[[np.ndarray], np.ndarray]:
-    """The model's direct forward pass, the reference every reply is checked against."""
-    model = torch.jit.load(str(models_dir / "affine.pt"))
-    model.eval()
-
-    def forward(x: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return model(torch.from_numpy(np.array(x))).numpy()
-
-    return forward
 
 
 @pytest.fixture

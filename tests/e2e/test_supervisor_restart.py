@@ -26,6 +26,7 @@ from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.fleet.succession import pid_alive
 from inferfleet.worker.heartbeat import read_heartbeats
 from tests.conftest import ROOT, stop_process, worker_env
+from tests.helpers import wait_until
 
 KEYS = QueueKeys("q")
 MAX_WORKERS = 2
@@ -62,13 +63,6 @@ def supervise(redis_url: str, models_dir: Path, log_path: Path) -> subprocess.Po
         return subprocess.Popen(
             cmd, env=worker_env(redis_url), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr
         )
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.05)
 
 
 class FleetWatch:

@@ -27,6 +27,7 @@ from inferfleet.worker.runtime.loading import load_runtime
 from inferfleet.worker.serving.compute import BatchComputer
 from inferfleet.worker.serving.consumer import Consumer
 from tests.handlers import POISON
+from tests.helpers import drain, warmed
 
 
 def consumer_on(redis_url: str, model: str, **overrides) -> Consumer:
@@ -41,12 +42,6 @@ def consumer_on(redis_url: str, model: str, **overrides) -> Consumer:
     consumer = Consumer(settings, load_runtime(settings), worker_client(redis_url))
     consumer.prepare()
     return consumer
-
-
-def drain(consumer: Consumer) -> None:
-    for _ in range(50):
-        if consumer.run_once() == 0:
-            return
 
 
 @pytest.fixture
@@ -119,8 +114,7 @@ def test_a_batch_answered_twice_is_replied_once(redis_url, redis_client, models_
     consumer = consumer_on(redis_url, str(models_dir / "affine.pt"))
     keys = consumer.keys
     body = encode_body(np.ones((1, 16), np.float32))
-    redis_client.xadd(keys.requests, {"id": "warm", "body": body})
-    drain(consumer)
+    warmed(consumer, body)
     for i in range(20):
         redis_client.xadd(keys.requests, {"id": f"r{i}", "body": body})
     items = consumer._read(64, 0.0)
@@ -136,10 +130,7 @@ def answers_of(
 ) -> list:
     consumer = consumer_on(redis_url, handler)
     keys = consumer.keys
-    redis_client.xadd(
-        keys.requests, {"id": "warm", "body": encode_body(np.ones((1, 4), np.float32))}
-    )
-    drain(consumer)
+    warmed(consumer, encode_body(np.ones((1, 4), np.float32)))
     for i, x in enumerate(rows):
         redis_client.xadd(keys.requests, {"id": f"r{i}", "body": encode_body(x)})
     drain(consumer)
@@ -192,8 +183,7 @@ def test_the_packed_call_reloads_a_flushed_script(redis_url, redis_client, model
     consumer = consumer_on(redis_url, str(models_dir / "affine.pt"))
     keys = consumer.keys
     body = encode_body(np.ones((1, 16), np.float32))
-    redis_client.xadd(keys.requests, {"id": "warm", "body": body})
-    drain(consumer)
+    warmed(consumer, body)
     redis_client.script_flush()
     for i in range(5):
         redis_client.xadd(keys.requests, {"id": f"r{i}", "body": body})
@@ -230,8 +220,7 @@ def test_columns_read_ahead_count_as_held_not_as_lost(
     )
     keys = consumer.keys
     body = encode_body(np.ones((1, 16), np.float32))
-    redis_client.xadd(keys.requests, {"id": "warm", "body": body})
-    drain(consumer)
+    warmed(consumer, body)
     for i in range(8):
         redis_client.xadd(keys.requests, {"id": f"r{i}", "body": body})
     monkeypatch.setattr(consumer.recovery, "housekeeping_due", lambda now: True)

@@ -16,6 +16,7 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.runtime.loading import load_runtime
 from inferfleet.worker.serving.consumer import Consumer
 from tests.handlers import POISON
+from tests.helpers import drain
 
 
 def make_consumer(redis_url: str, model: str, name: str = "q", **overrides) -> Consumer:
@@ -32,24 +33,19 @@ def make_consumer(redis_url: str, model: str, name: str = "q", **overrides) -> C
     return consumer
 
 
-def drain(consumer: Consumer, rounds: int = 20) -> None:
-    """Run rounds until the stream has nothing new for this consumer."""
-    for _ in range(rounds):
-        if consumer.run_once() == 0:
-            return
-
-
 def pending(client: redis.Redis, keys: QueueKeys) -> int:
     return int(client.xpending(keys.requests, GROUP)["pending"])
 
 
 @pytest.fixture
-def affine(redis_url: str, redis_client: redis.Redis, models_dir) -> Consumer:
+def affine_consumer(redis_url: str, redis_client: redis.Redis, models_dir) -> Consumer:
+    """A consumer of queue q serving models/affine.pt (``affine``, tests/conftest.py, is the
+    model's direct forward pass)."""
     return make_consumer(redis_url, str(models_dir / "affine.pt"), idle_block_ms=50)
 
 
 def test_batches_queued_requests_and_matches_direct_forward(
-    affine, redis_url, redis_client, models_dir
+    affine_consumer, redis_url, redis_client, models_dir
 ):
     producer = Producer(redis_url, "q")
     inputs = [
@@ -57,7 +53,7 @@ def test_batches_queued_requests_and_matches_direct_forward(
         for i in range(10)
     ]
     rids = producer.submit_many(inputs)
-    drain(affine)
+    drain(affine_consumer)
     replies = producer.results(rids, timeout_s=5)
     model = torch.jit.load(str(models_dir / "affine.pt"))
     with torch.no_grad():
@@ -67,11 +63,11 @@ def test_batches_queued_requests_and_matches_direct_forward(
                 reply.outputs, model(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6
             )
     assert {r.timing["batch_rows"] for r in replies} == {sum(x.shape[0] for x in inputs)}
-    assert pending(redis_client, affine.keys) == 0
+    assert pending(redis_client, affine_consumer.keys) == 0
 
 
-def test_bad_entries_are_answered_acked_and_never_block(affine, redis_url, redis_client):
-    keys = affine.keys
+def test_bad_entries_are_answered_acked_and_never_block(affine_consumer, redis_url, redis_client):
+    keys = affine_consumer.keys
     good = encode_body(np.ones((1, 16), np.float32))
     redis_client.xadd(keys.requests, {"id": "garbage", "body": b"\xc1\xc1not msgpack"})
     redis_client.xadd(
@@ -87,7 +83,7 @@ def test_bad_entries_are_answered_acked_and_never_block(affine, redis_url, redis
         keys.requests, {"id": "big", "body": pack({"inputs": b"x" * (17 * 1024 * 1024)})}
     )
     redis_client.xadd(keys.requests, {"id": "ok", "body": good})
-    drain(affine)
+    drain(affine_consumer)
     codes = {}
     for rid in ("garbage", "dtype", "shape", "nobody", "big", "ok"):
         raw = redis_client.lpop(keys.reply(rid))
@@ -142,12 +138,12 @@ def test_wrong_output_rows_is_model_error(redis_url, redis_client):
     assert {r.error_code for r in replies} == {"model_error"}
 
 
-def test_computed_twice_answered_once(affine, redis_url, redis_client, models_dir):
+def test_computed_twice_answered_once(affine_consumer, redis_url, redis_client, models_dir):
     """A slow consumer whose entry was reclaimed and computed elsewhere does not answer again."""
-    keys = affine.keys
+    keys = affine_consumer.keys
     rid = Producer(redis_url, "q").submit(np.ones((1, 16), np.float32))
     # consumer c1 reads the entry but stalls before answering
-    entries = affine._read(1, None)
+    entries = affine_consumer._read(1, None)
     assert len(entries) == 1
     # consumer c2 reclaims it and answers
     other = make_consumer(
@@ -157,7 +153,7 @@ def test_computed_twice_answered_once(affine, redis_url, redis_client, models_di
     other.recovery.reclaim()
     drain(other)
     # c1 now finishes its stale batch
-    affine._answer(entries)
+    affine_consumer._answer(entries)
     assert redis_client.llen(keys.reply(rid)) == 1
     assert pending(redis_client, keys) == 0
 
@@ -180,27 +176,31 @@ def test_restarted_consumer_replays_its_own_pending(redis_url, redis_client, mod
     assert pending(redis_client, keys) == 0
 
 
-def test_acknowledged_entries_are_trimmed_but_pending_kept(affine, redis_url, redis_client):
-    keys = affine.keys
+def test_acknowledged_entries_are_trimmed_but_pending_kept(
+    affine_consumer, redis_url, redis_client
+):
+    keys = affine_consumer.keys
     producer = Producer(redis_url, "q")
     producer.submit_many([np.ones((1, 16), np.float32)] * 20)
-    drain(affine)
+    drain(affine_consumer)
     held = producer.submit(np.ones((1, 16), np.float32))
-    other = make_consumer(redis_url, affine.settings.model, consumer="holder", idle_block_ms=50)
+    other = make_consumer(
+        redis_url, affine_consumer.settings.model, consumer="holder", idle_block_ms=50
+    )
     other.recovery.replay_own = False
     assert len(other._read(1, None)) == 1  # pending on "holder"
     producer.submit_many([np.ones((1, 16), np.float32)] * 3)  # undelivered
-    affine.recovery._trim()
+    affine_consumer.recovery._trim()
     assert redis_client.xlen(keys.requests) == 4  # the held entry and the three undelivered
-    drain(affine)
+    drain(affine_consumer)
     ((entry_id, fields),) = redis_client.xrange(keys.requests, "-", "+", count=1)
     other._answer([other.intake.admit(entry_id, fields, time.time() * 1000)])
     assert producer.result(held, 5).ok
 
 
-def test_worker_serves_until_stopped(affine, redis_url, redis_client):
+def test_worker_serves_until_stopped(affine_consumer, redis_url, redis_client):
     stop = threading.Event()
-    thread = threading.Thread(target=affine.run, args=(stop,))
+    thread = threading.Thread(target=affine_consumer.run, args=(stop,))
     thread.start()
     try:
         replies = Producer(redis_url, "q").map([np.ones((1, 16), np.float32)] * 500, timeout_s=10)
@@ -392,9 +392,9 @@ def affine_keys() -> QueueKeys:
 
 
 def test_reply_key_of_the_wrong_type_is_answered_on_the_default_key(
-    affine, redis_url, redis_client
+    affine_consumer, redis_url, redis_client
 ):
-    keys = affine.keys
+    keys = affine_consumer.keys
     inbox = keys.inbox("broken")
     redis_client.set(inbox, "not a list")
     producer = Producer(redis_url, "q")
@@ -402,7 +402,7 @@ def test_reply_key_of_the_wrong_type_is_answered_on_the_default_key(
     before = producer.submit(x)
     broken = producer.submit(x, reply_to=inbox)
     after = producer.submit(x)
-    drain(affine)
+    drain(affine_consumer)
     assert producer.result(before, 5).ok and producer.result(after, 5).ok
     reply = producer.result(broken, 5, raise_errors=False)
     assert reply.error_code == "bad_request" and "not a list" in reply.error_message
@@ -410,19 +410,19 @@ def test_reply_key_of_the_wrong_type_is_answered_on_the_default_key(
     assert pending(redis_client, keys) == 0
 
 
-def test_replies_survive_a_script_flush(affine, redis_url, redis_client):
+def test_replies_survive_a_script_flush(affine_consumer, redis_url, redis_client):
     """The reply script is loaded again when Redis forgot it (SCRIPT FLUSH, or a restart without
     AOF)."""
     producer = Producer(redis_url, "q")
     x = np.ones((1, 16), np.float32)
     first = producer.submit_many([x] * 3)
-    drain(affine)
+    drain(affine_consumer)
     redis_client.script_flush()
-    assert redis_client.script_exists(affine.replies._script.sha) == [False]
+    assert redis_client.script_exists(affine_consumer.replies._script.sha) == [False]
     second = producer.submit_many([x] * 3)
-    drain(affine)
+    drain(affine_consumer)
     assert all(r.ok for r in producer.results(first + second, timeout_s=5))
-    assert pending(redis_client, affine.keys) == 0
+    assert pending(redis_client, affine_consumer.keys) == 0
 
 
 @pytest.mark.parametrize("limit", [2, 4])

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -21,6 +20,11 @@ from inferfleet.producer import Producer
 from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.heartbeat import read_heartbeats
 from tests.conftest import ROOT, stop_process, worker_env
+from tests.helpers import wait_until
+
+#: What a wait here polls through: the endpoint not up yet, or a check's assertion not true yet
+#: (replies are written just before they are counted).
+NOT_YET = (OSError, AssertionError)
 
 
 def free_port() -> int:
@@ -42,23 +46,6 @@ def scrape(port: int) -> dict[tuple[str, frozenset], float]:
 
 def sample(samples: dict, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
-
-
-def wait_for(check, timeout_s: float, what: str):
-    """Poll ``check`` until it returns something truthy (replies are written just before they are
-    counted)."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (OSError, AssertionError) as exc:  # the endpoint not up yet, or not there yet
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last: {last!r}")
 
 
 def send(redis_url: str, name: str, good: int, prefix: str = "r") -> tuple[list, object]:
@@ -93,7 +80,7 @@ def test_a_worker_serves_its_metrics(spawn_worker, redis_url, models_dir):
             else None
         )
 
-    samples = wait_for(counted, 10, "50 ok replies counted")
+    samples = wait_until(counted, 10, "50 ok replies counted", every_s=0.1, retry_on=NOT_YET)
     assert sample(samples, "inferfleet_requests_total", queue="m", code="bad_request") == 1
     assert sample(samples, "inferfleet_requests_total", queue="m", code="model_error") == 0
     assert (
@@ -109,7 +96,7 @@ def test_a_worker_serves_its_metrics(spawn_worker, redis_url, models_dir):
     )
     # housekeeping (every second) reports the group's depth: all delivered, answered and
     # acknowledged
-    wait_for(
+    wait_until(
         lambda: (
             lambda s: (
                 sample(s, "inferfleet_queue_pending", queue="m") == 0
@@ -118,6 +105,8 @@ def test_a_worker_serves_its_metrics(spawn_worker, redis_url, models_dir):
         )(scrape(port)),
         10,
         "the queue depth",
+        every_s=0.1,
+        retry_on=NOT_YET,
     )
 
 
@@ -141,7 +130,9 @@ def test_the_metrics_address_binds_that_address_only(spawn_worker, models_dir):
         except OSError:
             return False
 
-    wait_for(lambda: answers("127.0.0.2"), 30, "/metrics on 127.0.0.2")
+    wait_until(
+        lambda: answers("127.0.0.2"), 30, "/metrics on 127.0.0.2", every_s=0.1, retry_on=NOT_YET
+    )
     assert not answers("127.0.0.1")
 
 
@@ -158,16 +149,22 @@ def test_a_worker_writes_its_heartbeat_file_with_the_loop_s_age(spawn_worker, mo
         "0.2",
         consumer="hbfile-0",
     )
-    first = wait_for(
-        lambda: path.exists() and json.loads(path.read_text()), 30, "the heartbeat file"
+    first = wait_until(
+        lambda: path.exists() and json.loads(path.read_text()),
+        30,
+        "the heartbeat file",
+        every_s=0.1,
+        retry_on=NOT_YET,
     )
     assert first["consumer"] == "hbfile-0" and first["state"] == "serving"
-    later = wait_for(
+    later = wait_until(
         lambda: (lambda b: b if b["loop_ms"] > first["loop_ms"] + 1000 else None)(
             json.loads(path.read_text())
         ),
         30,
         "the consumer loop's time to move on",
+        every_s=0.1,
+        retry_on=NOT_YET,
     )
     assert later["last_seen_ms"] > first["last_seen_ms"]
     assert (
@@ -263,13 +260,21 @@ def test_a_supervised_fleet_has_one_endpoint_summing_its_workers(
         env={"SLOW_BATCH_S": "0.01"},
     )
     keys = QueueKeys("s")
-    wait_for(lambda: len(read_heartbeats(redis_client, keys)) == 2, 90, "two warm workers")
-    samples = wait_for(
+    wait_until(
+        lambda: len(read_heartbeats(redis_client, keys)) == 2,
+        90,
+        "two warm workers",
+        every_s=0.1,
+        retry_on=NOT_YET,
+    )
+    samples = wait_until(
         lambda: (lambda s: s if sample(s, "inferfleet_workers", queue="s") == 2 else None)(
             scrape(port)
         ),
         10,
         "inferfleet_workers 2",
+        every_s=0.1,
+        retry_on=NOT_YET,
     )
     assert len(model_info_pids(samples)) == 2  # one info series per live child
     with Producer(redis_url, "s") as producer:
@@ -278,16 +283,18 @@ def test_a_supervised_fleet_has_one_endpoint_summing_its_workers(
         bad = producer.submit(np.zeros((1, 3), np.float32))
         assert producer.result(bad, raise_errors=False).error_code == "bad_request"
     # both children served part of the load (their own heartbeats say so)...
-    served = wait_for(
+    served = wait_until(
         lambda: (lambda b: b if sum(h.requests for h in b) == 401 else None)(
             read_heartbeats(redis_client, keys)
         ),
         10,
         "heartbeats counting 401 requests",
+        every_s=0.1,
+        retry_on=NOT_YET,
     )
     assert all(h.requests > 0 for h in served), [(h.consumer, h.requests) for h in served]
     # ...and the one endpoint shows their sum
-    samples = wait_for(
+    samples = wait_until(
         lambda: (
             lambda s: (
                 s if sample(s, "inferfleet_requests_total", queue="s", code="ok") == 400 else None
@@ -295,6 +302,8 @@ def test_a_supervised_fleet_has_one_endpoint_summing_its_workers(
         )(scrape(port)),
         10,
         "400 ok replies summed",
+        every_s=0.1,
+        retry_on=NOT_YET,
     )
     assert sample(samples, "inferfleet_requests_total", queue="s", code="bad_request") == 1
     assert sample(samples, "inferfleet_batch_rows_sum", queue="s") == 400
@@ -320,7 +329,13 @@ def test_a_supervised_fleet_has_one_endpoint_summing_its_workers(
             else None
         )
 
-    samples = wait_for(restarted, 90, "the killed worker restarted and its info series gone")
+    samples = wait_until(
+        restarted,
+        90,
+        "the killed worker restarted and its info series gone",
+        every_s=0.1,
+        retry_on=NOT_YET,
+    )
     assert sample(samples, "inferfleet_requests_total", queue="s", code="ok") == 400
 
     proc.send_signal(signal.SIGTERM)

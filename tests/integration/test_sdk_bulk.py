@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from inferfleet.producer.protocol import (
     encode_reply_ok,
     parse_entry,
 )
+from tests.helpers import wait_until
 
 ROWS = [np.full((1, 4), i, np.float32) for i in range(3000)]
 
@@ -82,13 +82,6 @@ def hiredis_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def check(replies: list, rows: list[np.ndarray]) -> None:
     assert len(replies) == len(rows)
     for reply, x in zip(replies, rows):
@@ -121,9 +114,12 @@ def test_submit_many_then_results_behind_and_ahead_of_the_worker(
         with BatchWorker(redis_url, streams, batch=50):
             check(producer.results(rids, timeout_s=30), ROWS)  # collected while the worker answers
             more = producer.submit_many(ROWS[:500])
-            wait_until(
-                lambda: len(redis_client.keys("inferfleet:*:reply:*")) == 500
-            )  # all answered first
+            wait_until(  # all answered first
+                lambda: len(redis_client.keys("inferfleet:*:reply:*")) == 500,
+                20,
+                "the 500 replies written",
+                every_s=0.02,
+            )
             check(producer.results(more[::-1], timeout_s=30), ROWS[:500][::-1])  # out of order
     assert not redis_client.keys("inferfleet:*:reply:*")
 

@@ -20,6 +20,7 @@ from inferfleet.worker.serving.consumer import Consumer
 from inferfleet.worker.serving.hooks import Hooks
 from inferfleet.worker.serving.tracing import tracing_from_env
 from tests.conftest import ROOT, stop_process, wait_for_consumer, worker_env
+from tests.helpers import drain
 
 CHILDREN = {
     "inferfleet.queue_wait",
@@ -53,15 +54,6 @@ def traced(redis_url, redis_client, models_dir):
     tracing.shutdown()
 
 
-def drain(consumer: Consumer, count: int) -> None:
-    handled = 0
-    for _ in range(100):
-        handled += consumer.run_once()
-        if handled >= count:
-            return
-    raise AssertionError(f"only {handled} of {count} entries handled")
-
-
 def test_each_request_span_continues_the_producers_trace_and_links_its_batch(traced, redis_url):
     consumer, exporter = traced
     client_tracer = TracerProvider().get_tracer("client")
@@ -70,7 +62,7 @@ def test_each_request_span_continues_the_producers_trace_and_links_its_batch(tra
         with client_tracer.start_as_current_span("checkout") as parent:
             ids = [producer.submit(x) for _ in range(3)]
         untraced = producer.submit(x)
-        drain(consumer, 4)
+        drain(consumer, count=4, rounds=100)
         assert all(producer.result(rid, 10).ok for rid in [*ids, untraced])
     consumer.hooks.tracing.flush()
     spans = exporter.get_finished_spans()
@@ -115,7 +107,7 @@ def test_a_bulk_call_carries_the_trace_and_a_bad_traceparent_is_ignored(
     with Producer(redis_url, "q") as producer:
         with client_tracer.start_as_current_span("batch-job") as parent:
             ids = producer.submit_many(xs)
-        drain(consumer, 6)
+        drain(consumer, count=6, rounds=100)
         assert all(producer.result(rid, 10).ok for rid in [*ids, "raw-1"])
     consumer.hooks.tracing.flush()
     requests = {

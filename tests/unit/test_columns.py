@@ -29,6 +29,7 @@ from inferfleet.worker.serving.batching import Request
 from inferfleet.worker.serving.columns import Columns, admit_read, merge_columns
 from inferfleet.worker.serving.intake import Answer, Intake
 from inferfleet.worker.serving.templates import ReplyTemplate
+from tests.helpers import warmed_intake
 
 KEYS = QueueKeys("q")
 MODEL = ("q-model", "v7")
@@ -48,13 +49,14 @@ def ctr_like(
     return encode_body({name: tensors[name] for name in order})
 
 
+#: What the warmed intakes learn (tests/helpers.py ``warmed_intake``): the float32[1,4] and the
+#: CTR-like map templates.
+LEARNT = (BODY, ctr_like())
+
+
 def warmed() -> Intake:
-    """An intake that learnt the float32[1,4] and the CTR-like map templates, and the inbox p1."""
-    intake = Intake(KEYS, Limits(), MODEL)
-    for i, body in enumerate((BODY, ctr_like())):
-        first = {b"id": b"warm", b"body": body, b"reply_to": INBOX}
-        assert isinstance(intake.admit_fast(b"1700000000000-%d" % i, first, NOW_MS), Request)
-    return intake
+    """A new intake that learnt :data:`LEARNT` from first requests to the inbox p1."""
+    return warmed_intake(KEYS, MODEL, LEARNT, INBOX, NOW_MS)
 
 
 def flat(fields: list[tuple[bytes, bytes]]) -> list[bytes]:

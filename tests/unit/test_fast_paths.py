@@ -29,6 +29,7 @@ from inferfleet.worker.serving.consumer import encode_answer
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
 from inferfleet.worker.serving.replies import BatchEncoder
 from inferfleet.worker.serving.templates import BodyTemplate, ReplyTemplate
+from tests.helpers import warmed_intake
 
 KEYS = QueueKeys("q")
 MODEL = ("q-model", "v7")
@@ -36,12 +37,8 @@ NOW_MS = 1_700_000_000_500
 INBOX = KEYS.inbox("p1").encode()
 
 
-def warmed(**overrides: Any) -> Intake:
-    """An intake whose template path knows float32[1,4] bodies and the inbox p1."""
-    intake = Intake(KEYS, Limits(), MODEL, **overrides)
-    first = {b"id": b"warm", b"body": encode_body(np.zeros((1, 4), np.float32)), b"reply_to": INBOX}
-    assert isinstance(intake.admit_fast(b"1700000000000-0", first, NOW_MS), Request)
-    return intake
+#: What the warmed intakes learn (tests/helpers.py ``warmed_intake``): float32[1,4] bodies.
+LEARNT = (encode_body(np.zeros((1, 4), np.float32)),)
 
 
 def same(a: Request | Answer, b: Request | Answer) -> None:
@@ -99,13 +96,13 @@ def test_the_template_path_decides_as_the_general_path(
         entry[b"reply_to"] = reply_to
     entry_id = b"1700000000123-7"
     same(
-        warmed().admit_fast(entry_id, entry, NOW_MS),
+        warmed_intake(KEYS, MODEL, LEARNT, INBOX, NOW_MS).admit_fast(entry_id, entry, NOW_MS),
         Intake(KEYS, Limits(), MODEL).admit(entry_id, entry, NOW_MS),
     )
 
 
 def test_the_template_path_is_taken_and_keeps_the_model_checks() -> None:
-    intake = warmed(input_spec=None)
+    intake = warmed_intake(KEYS, MODEL, LEARNT, INBOX, NOW_MS, input_spec=None)
     body = encode_body(np.ones((1, 4), np.float32))
     template, _ = intake._templates[len(body)]  # the template learnt from the warm-up entry
     assert template.inputs_of(body) is not None
