@@ -9,14 +9,16 @@ pushes requests, breaks something, and counts what came back:
 * ``redis``:  SIGKILL redis-server mid-run and start it again (AOF, fsync always);
 * ``poison``: one request kills every worker that computes it, others keep flowing;
 * ``swap``:   hot swaps and a rollback while a random worker is SIGKILLed every second;
-* ``failover``, ``switchover``: the primary behind Sentinels SIGKILLed, or switched over.
+* ``failover``, ``switchover``: the primary behind Sentinels SIGKILLed, or switched over;
+* ``cluster``: a cluster master SIGKILLed, its replica promoted.
 
-Every scenario reports requests, answered, lost (no reply), duplicated (more
-than one reply in a reply list: every list read again at the end, once the
-group holds nothing unacknowledged), unacknowledged (entries the group still
-held then: 0, or the duplicate count is not final), wrong (outputs other than
-the version that replied computes: 2x for sim-1, 3x for sim-2), settle_s (the
-wait for that, left out of every recovery time) and recovery time. The tests in
+Every scenario reports requests, answered, lost (no reply), duplicated (a reply
+list that holds a reply again after the client took one with LPOP: every list
+read again at the end, once the group holds nothing unacknowledged),
+unacknowledged (entries the group still held then: 0, or the duplicate count is
+not final), wrong (outputs other than the version that replied computes: 2x
+for sim-1, 3x for sim-2), settle_s (the wait for that, left out of every
+recovery time) and recovery time. The tests in
 tests/integration/test_reliability.py run the same functions smaller and assert on them.
 
     python -m benchmarks.chaos kill --requests 5000
@@ -25,9 +27,17 @@ tests/integration/test_reliability.py run the same functions smaller and assert 
     python -m benchmarks.chaos swap --requests 4000
     python -m benchmarks.chaos failover --requests 4000
     python -m benchmarks.chaos switchover --requests 4000
+    python -m benchmarks.chaos failover --requests 4000 --durable
+    python -m benchmarks.chaos switchover --requests 4000 --durable
+    python -m benchmarks.chaos cluster --requests 4000
+    python -m benchmarks.chaos cluster --requests 4000 --durable
 
-``failover`` and ``switchover`` run the fleet and the producer on a Sentinel URL: a primary, a
-replica and three Sentinels; the primary is SIGKILLed, or handed over by SENTINEL FAILOVER.
+``failover`` and ``switchover`` run the fleet and two producers (the SDK, and a raw-redis one
+writing XADDs as docs/protocol.md says) on a Sentinel URL: a primary, a replica and three
+Sentinels; the primary is SIGKILLed, or handed over by SENTINEL FAILOVER. ``cluster`` kills the
+master of the queue's slot in a cluster of three masters with a replica each. ``--durable``:
+producers and workers WAIT for one replica (500 ms at most), and ``not_accepted`` counts the
+requests producers were told were not accepted (sent again with new ids).
 """
 
 from __future__ import annotations
@@ -41,20 +51,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import redis
 
-from inferfleet.producer import Producer, errors
+from inferfleet.producer import Durability, Producer, errors
 from inferfleet.producer.connections import close_client, connect
-from inferfleet.producer.protocol import GROUP, QueueKeys, decode_reply
+from inferfleet.producer.protocol import GROUP, QueueKeys, decode_reply, encode_body
 from inferfleet.worker.embedded import EmbeddedRedis
 from inferfleet.worker.heartbeat import read_heartbeats
 from inferfleet.worker.serving.lifecycle import publish, rollback
 from tests.fixtures.example_handlers import POISON
+from tests.fixtures.replicated_cluster import ReplicatedCluster
 from tests.fixtures.sentinels import SERVICE, SentinelSet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +109,7 @@ def fleet(
         *extra,
     ]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
-    client = connect(url)  # a Sentinel URL too
+    client = connect(url, cluster="--cluster" in extra)  # a Sentinel URL too
     try:
         wait_for(lambda: len(read_heartbeats(client, KEYS)) >= workers, 120, "the fleet to start")
         yield proc
@@ -126,34 +138,94 @@ def inputs_for(i: int) -> np.ndarray:
     return np.full((1, 4), float(i % 1000), np.float32)
 
 
-def feed(url: str, requests: int, per_s: float, accepted: dict[str, int]) -> None:
-    """Submit ``requests`` in small chunks at about ``per_s``; record what Redis accepted."""
-    producer = Producer(url, NAME, default_deadline_s=None)
+def feed(
+    url: str,
+    requests: int,
+    per_s: float,
+    accepted: dict[str, int],
+    *,
+    start: int = 0,
+    durability: Durability | None = None,
+    cluster: bool = False,
+    refused: list[int] | None = None,
+) -> None:
+    """Submit requests ``start`` .. ``start + requests - 1`` in small chunks at about ``per_s``
+    through the SDK; record what Redis accepted. A chunk not accepted (Redis down, or with
+    ``durability`` not confirmed by a replica: counted in ``refused``, ``[count, monotonic time
+    of the last]``) is sent again, new ids."""
+    producer = Producer(url, NAME, default_deadline_s=None, durability=durability, cluster=cluster)
     chunk = 50
-    for start in range(0, requests, chunk):
-        indices = range(start, min(start + chunk, requests))
+    for first in range(start, start + requests, chunk):
+        indices = range(first, min(first + chunk, start + requests))
         while True:
             try:
                 rids = producer.submit_many([inputs_for(i) for i in indices])
                 accepted.update(zip(rids, indices))
                 break
+            except errors.NotReplicated:
+                if refused is not None:
+                    refused[:] = [refused[0] + len(indices), time.monotonic()]
+                time.sleep(0.1)
             except errors.ConnectionError:
                 time.sleep(0.1)  # Redis is down: this chunk was not accepted; retry it
         time.sleep(chunk / per_s)
     producer.close()
 
 
+def raw_feed(
+    url: str,
+    requests: int,
+    per_s: float,
+    accepted: dict[str, int],
+    *,
+    start: int = 0,
+    durability: Durability | None = None,
+    refused: list[int] | None = None,
+) -> None:
+    """:func:`feed` as a client in another language does it, from docs/protocol.md alone: one
+    pipelined ``XADD`` per request with its own id (followed by ``WAIT`` with durability on,
+    on the same connection), redis-py with no SDK. Reconnects after a ``WAIT`` shortfall."""
+    client = connect(url)
+    chunk = 50
+    for first in range(start, start + requests, chunk):
+        indices = range(first, min(first + chunk, start + requests))
+        while True:
+            rids = [f"raw-{uuid.uuid4().hex}" for _ in indices]
+            pipe = client.pipeline(transaction=False)
+            for rid, i in zip(rids, indices):
+                pipe.xadd(KEYS.requests, {"id": rid, "body": encode_body(inputs_for(i))})
+            if durability is not None:
+                pipe.execute_command("WAIT", durability.replicas, durability.timeout_ms)
+            try:
+                told = pipe.execute()
+            except redis.exceptions.RedisError:
+                time.sleep(0.1)  # not accepted (Redis down, READONLY): send again
+                continue
+            if durability is not None and int(told[-1]) < durability.replicas:
+                if refused is not None:
+                    refused[:] = [refused[0] + len(indices), time.monotonic()]
+                client.connection_pool.disconnect()  # find the primary again
+                time.sleep(0.1)
+                continue
+            accepted.update(zip(rids, indices))
+            break
+        time.sleep(chunk / per_s)
+    close_client(client)
+
+
 def tally(
     client: redis.Redis, accepted: dict[str, int], timeout_s: float, settle_s: float = 30.0
 ) -> dict[str, float]:
-    """Wait for every accepted request's reply; count lost, duplicated, wrong, dead-lettered.
+    """Collect every accepted request's reply as a client does (LPOP: taken once); count lost,
+    duplicated, wrong, dead-lettered.
 
-    Each reply is checked when its list first shows one. Duplicates are counted at the end,
-    once the group holds nothing unacknowledged (so no worker can answer again; waited for
-    up to ``settle_s``): every list is read again then, since a second reply may be pushed
-    long after the first.
+    Duplicates are counted at the end, once the group holds nothing unacknowledged (so no
+    worker can answer again; waited for up to ``settle_s``): a request is duplicated when its
+    reply list holds a reply again after the client took one (a second answer, pushed before
+    or after the first was taken).
     """
     pending = dict(accepted)
+    taken: list[str] = []
     counts = {
         "answered": 0,
         "duplicated": 0,
@@ -167,16 +239,21 @@ def tally(
         rids = list(pending)
         pipe = client.pipeline(transaction=False)
         for rid in rids:
-            pipe.llen(KEYS.reply(rid))
-        for rid, length in zip(rids, pipe.execute()):
-            if length:
-                _check(client, rid, pending.pop(rid), counts)
+            pipe.lpop(KEYS.reply(rid))
+        try:
+            popped = pipe.execute()
+        except redis.exceptions.ConnectionError:
+            popped = [None] * len(rids)  # a failover under way: try again
+        for rid, raw in zip(rids, popped):
+            if raw is not None:
+                _check(raw, pending.pop(rid), counts)
+                taken.append(rid)
         time.sleep(0.1)
     counts["lost"] = len(pending)
     counts["requests"] = len(accepted)
     settling = time.monotonic()
     counts["unacknowledged"] = _wait_acknowledged(client, settling + settle_s)
-    counts["duplicated"] = count_duplicates(client, accepted)
+    counts["duplicated"] = count_duplicates(client, taken)
     counts["settle_s"] = round(time.monotonic() - settling, 2)  # not part of any recovery time
     return counts
 
@@ -194,17 +271,17 @@ def _wait_acknowledged(client: redis.Redis, deadline: float) -> int:
         time.sleep(0.1)
 
 
-def count_duplicates(client: redis.Redis, accepted: dict[str, int]) -> int:
-    """Requests whose reply list holds more than one reply now (one LLEN each, pipelined)."""
+def count_duplicates(client: redis.Redis, taken: Iterable[str]) -> int:
+    """Requests taken once whose reply list holds a reply again (one LLEN each, pipelined)."""
     pipe = client.pipeline(transaction=False)
-    for rid in accepted:
+    for rid in taken:
         pipe.llen(KEYS.reply(rid))
-    return sum(1 for length in pipe.execute() if int(length) > 1)
+    return sum(1 for length in pipe.execute() if int(length) > 0)
 
 
-def _check(client: redis.Redis, rid: str, index: int, counts: dict) -> None:
+def _check(raw: bytes, index: int, counts: dict) -> None:
     counts["answered"] += 1
-    reply = decode_reply(client.lindex(KEYS.reply(rid), 0))
+    reply = decode_reply(raw)
     if not reply.ok:
         counts["dead_lettered" if reply.error_code == "dead_letter" else "wrong"] += 1
         return
@@ -353,28 +430,88 @@ def scenario_swap(requests: int = 4000, workers: int = 3, kill_every_s: float = 
     return result
 
 
-def scenario_failover(requests: int = 4000, workers: int = 2, planned: bool = False) -> dict:
-    """Requests flow through a Sentinel URL; the primary is SIGKILLed mid-run (``planned``:
-    ``SENTINEL FAILOVER`` instead), the Sentinels promote the replica, and the fleet and the
-    producer follow it without a restart. Replication is asynchronous: what the primary had
-    accepted but not yet sent to the replica is lost (or answered on the old primary only)."""
-    with SentinelSet() as sentinels, fleet(sentinels.url, workers):
+#: what ``--durable`` asks of the producers and the workers: one replica, 500 ms at most
+DURABLE = Durability(replicas=1, timeout_ms=500)
+
+
+def _durable_args(durable: bool) -> tuple[str, ...]:
+    if not durable:
+        return ()
+    return ("--wait-replicas", str(DURABLE.replicas), "--wait-timeout-ms", str(DURABLE.timeout_ms))
+
+
+def _feeders(
+    url: str,
+    requests: int,
+    accepted: dict[str, int],
+    durable: bool,
+    refused: list[int],
+    raw: bool = True,
+) -> list[threading.Thread]:
+    """The load, 600 requests a second: half through the SDK, half from a raw-redis producer
+    (none on a cluster, where the SDK routes)."""
+    durability = DURABLE if durable else None
+    sdk_share = requests // 2 if raw else requests
+    threads = [
+        threading.Thread(
+            target=feed,
+            args=(url, sdk_share, 300 if raw else 600, accepted),
+            kwargs={"durability": durability, "refused": refused, "cluster": not raw},
+        )
+    ]
+    if raw:
+        threads.append(
+            threading.Thread(
+                target=raw_feed,
+                args=(url, requests - sdk_share, 300, accepted),
+                kwargs={"start": sdk_share, "durability": durability, "refused": refused},
+            )
+        )
+    for thread in threads:
+        thread.start()
+    return threads  # fmt: skip
+
+
+def scenario_failover(
+    requests: int = 4000,
+    workers: int = 2,
+    planned: bool = False,
+    durable: bool = False,
+    replicas: int = 1,
+) -> dict:
+    """Requests flow through a Sentinel URL (half through the SDK, half from a raw-redis
+    producer); the primary is SIGKILLed mid-run (``planned``: ``SENTINEL FAILOVER`` instead),
+    the Sentinels promote the replica, and the fleet and the producers follow it without a
+    restart. Without ``durable`` replication is asynchronous: what the primary had accepted but
+    not yet sent to the replica is lost (or answered on the old primary only); with it, a write
+    counts as accepted once the replica confirmed it (``WAIT``), and the workers wait likewise."""
+    with (
+        SentinelSet(replicas=replicas) as sentinels,
+        fleet(sentinels.url, workers, "SimulatedAccelerator", *_durable_args(durable)),
+    ):
         accepted: dict[str, int] = {}
-        feeder = threading.Thread(target=feed, args=(sentinels.url, requests, 600, accepted))
-        feeder.start()
+        refused = [0, 0.0]
+        feeders = _feeders(sentinels.url, requests, accepted, durable, refused)
         time.sleep(1.5)
         broke = time.monotonic()
         if planned:
             redis.Redis(port=sentinels.ports[0]).sentinel_failover(SERVICE)
         else:
-            os.kill(sentinels.primary.pid or 0, signal.SIGKILL)
+            sentinels.primary.crash()  # SIGKILL
         promoted_s = sentinels.wait_promoted()
-        first_reply_s = _first_reply_s(sentinels.url, broke)
-        feeder.join()
+        if not planned:  # as an operator (or Kubernetes) would: the Sentinels make it a replica
+            sentinels.primary.start()
+        first_reply_s = _first_reply_s(sentinels.url, broke, durable=durable)
+        for feeder in feeders:
+            feeder.join()
         client = connect(sentinels.url)
         result = tally(client, accepted, 30)  # the fleet drains the rest within seconds
         result.update(
             failover="SENTINEL FAILOVER" if planned else "primary SIGKILLed",
+            durable=durable,
+            replicas=replicas,
+            not_accepted=int(refused[0]),
+            last_not_accepted_s=round(max(refused[1] - broke, 0.0), 2) if refused[0] else None,
             promoted_s=round(promoted_s, 2),
             first_reply_after_failure_s=round(first_reply_s, 2),
         )
@@ -382,14 +519,53 @@ def scenario_failover(requests: int = 4000, workers: int = 2, planned: bool = Fa
     return result
 
 
-def scenario_switchover(requests: int = 4000, workers: int = 2) -> dict:
+def scenario_switchover(
+    requests: int = 4000, workers: int = 2, durable: bool = False, replicas: int = 1
+) -> dict:
     """``failover`` planned: SENTINEL FAILOVER while the primary is healthy."""
-    return scenario_failover(requests, workers, planned=True)
+    return scenario_failover(requests, workers, planned=True, durable=durable, replicas=replicas)
 
 
-def _first_reply_s(url: str, since: float) -> float:
-    """Seconds from ``since`` until a new request is answered through ``url``."""
-    probe = Producer(url, NAME, default_deadline_s=None)
+def scenario_cluster(requests: int = 4000, workers: int = 2, durable: bool = False) -> dict:
+    """A Redis Cluster of three masters with a replica each: the master holding the queue's
+    slot is SIGKILLed mid-run; its replica takes over (``cluster-node-timeout`` 1 s) and the
+    fleet and the producer follow it through the cluster's own redirections."""
+    with (
+        ReplicatedCluster() as cluster,
+        fleet(cluster.url, workers, "SimulatedAccelerator", "--cluster", *_durable_args(durable)),
+    ):
+        accepted: dict[str, int] = {}
+        refused = [0, 0.0]
+        feeders = _feeders(cluster.url, requests, accepted, durable, refused, raw=False)
+        time.sleep(1.5)
+        victim = cluster.master_of(KEYS.requests)
+        broke = time.monotonic()
+        cluster.kill(victim)
+        promoted_s = cluster.wait_promoted(KEYS.requests, victim)
+        cluster.restart(victim)  # it rejoins as the replica of the node that took over
+        first_reply_s = _first_reply_s(cluster.url, broke, cluster=True, durable=durable)
+        for feeder in feeders:
+            feeder.join()
+        client = connect(cluster.url, cluster=True)
+        result = tally(client, accepted, 30)
+        result.update(
+            failover="cluster master SIGKILLed",
+            durable=durable,
+            not_accepted=int(refused[0]),
+            last_not_accepted_s=round(max(refused[1] - broke, 0.0), 2) if refused[0] else None,
+            promoted_s=round(promoted_s, 2),
+            first_reply_after_failure_s=round(first_reply_s, 2),
+        )
+        close_client(client)
+    return result
+
+
+def _first_reply_s(url: str, since: float, cluster: bool = False, durable: bool = False) -> float:
+    """Seconds from ``since`` until a new request is answered through ``url`` (sent as the
+    load's producers send theirs: with ``durable``, WAITing for the replica)."""
+    probe = Producer(
+        url, NAME, default_deadline_s=None, cluster=cluster, durability=DURABLE if durable else None
+    )
     try:
         while True:
             try:
@@ -408,15 +584,43 @@ SCENARIOS = {
     "swap": scenario_swap,
     "failover": scenario_failover,
     "switchover": scenario_switchover,
+    "cluster": scenario_cluster,
 }
+
+
+#: the scenarios that take ``--durable``
+DURABLE_SCENARIOS = ("cluster", "failover", "switchover")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
     parser.add_argument("--requests", type=int, default=None)
+    parser.add_argument(
+        "--durable",
+        action="store_true",
+        help="failover, switchover, cluster: producers and workers WAIT for one replica",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="failover, switchover: replicas of the primary (default 1)",
+    )
     args = parser.parse_args()
-    kwargs = {"requests": args.requests} if args.requests else {}
+    if args.replicas is not None and (
+        args.replicas < 1 or args.scenario not in ("failover", "switchover")
+    ):
+        parser.error("--replicas takes 1 or more, for failover and switchover only")
+    if args.requests is not None and args.requests < 1:
+        parser.error("--requests must be at least 1")
+    if args.durable and args.scenario not in DURABLE_SCENARIOS:
+        parser.error(f"--durable applies to {', '.join(DURABLE_SCENARIOS)} only")
+    kwargs: dict = {"requests": args.requests} if args.requests else {}
+    if args.durable:
+        kwargs["durable"] = True
+    if args.replicas is not None:
+        kwargs["replicas"] = args.replicas
     print(json.dumps(SCENARIOS[args.scenario](**kwargs)))
 
 

@@ -256,6 +256,22 @@ class Heartbeat:
                 self.beat()
             except redis.exceptions.RedisError as exc:  # keep beating once Redis is back
                 log.warning("heartbeat of %s failed: %s", self.consumer, exc)
+                if isinstance(
+                    exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+                ):
+                    self._find_nodes_again()
+
+    def _find_nodes_again(self) -> None:
+        """On a Redis Cluster, read the slots' masters again: after a master died, the
+        transaction pipeline a beat uses keeps going to it (redis-py refreshes only every few
+        errors, and its retries are off here), while its replica already serves the slot."""
+        nodes = getattr(self.client, "nodes_manager", None)
+        if nodes is None:
+            return
+        try:
+            nodes.initialize()
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+            log.debug("cluster topology not read again yet: %s", exc)
 
     def stop(self, remove: bool = True) -> None:
         """Stop beating; with ``remove`` delete the heartbeat (a clean exit)."""

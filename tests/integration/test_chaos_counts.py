@@ -50,20 +50,18 @@ def test_tally_counts_answers_versions_wrong_outputs_dead_letters_and_lost(redis
     }
 
 
-def test_a_second_reply_pushed_after_the_first_was_read_is_counted(redis_client, monkeypatch):
-    """The late duplicate: a redelivered entry answered again after the tally saw its first
-    reply."""
+def test_a_second_reply_pushed_after_the_first_was_taken_is_counted(redis_client, monkeypatch):
+    """The late duplicate: a redelivered entry answered again after the tally took its first
+    reply (as a client does: LPOP)."""
     accepted = {"r0": 0, "r1": 1, "r2": 2}
     for rid, index in accepted.items():
         answer(redis_client, rid, reply_of(rid, index))
     first_read = chaos._check
 
-    def read_then_answer_again(
-        client: redis.Redis, rid: str, index: int, counts: dict[str, Any]
-    ) -> None:
-        first_read(client, rid, index, counts)
-        if rid == "r1":
-            answer(client, rid, reply_of(rid, index))  # pushed once the tally has read this list
+    def read_then_answer_again(raw: bytes, index: int, counts: dict[str, Any]) -> None:
+        first_read(raw, index, counts)
+        if index == 1:
+            answer(redis_client, "r1", reply_of("r1", index))  # pushed once r1's was taken
 
     monkeypatch.setattr(chaos, "_check", read_then_answer_again)
     counts = chaos.tally(redis_client, accepted, timeout_s=10, settle_s=0)
@@ -73,7 +71,7 @@ def test_a_second_reply_pushed_after_the_first_was_read_is_counted(redis_client,
         0,
         0,
     )
-    assert redis_client.llen(chaos.KEYS.reply("r1")) == 2
+    assert [redis_client.llen(chaos.KEYS.reply(rid)) for rid in accepted] == [0, 1, 0]
 
 
 @pytest.mark.parametrize("acknowledged", [True, False])
@@ -91,9 +89,11 @@ def test_duplicates_are_counted_once_nothing_is_left_unacknowledged(redis_client
     assert (counts["answered"], counts["unacknowledged"]) == (1, 0 if acknowledged else 1)
 
 
-def test_duplicates_count_every_list_read_at_the_end(redis_client):
+def test_duplicates_count_every_reply_left_once_the_client_took_one(redis_client):
     accepted = {"r0": 0, "r1": 1, "r2": 2}
     for rid, copies in (("r0", 1), ("r1", 3), ("r2", 2)):
         for _ in range(copies):
             answer(redis_client, rid, reply_of(rid, accepted[rid]))
-    assert chaos.count_duplicates(redis_client, accepted) == 2
+    counts = chaos.tally(redis_client, accepted, timeout_s=5, settle_s=0)
+    assert (counts["answered"], counts["duplicated"]) == (3, 2)
+    assert [redis_client.llen(chaos.KEYS.reply(rid)) for rid in accepted] == [0, 2, 1]

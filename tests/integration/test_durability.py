@@ -22,7 +22,7 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.embedded import EmbeddedRedis
 from inferfleet.worker.runtime.loading import load_runtime
 from inferfleet.worker.serving.consumer import Consumer
-from tests.helpers import wait_until
+from tests.helpers import drain, wait_until
 
 #: short, so that a frozen replica fails a write quickly
 QUICK = Durability(replicas=1, timeout_ms=300)
@@ -139,12 +139,6 @@ def _consumer(url: str, models_dir, model: str, **overrides) -> Consumer:
     return consumer
 
 
-def _drain(consumer: Consumer) -> None:
-    for _ in range(20):
-        if consumer.run_once() == 0:
-            return
-
-
 @pytest.mark.parametrize("model", ["affine.pt", "tests.handlers:Scale"])
 def test_a_worker_waits_for_its_replies_to_reach_the_replica(
     pair: Pair, models_dir, model: str, caplog: pytest.LogCaptureFixture
@@ -158,13 +152,13 @@ def test_a_worker_waits_for_its_replies_to_reach_the_replica(
     keys = consumer.keys
     with Producer(pair.primary.url, "wdur") as producer:
         rids = producer.submit_many([x] * 4)
-        _drain(consumer)
+        drain(consumer)
         assert all(pair.replica_client.llen(keys.reply(rid)) == 1 for rid in rids)
         assert "not confirmed" not in caplog.text
         with pair.frozen_replica():
             late = producer.submit_many([x] * 2)
             with caplog.at_level(logging.WARNING):
-                _drain(consumer)
+                drain(consumer)
             assert all(pair.primary_client.llen(keys.reply(rid)) == 1 for rid in late)
         assert "replies not confirmed by 1 replicas within 300 ms" in caplog.text
         wait_until(
@@ -182,3 +176,22 @@ def test_wait_replicas_is_checked_like_every_setting() -> None:
     settings = WorkerSettings(name="q", model="m.pt", wait_replicas=2, wait_timeout_ms=50)
     assert settings.durability == Durability(2, 50)
     assert WorkerSettings(name="q", model="m.pt").durability is None
+
+
+def test_a_user_needs_wait_granted_and_is_told_so_when_it_is_not(pair: Pair) -> None:
+    """WAIT is one more command for the producer's (and the worker's) ACL user: granted, a
+    durable submit works; refused, the write fails with Redis's NOPERM, not NotReplicated."""
+    from inferfleet.producer import InferfleetError
+
+    base = ["on", ">pw", "-@all", "+xadd", "~inferfleet:{acl}:requests*"]
+    base.append("(+exists ~inferfleet:{acl}:limits)")  # the documented producer reads it
+    pair.primary_client.execute_command("ACL", "SETUSER", "granted", *base, "+wait")
+    pair.primary_client.execute_command("ACL", "SETUSER", "refused", *base)
+    url = f"redis://{{user}}:pw@127.0.0.1:{pair.primary.port}/0"
+    x = np.ones((1, 4), np.float32)
+    with Producer(url.format(user="granted"), "acl", durability=QUICK) as granted:
+        assert pair.on_replica(QueueKeys("acl").requests, granted.submit(x))
+    with Producer(url.format(user="refused"), "acl", durability=QUICK) as refused:
+        with pytest.raises(InferfleetError, match=r"(?i)noperm|permission") as caught:
+            refused.submit(x)
+        assert not isinstance(caught.value, NotReplicated)

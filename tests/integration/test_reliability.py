@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.chaos import (
+    scenario_cluster,
     scenario_failover,
     scenario_kill,
     scenario_poison,
@@ -70,3 +71,29 @@ def test_a_primary_behind_sentinels_is_followed_and_what_it_loses_is_only_counte
     assert result["unacknowledged"] == 0, result
     assert result["wrong"] == 0 and result["dead_lettered"] == 0, result
     assert result["answered"] + result["lost"] == result["requests"] > 0, result
+
+
+@pytest.mark.parametrize("planned", [False, True], ids=["killed", "switched-over"])
+def test_with_durability_a_failover_loses_no_accepted_request(planned):
+    """Producers (the SDK and a raw-redis one) WAIT for the replica, workers too: every request
+    a producer was told was accepted is answered once, whether the primary was SIGKILLed (and
+    restarted, to rejoin as a replica) or switched over; what was not confirmed in time was
+    refused, never silently dropped."""
+    result = scenario_failover(requests=1200, workers=2, planned=planned, durable=True)
+    assert_all_answered_once(result)
+    if planned:  # the new primary has no replica until the Sentinels demote the old one
+        assert result["not_accepted"] > 0, result
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["async", "durable"])
+def test_a_cluster_master_killed_is_followed_by_the_fleet_and_the_producer(durable):
+    """A Redis Cluster with a replica per master: the master of the queue's slot is SIGKILLed;
+    the fleet and the producer follow the promoted replica. With durability nothing accepted is
+    lost; without it what is lost is only counted."""
+    result = scenario_cluster(requests=1200, workers=2, durable=durable)
+    assert result["unacknowledged"] == 0 and result["wrong"] == 0, result
+    assert result["first_reply_after_failure_s"] < 60, result
+    if durable:
+        assert_all_answered_once(result)
+    else:
+        assert result["answered"] + result["lost"] == result["requests"] > 0, result
