@@ -8,6 +8,7 @@ subprocess serving models/affine.pt (float32[N,16] -> float32[N,4]).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import pytest
 import redis
 
 from tests.conftest import ROOT, stop_process, wait_for_consumer, worker_env
+from tests.helpers import wait_until
 
 NAME = "affine"
 STREAM = "inferfleet:{affine}:requests"
@@ -163,6 +165,12 @@ def test_requests_written_before_any_worker_are_served(redis_client, start_worke
 
 
 def test_doc_worked_example_bytes(redis_client, start_worker, affine):
+    # the page's printf ... | xxd -r -p writes these bytes, and its wc -c counts them
+    page = (ROOT / "docs" / "protocol.md").read_text()
+    printed = re.search(r"\$ printf '%s' (.*?)\| xxd -r -p > body\.bin", page, re.DOTALL)
+    assert printed, "docs/protocol.md has no printf ... | xxd -r -p > body.bin"
+    assert bytes.fromhex(re.sub(r"[\s\\]", "", printed.group(1))) == DOC_EXAMPLE_BODY
+    assert re.search(rf"\$ wc -c < body\.bin\n\s+{len(DOC_EXAMPLE_BODY)}\n", page)
     start_worker()
     redis_client.xadd(STREAM, {"id": "demo-1", "body": DOC_EXAMPLE_BODY})
     reply = blpop(redis_client, reply_key("demo-1"))
@@ -223,6 +231,9 @@ def test_malformed_requests_get_bad_request(redis_client, start_worker):
     redis_client.xadd(STREAM, {"id": "not a valid id!", "body": body(tensor(ones))})
     redis_client.xadd(STREAM, {"id": "ok-after", "body": body(tensor(ones))})
 
+    # the page's demo-5: the refusal waits in a list of one element, under the reply TTL
+    wait_until(lambda: redis_client.llen(reply_key("not-msgpack")) == 1, 30, "the refusal")
+    assert 0 < redis_client.pttl(reply_key("not-msgpack")) <= DEFAULT_TTL_MS
     messages = {}
     for rid in cases:
         reply = blpop(redis_client, reply_key(rid))

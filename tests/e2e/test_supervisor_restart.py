@@ -33,6 +33,10 @@ MAX_WORKERS = 2
 
 
 def supervise(redis_url: str, models_dir: Path, log_path: Path) -> subprocess.Popen:
+    """The supervisor as docs/operations.md starts one (``--devices auto --policy lag``), held at
+    MAX_WORKERS by ``--min-workers`` = ``--max-workers``: the lag policy's answer is clamped to
+    them, so the fleet's size is the test's to know whatever the load (a GPU-less machine's auto
+    is the CPU)."""
     cmd = [
         sys.executable,
         "-m",
@@ -43,13 +47,13 @@ def supervise(redis_url: str, models_dir: Path, log_path: Path) -> subprocess.Po
         "--model",
         str(models_dir / "affine.pt"),
         "--policy",
-        "fixed",
+        "lag",
         "--min-workers",
         str(MAX_WORKERS),
         "--max-workers",
         str(MAX_WORKERS),
         "--devices",
-        "cpu",
+        "auto",
         "--interval-s",
         "0.2",
         "--heartbeat-s",

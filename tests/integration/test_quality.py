@@ -12,7 +12,8 @@ from inferfleet.producer import Producer
 from inferfleet.producer.protocol import QueueKeys
 from inferfleet.worker.heartbeat import read_heartbeats
 from inferfleet.worker.serving.alerts import read_alerts
-from tests.conftest import ROOT, worker_env
+from tests.conftest import ROOT, stop_process, worker_env
+from tests.helpers import wait_until
 
 
 def row(*values: float) -> np.ndarray:
@@ -93,6 +94,44 @@ def test_nan_outputs_are_a_model_error_and_an_alert(redis_url, redis_client, spa
     assert not bad.ok and bad.error_code == "model_error" and "NaN" in bad.error_message
     (alert,) = read_alerts(redis_client, QueueKeys("q"))
     assert (alert.kind, alert.rid, alert.version) == ("non_finite", rids[1], "scale-1")
+
+
+def test_alerts_follow_prints_each_new_alert_of_its_kind(
+    redis_url, redis_client, spawn_worker, tmp_path
+):
+    """docs/operations.md's ``inferfleet alerts --name ctr --kind non_finite --follow``: it keeps
+    running and prints the alerts raised after it started, of its kind only."""
+    spawn_worker("q", "tests.handlers:NanOnNegative", "--min-confidence", "0.99")
+    printed = tmp_path / "alerts.txt"
+    with open(printed, "w") as out:
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "inferfleet", "alerts", "--name", "q"]
+            + ["--kind", "non_finite", "--follow"],
+            env={**worker_env(redis_url), "PYTHONUNBUFFERED": "1"},
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.PIPE,
+        )
+    try:
+        with Producer(redis_url, "q") as producer:
+            # a low_confidence alert (a top score of 0.2) is not its kind; each NaN row is, sent
+            # until one arrives after the command has taken the stream's newest entry
+            assert ask(producer, row(0.1, 0.1, 0.1, 0.1)).ok
+
+            def followed() -> bool:
+                assert follow.poll() is None, follow.stderr.read().decode()
+                ask(producer, row(-1, 1, 1, 1))
+                return "non_finite" in printed.read_text()
+
+            wait_until(followed, 60, "a non_finite alert printed by --follow", every_s=0.5)
+        assert follow.poll() is None  # still following
+    finally:
+        stop_process(follow)
+        follow.stderr.close()
+    lines = printed.read_text().splitlines()
+    assert lines and all(" non_finite " in line for line in lines), lines
+    kinds = {a.kind for a in read_alerts(redis_client, QueueKeys("q"))}
+    assert kinds == {"non_finite", "low_confidence"}  # the other kind was raised, not printed
 
 
 def test_low_confidence_is_answered_and_alerted(redis_url, redis_client, spawn_worker):
