@@ -194,6 +194,8 @@ RUN_BY: dict[str, str] = {
     r"^docs/(benchmarks\.md: |metrics\.md: python -m benchmarks\.bench_metrics )": _BENCHMARKS,
     r"^docs/security\.md: redis-server --port 0 --tls-port ":
         "tests/integration/test_security.py::test_tls_worker_and_producer_round_trip",
+    r"^README\.md: \./scripts/test$":
+        _README + "test_the_readme_test_command_runs_pytest_on_what_it_is_given",
     r"^README\.md: \./scripts/demo$":
         "tests/e2e/test_demo.py::test_the_demo_runs_as_written_answers_every_request_and_stops_what_it_started",
     r"^docs/deploy\.md: (docker compose (build|up -d|run --rm -e|stop|down)|curl -s "
@@ -205,7 +207,6 @@ RUN_BY: dict[str, str] = {
 #: "page: command" pattern -> why no test here runs it.
 # fmt: off
 EXEMPT: dict[str, str] = {
-    r"^README\.md: \./scripts/test$": "how every test here runs: the suite cannot run itself",
     r"^docs/operations\.md: inferfleet (worker|supervise|enqueue|status|dead list) --name ctr "
     r".*--cluster --shards 8":
         _CLUSTER,
