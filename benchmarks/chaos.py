@@ -430,33 +430,35 @@ def scenario_swap(requests: int = 4000, workers: int = 3, kill_every_s: float = 
     return result
 
 
-#: what ``--durable`` asks of the producers and the workers: one replica, 500 ms at most
-DURABLE = Durability(replicas=1, timeout_ms=500)
+def durability(durable: bool, replicas: int = 1) -> Durability | None:
+    """What ``--durable`` asks of the producers and the workers: every replica there is (a
+    planned switch-over leaves the old primary writable with the replicas not promoted, so a
+    write only one of them confirmed could still be lost), 500 ms at most."""
+    return Durability(replicas=replicas, timeout_ms=500) if durable else None
 
 
-def _durable_args(durable: bool) -> tuple[str, ...]:
-    if not durable:
+def _durable_args(wait: Durability | None) -> tuple[str, ...]:
+    if wait is None:
         return ()
-    return ("--wait-replicas", str(DURABLE.replicas), "--wait-timeout-ms", str(DURABLE.timeout_ms))
+    return ("--wait-replicas", str(wait.replicas), "--wait-timeout-ms", str(wait.timeout_ms))
 
 
 def _feeders(
     url: str,
     requests: int,
     accepted: dict[str, int],
-    durable: bool,
+    wait: Durability | None,
     refused: list[int],
     raw: bool = True,
 ) -> list[threading.Thread]:
     """The load, 600 requests a second: half through the SDK, half from a raw-redis producer
     (none on a cluster, where the SDK routes)."""
-    durability = DURABLE if durable else None
     sdk_share = requests // 2 if raw else requests
     threads = [
         threading.Thread(
             target=feed,
             args=(url, sdk_share, 300 if raw else 600, accepted),
-            kwargs={"durability": durability, "refused": refused, "cluster": not raw},
+            kwargs={"durability": wait, "refused": refused, "cluster": not raw},
         )
     ]
     if raw:
@@ -464,7 +466,7 @@ def _feeders(
             threading.Thread(
                 target=raw_feed,
                 args=(url, requests - sdk_share, 300, accepted),
-                kwargs={"start": sdk_share, "durability": durability, "refused": refused},
+                kwargs={"start": sdk_share, "durability": wait, "refused": refused},
             )
         )
     for thread in threads:
@@ -484,14 +486,17 @@ def scenario_failover(
     the Sentinels promote the replica, and the fleet and the producers follow it without a
     restart. Without ``durable`` replication is asynchronous: what the primary had accepted but
     not yet sent to the replica is lost (or answered on the old primary only); with it, a write
-    counts as accepted once the replica confirmed it (``WAIT``), and the workers wait likewise."""
+    counts as accepted once every replica confirmed it (``WAIT``), and the workers wait
+    likewise. ``failovers`` counts the Sentinels' promotions (their config epoch): 1 unless a
+    stall made them fail over again."""
+    wait = durability(durable, replicas)
     with (
         SentinelSet(replicas=replicas) as sentinels,
-        fleet(sentinels.url, workers, "SimulatedAccelerator", *_durable_args(durable)),
+        fleet(sentinels.url, workers, "SimulatedAccelerator", *_durable_args(wait)),
     ):
         accepted: dict[str, int] = {}
         refused = [0, 0.0]
-        feeders = _feeders(sentinels.url, requests, accepted, durable, refused)
+        feeders = _feeders(sentinels.url, requests, accepted, wait, refused)
         time.sleep(1.5)
         broke = time.monotonic()
         if planned:
@@ -500,16 +505,19 @@ def scenario_failover(
             sentinels.primary.crash()  # SIGKILL
         promoted_s = sentinels.wait_promoted()
         if not planned:  # as an operator (or Kubernetes) would: the Sentinels make it a replica
+            sentinels.wait_all_moved()  # not before: it comes back empty (no persistence)
             sentinels.primary.start()
-        first_reply_s = _first_reply_s(sentinels.url, broke, durable=durable)
+        first_reply_s = _first_reply_s(sentinels.url, broke, wait=wait)
         for feeder in feeders:
             feeder.join()
         client = connect(sentinels.url)
         result = tally(client, accepted, 30)  # the fleet drains the rest within seconds
+        master = redis.Redis(port=sentinels.ports[0]).sentinel_master(SERVICE)
         result.update(
             failover="SENTINEL FAILOVER" if planned else "primary SIGKILLed",
             durable=durable,
             replicas=replicas,
+            failovers=int(master.get("config-epoch", 0)),
             not_accepted=int(refused[0]),
             last_not_accepted_s=round(max(refused[1] - broke, 0.0), 2) if refused[0] else None,
             promoted_s=round(promoted_s, 2),
@@ -530,20 +538,21 @@ def scenario_cluster(requests: int = 4000, workers: int = 2, durable: bool = Fal
     """A Redis Cluster of three masters with a replica each: the master holding the queue's
     slot is SIGKILLed mid-run; its replica takes over (``cluster-node-timeout`` 1 s) and the
     fleet and the producer follow it through the cluster's own redirections."""
+    wait = durability(durable)
     with (
         ReplicatedCluster() as cluster,
-        fleet(cluster.url, workers, "SimulatedAccelerator", "--cluster", *_durable_args(durable)),
+        fleet(cluster.url, workers, "SimulatedAccelerator", "--cluster", *_durable_args(wait)),
     ):
         accepted: dict[str, int] = {}
         refused = [0, 0.0]
-        feeders = _feeders(cluster.url, requests, accepted, durable, refused, raw=False)
+        feeders = _feeders(cluster.url, requests, accepted, wait, refused, raw=False)
         time.sleep(1.5)
         victim = cluster.master_of(KEYS.requests)
         broke = time.monotonic()
         cluster.kill(victim)
         promoted_s = cluster.wait_promoted(KEYS.requests, victim)
         cluster.restart(victim)  # it rejoins as the replica of the node that took over
-        first_reply_s = _first_reply_s(cluster.url, broke, cluster=True, durable=durable)
+        first_reply_s = _first_reply_s(cluster.url, broke, cluster=True, wait=wait)
         for feeder in feeders:
             feeder.join()
         client = connect(cluster.url, cluster=True)
@@ -560,12 +569,12 @@ def scenario_cluster(requests: int = 4000, workers: int = 2, durable: bool = Fal
     return result
 
 
-def _first_reply_s(url: str, since: float, cluster: bool = False, durable: bool = False) -> float:
+def _first_reply_s(
+    url: str, since: float, cluster: bool = False, wait: Durability | None = None
+) -> float:
     """Seconds from ``since`` until a new request is answered through ``url`` (sent as the
-    load's producers send theirs: with ``durable``, WAITing for the replica)."""
-    probe = Producer(
-        url, NAME, default_deadline_s=None, cluster=cluster, durability=DURABLE if durable else None
-    )
+    load's producers send theirs: with ``wait``, WAITing for the replicas)."""
+    probe = Producer(url, NAME, default_deadline_s=None, cluster=cluster, durability=wait)
     try:
         while True:
             try:

@@ -87,5 +87,5 @@ def not_replicated(durability: Durability, seen: int) -> errors.NotReplicated:
         f"the request reached the primary, but {seen} of the {durability.replicas} replicas "
         f"asked for confirmed it within {durability.timeout_ms} ms: a failover now could lose "
         "it, and it may still be computed. Send it again (a new id) if you still need it; the "
-        "next call reconnects (docs/reliability.md, 'Durability')"
+        "next call reconnects (docs/reliability.md, section Durability)"
     )

@@ -15,6 +15,7 @@ from benchmarks.chaos import (
     scenario_poison,
     scenario_redis,
     scenario_swap,
+    scenario_switchover,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -65,7 +66,10 @@ def test_a_primary_behind_sentinels_is_followed_and_what_it_loses_is_only_counte
     requests with it, and a switched-over one takes what it accepts until it is demoted:
     docs/reliability.md reports how many. What must hold: the fleet and the producers follow
     the promoted replica without a restart, nothing stays pending, and no reply is wrong."""
-    result = scenario_failover(requests=2000, workers=2, planned=planned)
+    if planned:
+        result = scenario_switchover(requests=2000, workers=2)
+    else:
+        result = scenario_failover(requests=2000, workers=2)
     assert result["promoted_s"] < 30, result
     assert result["first_reply_after_failure_s"] < 60, result
     assert result["unacknowledged"] == 0, result
@@ -75,13 +79,17 @@ def test_a_primary_behind_sentinels_is_followed_and_what_it_loses_is_only_counte
 
 @pytest.mark.parametrize("planned", [False, True], ids=["killed", "switched-over"])
 def test_with_durability_a_failover_loses_no_accepted_request(planned):
-    """Producers (the SDK and a raw-redis one) WAIT for the replica, workers too: every request
-    a producer was told was accepted is answered once, whether the primary was SIGKILLed (and
-    restarted, to rejoin as a replica) or switched over; what was not confirmed in time was
-    refused, never silently dropped."""
-    result = scenario_failover(requests=1200, workers=2, planned=planned, durable=True)
+    """Producers (the SDK and a raw-redis one) WAIT for every replica, workers too: every
+    request a producer was told was accepted is answered once, whether the primary was
+    SIGKILLed (and restarted, to rejoin as a replica) or switched over (with two replicas);
+    what was not confirmed in time was refused, never silently dropped."""
+    if planned:  # two replicas: durability waits for both (one could drop what it confirmed)
+        result = scenario_switchover(requests=1200, workers=2, durable=True, replicas=2)
+    else:
+        result = scenario_failover(requests=1200, workers=2, durable=True)
     assert_all_answered_once(result)
-    if planned:  # the new primary has no replica until the Sentinels demote the old one
+    assert result["failovers"] == 1, result
+    if planned:  # the new primary lacks a replica until the Sentinels demote the old one
         assert result["not_accepted"] > 0, result
 
 

@@ -234,29 +234,7 @@ EXEMPT: dict[str, str] = {
 
 #: (page, command, test) -> what the test does not use yet, for a test or page this change may not
 #: edit: each entry a TODO.
-NOT_YET_RUN: dict[tuple[str, str, str], tuple[str, ...]] = {
-    # TODO(tests/integration/test_reliability.py): the switchover runs as
-    # scenario_failover(planned=True), which the words check cannot tell from the failover; name
-    # it (scenario_switchover, or a parameter id "switchover") and drop these entries' word.
-    (
-        "docs/reliability.md",
-        "python -m benchmarks.chaos switchover --requests 4000",
-        _RELIABILITY
-        + "test_a_primary_behind_sentinels_is_followed_and_what_it_loses_is_only_counted",
-    ): ("switchover",),
-    (
-        "docs/reliability.md",
-        "python -m benchmarks.chaos switchover --requests 4000 --durable",
-        _RELIABILITY + "test_with_durability_a_failover_loses_no_accepted_request",
-    ): ("switchover",),
-    # TODO(tests/integration/test_reliability.py): no test runs --replicas 2 (a primary with two
-    # replicas, durability waiting for both); run it, or drop the page's line.
-    (
-        "docs/reliability.md",
-        "python -m benchmarks.chaos switchover --requests 4000 --durable --replicas 2",
-        _RELIABILITY + "test_with_durability_a_failover_loses_no_accepted_request",
-    ): ("switchover", "--replicas"),
-}
+NOT_YET_RUN: dict[tuple[str, str, str], tuple[str, ...]] = {}
 
 
 def _covering(command: DocCommand, patterns: dict[str, str]) -> list[str]:
