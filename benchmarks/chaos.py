@@ -513,15 +513,12 @@ def scenario_failover(
         client = connect(sentinels.url)
         result = tally(client, accepted, 30)  # the fleet drains the rest within seconds
         master = redis.Redis(port=sentinels.ports[0]).sentinel_master(SERVICE)
+        _describe(result, refused, broke, promoted_s, first_reply_s)
         result.update(
             failover="SENTINEL FAILOVER" if planned else "primary SIGKILLed",
             durable=durable,
             replicas=replicas,
             failovers=int(master.get("config-epoch", 0)),
-            not_accepted=int(refused[0]),
-            last_not_accepted_s=round(max(refused[1] - broke, 0.0), 2) if refused[0] else None,
-            promoted_s=round(promoted_s, 2),
-            first_reply_after_failure_s=round(first_reply_s, 2),
         )
         close_client(client)
     return result
@@ -557,16 +554,23 @@ def scenario_cluster(requests: int = 4000, workers: int = 2, durable: bool = Fal
             feeder.join()
         client = connect(cluster.url, cluster=True)
         result = tally(client, accepted, 30)
-        result.update(
-            failover="cluster master SIGKILLed",
-            durable=durable,
-            not_accepted=int(refused[0]),
-            last_not_accepted_s=round(max(refused[1] - broke, 0.0), 2) if refused[0] else None,
-            promoted_s=round(promoted_s, 2),
-            first_reply_after_failure_s=round(first_reply_s, 2),
-        )
+        _describe(result, refused, broke, promoted_s, first_reply_s)
+        result.update(failover="cluster master SIGKILLed", durable=durable)
         close_client(client)
     return result
+
+
+def _describe(
+    result: dict, refused: list, broke: float, promoted_s: float, first_reply_s: float
+) -> None:
+    """Add a failover's figures to its tally: what was refused (and until when, in seconds
+    after the failure), when the replica was promoted and the first new request answered."""
+    result.update(
+        not_accepted=int(refused[0]),
+        last_not_accepted_s=round(max(refused[1] - broke, 0.0), 2) if refused[0] else None,
+        promoted_s=round(promoted_s, 2),
+        first_reply_after_failure_s=round(first_reply_s, 2),
+    )
 
 
 def _first_reply_s(

