@@ -1,0 +1,173 @@
+"""Continuous batching's rules, on a counting model that checks the slot contract: who joins,
+which token, when a sequence ends, and that the mode never changes what a request gets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from inferfleet.worker.runtime.stepwise import StepwiseHandler
+from inferfleet.worker.serving.continuous import (
+    GenerationParams,
+    Generator,
+    admitted,
+    finish_reason,
+    run_all,
+    sample,
+)
+
+VOCAB, EOS = 16, 15
+
+
+class Counting(StepwiseHandler):
+    """Next token = last token + 1 (mod 15), so 15 (the end token) never comes by itself; every
+    call checks the slots as a real cache would: prefill a free slot, step a live one."""
+
+    vocab_size, eos_token, max_length = VOCAB, EOS, 64
+
+    def __init__(self, slots: int = 4) -> None:
+        self.max_slots = slots
+        self.lengths: dict[int, int] = {}
+        self.calls: list[tuple[str, int]] = []
+
+    def _logits(self, last: Sequence[int]) -> np.ndarray:
+        out = np.zeros((len(last), VOCAB), np.float32)
+        out[np.arange(len(last)), (np.asarray(last) + 1) % EOS] = 1.0
+        return out
+
+    def prefill(self, slots, prompts):
+        assert not set(slots) & set(self.lengths), "prefill of a live slot"
+        self.lengths.update({s: len(p) for s, p in zip(slots, prompts)})
+        self.calls.append(("prefill", len(slots)))
+        return self._logits([int(p[-1]) for p in prompts])
+
+    def step(self, slots, tokens):
+        assert set(slots) <= set(self.lengths), "step of a free slot"
+        for s in slots:
+            self.lengths[s] += 1
+            assert self.lengths[s] <= self.max_length
+        self.calls.append(("step", len(slots)))
+        return self._logits(tokens.tolist())
+
+    def release(self, slot):
+        del self.lengths[slot]
+
+
+def mixed(n: int) -> list[tuple[str, np.ndarray, dict]]:
+    """``n`` requests, prompts of 1 to 5 tokens, asking for 1 to 20 tokens."""
+    rng = np.random.default_rng(7)
+    return [
+        (f"r{i}", rng.integers(0, 14, size=1 + i % 5), {"max_new_tokens": int(rng.integers(1, 21))})
+        for i in range(n)
+    ]
+
+
+def test_who_joins_in_each_mode() -> None:
+    assert [admitted("continuous", free, 5, live) for free, live in ((4, 0), (2, 2))] == [4, 2]
+    assert [admitted("static", free, 5, live) for free, live in ((4, 0), (2, 2))] == [4, 0]
+    assert [admitted("sequential", free, 5, live) for free, live in ((4, 0), (3, 1))] == [1, 0]
+    assert admitted("continuous", 4, 0, 0) == 0
+
+
+def test_sampling_is_greedy_at_zero_temperature_and_repeats_with_a_seed() -> None:
+    logits = np.array([0.1, 2.0, 1.9, -1.0], np.float32)
+    rng = np.random.default_rng(0)
+    assert sample(logits, GenerationParams(), rng) == 1
+    assert sample(logits, GenerationParams(temperature=5.0, top_k=1), rng) == 1
+    hot = GenerationParams(temperature=100.0, seed=3)
+    draws = [sample(logits, hot, np.random.default_rng(3)) for _ in range(3)]
+    assert len(set(draws)) == 1  # the same seed, the same draw
+    many = {sample(logits, hot, rng) for _ in range(200)}
+    assert many == {0, 1, 2, 3}  # hot: every token comes up
+    assert {
+        sample(logits, GenerationParams(temperature=100.0, top_k=2), rng) for _ in range(200)
+    } == {
+        1,
+        2,
+    }
+
+
+def test_a_sequence_ends_at_its_end_token_a_stop_token_or_its_length() -> None:
+    model = Counting()
+    params = GenerationParams(max_new_tokens=3, stop=(7,))
+    assert finish_reason(EOS, 1, 5, params, model) == "stop"
+    assert finish_reason(7, 1, 5, params, model) == "stop"
+    assert finish_reason(4, 3, 5, params, model) == "length"
+    assert finish_reason(4, 1, model.max_length, params, model) == "length"
+    assert finish_reason(4, 2, 5, params, model) is None
+
+
+@pytest.mark.parametrize("mode", ["static", "sequential"])
+def test_the_mode_never_changes_what_a_request_gets(mode: str) -> None:
+    requests = mixed(11)
+    expected = run_all(Generator(Counting(), "continuous"), requests)
+    assert run_all(Generator(Counting(), mode), requests) == expected
+    first, *_ = requests
+    start = int(first[1][-1])
+    assert expected["r0"] == [(start + 1 + i) % EOS for i in range(len(expected["r0"]))]
+    assert all(len(expected[rid]) == p["max_new_tokens"] for rid, _, p in requests)
+
+
+def test_continuous_batching_fills_freed_slots_and_needs_fewer_forward_passes() -> None:
+    requests = [("long", np.array([1]), {"max_new_tokens": 20})] + [
+        (f"short{i}", np.array([2]), {"max_new_tokens": 2}) for i in range(6)
+    ]
+    passes = {}
+    for mode in ("continuous", "static"):
+        model = Counting(slots=2)
+        generator = Generator(model, mode)
+        order: list[str] = []
+        for rid, prompt, params in requests:
+            generator.submit(rid, prompt, GenerationParams.from_params(params))
+        while not generator.idle:
+            order += [t.rid for t in generator.iterate() if t.finished]
+        passes[mode] = len(model.calls)
+        if mode == "continuous":  # the shorts run beside the long one, in its freed slot
+            assert order[-1] == "long" and len(order) == 7
+        else:  # a batch ends with its longest: every short after the long one waits for it
+            assert order.index("long") < order.index("short1")
+    assert passes["continuous"] < passes["static"]
+
+
+def test_cancel_frees_a_live_slot_and_drops_a_waiting_request() -> None:
+    model = Counting(slots=1)
+    generator = Generator(model, "continuous")
+    generator.submit("a", np.array([1]), GenerationParams(max_new_tokens=50))
+    generator.submit("b", np.array([1]), GenerationParams(max_new_tokens=50))
+    generator.submit("c", np.array([3]), GenerationParams(max_new_tokens=2))
+    generator.iterate()
+    assert generator.cancel("b") and generator.cancel("a") and not generator.cancel("zz")
+    assert model.lengths == {}
+    tokens = generator.iterate() + generator.iterate()
+    assert [(t.rid, t.token) for t in tokens] == [("c", 4), ("c", 5)]
+    assert tokens[-1].finished == "length" and generator.idle
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": True}, "max_new_tokens"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_k": -2}, "top_k"),
+        ({"seed": 1.5}, "seed"),
+        ({"stop": ["x"]}, "stop"),
+        ({"beam": 4}, "unknown generation params"),
+    ],
+)
+def test_bad_generation_params_are_refused_by_name(params: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        GenerationParams.from_params(params)
+
+
+def test_bad_prompts_and_modes_are_refused() -> None:
+    with pytest.raises(ValueError, match="mode must be one of"):
+        Generator(Counting(), "eager")
+    generator = Generator(Counting())
+    with pytest.raises(ValueError, match="a prompt holds 1 to 63 tokens"):
+        generator.submit("e", np.array([], np.int64), GenerationParams())
+    with pytest.raises(ValueError, match="a prompt holds"):
+        generator.submit("l", np.zeros(64, np.int64), GenerationParams())
