@@ -39,6 +39,17 @@ def test_shown_keeps_short_values_and_cuts_long_ones():
     assert len(shown(list(range(10_000)))) < 1000
 
 
+def test_shown_cuts_past_the_limit_and_any_other_repr_past_four_times_it():
+    # pinned by the mutation run (issue 35): both bounds, exactly
+    assert shown("x" * 64) == repr("x" * 64)
+    assert shown("x" * 65) == repr("x" * 64) + "... (65 long)"
+    exact = {"k": "v" * (256 - len(repr({"k": ""})))}  # a repr of 4 x 64 characters: whole
+    assert shown(exact) == repr(exact)
+    longer = {"k": "v" * 300}
+    text = repr(longer)
+    assert shown(longer) == f"{text[:256]}... ({len(text)} characters)"
+
+
 def test_clip_says_how_much_it_cut():
     assert clip("short") == "short"
     assert clip("x" * 300, 10) == "x" * 10 + "... [290 more characters]"

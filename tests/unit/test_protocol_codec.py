@@ -20,8 +20,10 @@ from inferfleet.producer.protocol import (
     Limits,
     decode_body,
     decode_inputs,
+    decode_outputs,
     encode_body,
     encode_inputs,
+    encode_outputs,
     pack,
     row_count,
     unpack,
@@ -85,6 +87,7 @@ def expect_error(
         else:
             decode_body(body, limits)
     assert info.value.code == code
+    assert str(info.value) not in ("", "None")  # the error reply's message says what was wrong
     return info.value
 
 
@@ -629,3 +632,154 @@ def test_raw_text_and_bytes_outputs_round_trip_in_replies_version_1_2() -> None:
     for outputs in ("a label", b"\x00\xff"):
         reply = decode_reply(encode_reply_ok("r", outputs, ("m", "1"), {"batch_rows": 1}))
         assert reply.ok and reply.outputs == outputs
+
+
+# --------------------------------------------------------------------------- pinned by the mutation
+# run (issue 35, docs/benchmarks.md): each rule below had a mutant that no test told apart
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (
+            body_of(tensor_map(shape=[1, 16], data=bytes(60))),
+            "inputs: shape [1, 16] of float32 needs 64 bytes, data has 60",
+        ),
+        (body_of(tensor_map(data="\x00" * 24)), "inputs: data must be msgpack bin, got str"),
+    ],
+    ids=["short-data", "data-str"],
+)
+def test_the_example_messages_of_docs_protocol_md_are_what_the_decoder_says(
+    body: bytes, says: str
+) -> None:
+    assert str(expect_error(body)) == says
+
+
+@pytest.mark.parametrize(
+    ("inputs", "says"),
+    [
+        ([tensor_map(), tensor_map(data="x")], "inputs[1]: data must be msgpack bin, got str"),
+        ({"a": tensor_map(), "b": tensor_map(data="x")}, "inputs['b']: data must be msgpack bin"),
+        (
+            tensor_map(dtype="float128"),
+            "inputs: dtype 'float128' is not one of bool, int8, uint8, int16, int32, int64, "
+            "float16, float32, float64",
+        ),
+        (
+            [tensor_map(shape="x")],
+            "inputs[0]: shape must be a list of 1 to 8 non-negative ints, got 'x'",
+        ),
+    ],
+    ids=["list", "map", "dtype", "shape"],
+)
+def test_an_error_names_the_tensor_that_is_wrong_and_shows_what_it_got(
+    inputs: Any, says: str
+) -> None:
+    assert str(expect_error(body_of(inputs))).startswith(says)
+
+
+@pytest.mark.parametrize("form", [{}, []])
+def test_an_empty_inputs_structure_says_how_many_tensors_are_allowed(form: Any) -> None:
+    kind = "map" if form == {} else "list"
+    assert str(expect_error(body_of(form))) == f"inputs: a {kind} of 1 to 64 tensors is required"
+
+
+@pytest.mark.parametrize("dtype", [[1], {"name": "float32"}], ids=["array", "map"])
+def test_a_dtype_that_is_not_even_hashable_is_bad_request(dtype: Any) -> None:
+    expect_error(body_of(tensor_map(dtype=dtype)))
+    assert "inputs['x']: dtype " in str(expect_error(body_of({"x": tensor_map(dtype=dtype)})))
+
+
+def test_a_dimension_or_a_size_equal_to_the_body_limit_is_allowed_one_more_is_not() -> None:
+    limits = Limits(max_body_bytes=16)
+    for shape in ([16], [4, 4], [16, 0]):
+        n = 16 if shape[-1] else 0
+        obj = {"dtype": "uint8", "shape": shape, "data": bytes(n)}
+        assert decode_inputs(obj, limits).shape == tuple(shape)
+    with pytest.raises(ProtocolError, match=r"^inputs: shape \[4, 5\] is too large$"):
+        decode_inputs({"dtype": "uint8", "shape": [4, 5], "data": bytes(20)}, limits)
+    with pytest.raises(ProtocolError, match="shape must be"):
+        decode_inputs({"dtype": "uint8", "shape": [17], "data": bytes(17)}, limits)
+
+
+@pytest.mark.parametrize(
+    ("value", "fits"),
+    [
+        ("a" * (64 * 1024), True),
+        ("a" * (64 * 1024 + 1), False),
+        ([0] * 4096, True),
+        ([0] * 4097, False),
+    ],
+    ids=["str-64KiB", "str-over", "array-4096", "array-over"],
+)
+def test_the_decoder_bounds_a_string_and_an_array_in_params(value: Any, fits: bool) -> None:
+    body = body_of(tensor_map(), params={"p": value})
+    if fits:
+        assert decode_body(body)[1] == {"p": value}
+    else:
+        assert str(expect_error(body)).startswith("body is not valid msgpack: ")
+
+
+@pytest.mark.parametrize(
+    ("limits", "most"),
+    [
+        (Limits(max_tensors=10, max_params=3), 10),
+        (Limits(max_tensors=3, max_params=10), 10),
+        (Limits(max_tensors=1, max_params=1), 8),  # a tensor map's 3 keys always fit
+    ],
+)
+def test_the_decoder_bounds_a_map_by_the_larger_of_tensors_params_and_8(
+    limits: Limits, most: int
+) -> None:
+    assert len(unpack(pack({f"k{i}": 0 for i in range(most)}), limits)) == most
+    with pytest.raises(ProtocolError, match=r"^body is not valid msgpack: "):
+        unpack(pack({f"k{i}": 0 for i in range(most + 1)}), limits)
+
+
+def test_a_map_key_that_is_not_a_string_is_refused_even_in_params() -> None:
+    expect_error(body_of(tensor_map(), params={1: "one"}))
+
+
+def test_an_empty_extension_type_is_refused_by_name() -> None:
+    body = pack({"inputs": tensor_map(), "params": {"x": msgpack.ExtType(1, b"")}})
+    assert str(expect_error(body)) == "msgpack extension types are not allowed (ext type 1)"
+
+
+def test_limits_of_one_are_allowed_and_nonsense_is_named() -> None:
+    assert Limits(1, 1, 1, 1) == Limits(max_body_bytes=1, max_tensors=1, max_ndim=1, max_params=1)
+    for name in ("max_body_bytes", "max_tensors", "max_ndim", "max_params"):
+        with pytest.raises(ValueError, match=f"^Limits.{name} must be at least 1, got 0$"):
+            Limits(**{name: 0})
+
+
+def test_outputs_round_trip_with_the_output_limits_and_name_outputs_in_errors() -> None:
+    outputs = {f"o{i}": np.full((1, 2), i, np.int32) for i in range(65)}  # a request: 64 most
+    back = decode_outputs(encode_outputs(outputs))
+    assert isinstance(back, dict) and len(back) == 65
+    np.testing.assert_array_equal(back["o64"], outputs["o64"])
+    with pytest.raises(ProtocolError) as info:
+        decode_outputs(pack({"dtype": "float32", "shape": [1], "data": b""}))
+    assert str(info.value) == "outputs: shape [1] of float32 needs 4 bytes, data has 0"
+
+
+def test_raw_bytearray_inputs_travel_as_bytes() -> None:
+    assert decode_body(encode_body(bytearray(b"raw"))) == (b"raw", {})
+
+
+def test_a_value_that_cannot_be_a_tensor_is_named_on_encode() -> None:
+    with pytest.raises(ProtocolError, match=r"^cannot make a tensor of list: "):
+        encode_inputs({"x": [[1, 2], [3]]})  # ragged
+    with pytest.raises(ProtocolError, match=r"^inputs map keys must be strings, got 1$"):
+        encode_inputs({1: np.zeros((1, 1))})
+
+
+def test_an_array_like_with_numpy_but_no_detach_is_read_as_an_array() -> None:
+    class Eager:  # a TensorFlow eager tensor, say: numpy() and __array__, no detach()
+        def numpy(self) -> np.ndarray:
+            return np.ones((2, 2), np.float32)
+
+        def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+            return self.numpy()
+
+    inputs, _ = decode_body(encode_body(Eager()))
+    np.testing.assert_array_equal(inputs, np.ones((2, 2), np.float32))

@@ -13,18 +13,28 @@ from inferfleet.producer.protocol import (
     DEFAULT_PREFIX,
     ERROR_CODES,
     GROUP,
+    MAX_DEADLINE_DIGITS,
+    MAX_MESSAGE_CHARS,
     QueueKeys,
     Reply,
+    all_request_ids,
+    deadline_open,
     decode_body,
     decode_reply,
     encode_body,
     encode_reply_error,
     encode_reply_ok,
     entry_time_ms,
+    is_deadline,
+    is_expired,
+    is_tenant,
     pack,
     parse_entry,
+    reply_timing,
     request_fields,
+    tenant_ok,
     validate_name,
+    validate_prefix,
     validate_request_id,
 )
 
@@ -431,3 +441,133 @@ def test_workers_group_reads_the_xinfo_groups_reply_in_either_encoding() -> None
     text = {"name": "workers", "lag": None, "pending": "4", "last-delivered-id": "9-0"}
     assert workers_group([text]) == GroupInfo(lag=None, pending=4, last_delivered_id="9-0")
     assert workers_group([other]) is None and workers_group([]) is None
+
+
+# --------------------------------------------------------------------------- pinned by the mutation
+# run (issue 35, docs/benchmarks.md): each rule below had a mutant that no test told apart
+
+
+def test_a_group_reply_without_pending_or_last_id_reads_as_nothing_delivered() -> None:
+    from inferfleet.producer.protocol import GroupInfo, workers_group
+
+    assert workers_group([{"name": b"workers"}]) == GroupInfo(None, 0, "0-0")
+
+
+def test_an_inbox_suffix_may_hold_any_character_but_braces_space_and_line_ends() -> None:
+    keys = QueueKeys("q")
+    assert keys.inbox("X-1.a:Z") == "inferfleet:{q}:inbox:X-1.a:Z"
+    assert keys.is_inbox("inferfleet:{q}:inbox:X-1.a:Z")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "says"),
+    [("bad prefix", "invalid key prefix 'bad prefix'"), ("", "invalid key prefix ''")],
+)
+def test_a_refused_prefix_is_named_with_the_rule(prefix: str, says: str) -> None:
+    with pytest.raises(ProtocolError, match=f"^{says}: use 1 to 64 characters of A-Z a-z 0-9 "):
+        validate_prefix(prefix)
+
+
+def test_a_refused_request_id_is_shown_in_the_error() -> None:
+    with pytest.raises(ProtocolError, match=r"^invalid request id 'a b': use 1 to 128 bytes "):
+        validate_request_id("a b")
+
+
+def test_the_joined_id_check_is_false_for_an_item_that_is_not_bytes() -> None:
+    assert all_request_ids([b"a", b"b"])
+    assert not all_request_ids([b"a", "b"])  # type: ignore[list-item]
+    assert not all_request_ids([b"a", None])  # type: ignore[list-item]
+
+
+def test_a_deadline_is_one_to_sixteen_digits_and_expires_only_after_it_passes() -> None:
+    assert MAX_DEADLINE_DIGITS == 16
+    assert is_deadline(b"9" * 16) and not is_deadline(b"9" * 17) and not is_deadline(b"")
+    assert not is_expired(1000, 1000.0)  # picked up at the deadline itself: still in time
+    assert is_expired(1000, 1000.5)
+    assert deadline_open(b"1000", 1000.0) and not deadline_open(b"1000", 1001.0)
+    for raw in ("1000", 1000, None, bytearray(b"1000")):  # only bytes reach the fast paths
+        assert not deadline_open(raw, 0.0)
+
+
+@pytest.mark.parametrize("tenant", [b"", b"a b", b"x" * 65, b"caf\xc3\xa9", "nightly"])
+def test_an_entry_with_a_bad_tenant_is_refused_keeping_its_id(tenant: object) -> None:
+    fields = {b"id": b"r-9", b"body": BODY, b"tenant": tenant}
+    assert not tenant_ok(fields)
+    says = r"^tenant must be 1 to 64 characters of A-Z a-z 0-9 \. _ : @ -, got "
+    with pytest.raises(ProtocolError, match=says) as info:
+        parse_entry(fields)  # type: ignore[arg-type]
+    assert info.value.rid == "r-9" and info.value.code == "bad_request"
+
+
+@pytest.mark.parametrize("tenant", [b"nightly", b"a", b"x" * 64, b"team.a_b:c@d-1"])
+def test_an_entry_with_a_good_tenant_or_none_is_read(tenant: bytes) -> None:
+    assert is_tenant(tenant)
+    assert tenant_ok({b"tenant": tenant}) and tenant_ok({})
+    assert parse_entry({b"id": b"r-9", b"body": BODY, b"tenant": tenant}).rid == "r-9"
+
+
+def test_a_field_that_is_not_bytes_counts_as_missing() -> None:
+    with pytest.raises(ProtocolError, match="no 'id' field") as info:
+        parse_entry({b"id": "r-9", b"body": BODY})  # type: ignore[dict-item]
+    assert info.value.rid is None
+
+
+def test_request_fields_carry_the_traceparent() -> None:
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert request_fields("r1", b"B", traceparent=tp) == {
+        "id": "r1",
+        "body": b"B",
+        "traceparent": tp,
+    }
+
+
+def test_the_timing_map_has_the_contract_keys_in_order_and_no_negative_wait() -> None:
+    timing = reply_timing(12.5, 3.25, 8)
+    assert list(timing.items()) == [("queued_ms", 12.5), ("infer_ms", 3.25), ("batch_rows", 8)]
+    assert reply_timing(-40.0, 1.0, 1)["queued_ms"] == 0.0  # two machines' clocks
+    assert reply_timing(0.5, 1.0, 1)["queued_ms"] == 0.5
+
+
+def test_a_message_of_exactly_the_longest_length_is_kept_whole() -> None:
+    message = "y" * MAX_MESSAGE_CHARS
+    assert decode_reply(encode_reply_error("r", "model_error", message)).error_message == message
+
+
+def test_a_failed_reply_without_a_message_has_an_empty_one() -> None:
+    reply = decode_reply(pack({"id": "r", "ok": False, "error": {"code": "model_error"}}))
+    assert reply.error_code == "model_error" and reply.error_message == ""
+
+
+def test_an_ok_reply_is_read_with_the_output_limits_not_the_input_ones() -> None:
+    outputs = {f"o{i}": np.zeros((1, 1), np.uint8) for i in range(65)}  # a request: 64 most
+    reply = decode_reply(encode_reply_ok("r", outputs, ("m", "1"), {}))
+    assert isinstance(reply.outputs, dict) and len(reply.outputs) == 65
+
+
+@pytest.mark.parametrize(
+    ("obj", "says"),
+    [
+        ({"id": "r", "ok": True}, "an ok reply must carry 'outputs'"),
+        (
+            {"id": "r", "ok": False, "error": "boom"},
+            "a failed reply must carry 'error': {'code': STR, 'message': STR}",
+        ),
+        ({"id": "r", "ok": False, "model": "ctr"}, "reply 'model' and 'timing' must be maps"),
+        ({"id": "r", "ok": True, "timing": [1]}, "reply 'model' and 'timing' must be maps"),
+        ({"id": 5, "ok": True}, "reply must be a map with a string 'id' and a boolean 'ok'"),
+        (
+            {"id": "r", "ok": True, "outputs": {"dtype": "float32", "shape": [1], "data": b""}},
+            "outputs: shape [1] of float32 needs 4 bytes, data has 0",
+        ),
+    ],
+)
+def test_a_malformed_reply_says_what_is_wrong_with_it(obj: Any, says: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_reply(pack(obj))
+    assert str(info.value) == says
+
+
+def test_a_malformed_deadline_says_what_docs_protocol_md_shows() -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_entry({b"id": b"r", b"body": BODY, b"deadline": b"12.5"})
+    assert str(info.value) == "deadline must be decimal unix epoch milliseconds, got b'12.5'"

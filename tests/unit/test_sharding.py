@@ -51,12 +51,15 @@ def test_one_shard_is_the_unsharded_queue() -> None:
     (keys,) = shard_keys("ctr", 1)
     assert keys.requests == "inferfleet:{ctr}:requests"
     assert shard_name("ctr", 0, 1) == "ctr"
+    assert shard_keys("ctr") == (keys,)  # unsharded unless asked
 
 
 def test_a_name_too_long_for_its_shard_suffix_is_refused_clearly() -> None:
     assert shard_name("n" * 62, 9, 10) == "n" * 62 + ".9"  # 64 characters: fits
     with pytest.raises(ProtocolError, match=r"too long for 11 shards: .* use at most 61"):
         shard_keys("n" * 62, 11)
+    with pytest.raises(ProtocolError, match=r"shard names such as n{62}\.10 must fit 64 "):
+        shard_keys("n" * 62, 11)  # names the longest shard name, the last one
     with pytest.raises(ProtocolError, match="shard must be an integer from 0 to 2"):
         shard_name("q", 3, 3)
 
