@@ -491,3 +491,56 @@ def test_predict_isolated_call_count_grows_logarithmically() -> None:
     assert counts[16] <= 1 + 2 * 4
     assert counts[256] <= 1 + 2 * 8
     assert counts[4096] <= 1 + 2 * 12
+
+
+# --------------------------------------------------------------------------- pinned by the mutation
+# run (issue 35, docs/benchmarks.md): each rule below had a mutant that no test told apart
+
+
+def _arrays(inputs: Any) -> list[np.ndarray]:
+    if isinstance(inputs, dict):
+        return list(inputs.values())
+    return list(inputs) if isinstance(inputs, list) else [inputs]
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [f32(2, 3), [f32(2, 3), np.array([1, 2], np.int64)], {"x": f32(1, 2)}],
+    ids=["tensor", "list", "map"],
+)
+def test_a_batch_of_one_is_its_own_inputs_copied(inputs: Any) -> None:
+    out = concat_inputs([req("a", inputs)])
+    assert type(out) is type(inputs)
+    for got, want in zip(_arrays(out), _arrays(inputs), strict=True):
+        np.testing.assert_array_equal(got, want)
+        assert not np.shares_memory(got, want)
+
+
+@pytest.mark.parametrize(
+    ("outputs", "says"),
+    [
+        (np.zeros((3, 2)), "output: the model returned 3 rows for a batch of 4"),
+        ([np.zeros(4), np.zeros(5)], "output 1: the model returned 5 rows for a batch of 4"),
+        (
+            {"ok": np.zeros(4), "k": np.zeros(3)},
+            "output 'k': the model returned 3 rows for a batch of 4",
+        ),
+        (np.array(3.0), "output: a model output must be a tensor with a row dimension"),
+        ({}, "the model returned an empty map"),
+        ((), "the model returned an empty sequence"),
+    ],
+    ids=["tensor", "list", "map", "0d", "empty-map", "empty-sequence"],
+)
+def test_a_bad_output_says_which_output_and_what_was_wrong(outputs: Any, says: str) -> None:
+    with pytest.raises(OutputError) as info:
+        split_outputs(outputs, [1, 3])
+    assert str(info.value) == says
+
+
+def test_collect_lingers_half_a_millisecond_unless_told() -> None:
+    # the consumer leaves linger_s at its default: a quiet poll waits 0.5 ms for a straggler
+    clock = FakeClock()
+    read = FakeRead(clock, [[1], [], []])
+    sleep = FakeSleep(clock)
+    assert collect(read, 8, 10.0, rows_of, clock=clock, sleep=sleep) == [1]
+    assert sleep.calls == [0.0005]

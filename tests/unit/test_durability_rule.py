@@ -3,6 +3,7 @@ make of the writes before them (producer/durability.py)."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from inferfleet.producer import Durability, NotReplicated
@@ -53,3 +54,31 @@ def test_a_short_wait_fails_every_write_but_keeps_their_own_errors() -> None:
 def test_a_failed_wait_is_what_the_writes_raise() -> None:
     denied = redis.exceptions.NoPermissionError("NOPERM this user has no permissions: WAIT")
     assert confirmed([b"1-0", denied], 1, 1, TWO) == [denied]
+
+
+def test_a_round_without_a_wait_keeps_its_replies_even_with_durability_on() -> None:
+    # a read's round, or one whose writes all failed before any WAIT was queued
+    assert confirmed([b"1-0", b"x"], 1, 0, TWO) == [b"1-0", b"x"]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "timeout_ms", "error", "says"),
+    [
+        (0, 1000, ValueError, "replicas must be at least 1, got 0"),
+        (1, 0, ValueError, r"timeout_ms must be at least 1 \(WAIT 0 blocks for ever\), got 0"),
+        (True, 1000, TypeError, "replicas must be an int, got True"),
+        (1.0, 1000, TypeError, "replicas must be an int, got 1.0"),
+        (1, False, TypeError, "timeout_ms must be an int, got False"),
+        (1, 10.0, TypeError, "timeout_ms must be an int, got 10.0"),
+    ],
+)
+def test_nonsense_durability_is_refused_naming_the_field(
+    replicas: object, timeout_ms: object, error: type[Exception], says: str
+) -> None:
+    with pytest.raises(error, match=f"^{says}$"):
+        Durability(replicas=replicas, timeout_ms=timeout_ms)  # type: ignore[arg-type]
+
+
+def test_one_replica_within_one_millisecond_is_the_least_allowed() -> None:
+    least = Durability(replicas=1, timeout_ms=1)
+    assert (least.replicas, least.timeout_ms) == (1, 1)

@@ -109,3 +109,24 @@ def test_a_lower_ceiling_caps_the_limit_and_the_doubling_back():
     assert computed(limit, 2) == [False, True] and limit.rows == 32
     with pytest.raises(ValueError, match="at least 1"):
         limit.set_ceiling(0)
+
+
+def test_one_row_is_the_least_limit_ceiling_and_recovery_count():
+    limit = RowLimit(1, recover_after=1)
+    assert limit.rows == 1 and limit.max_rows == 1
+    limit.set_ceiling(1)
+    assert limit.rows == 1
+    assert ceiling(256, 1) == 1
+
+
+def test_the_limit_is_a_whole_number_of_rows():
+    limit = RowLimit(64)
+    assert limit.out_of_memory(5)
+    assert limit.rows == 2 and isinstance(limit.rows, int)
+
+
+def test_a_raised_ceiling_doubles_back_after_recover_after_batches_counted_from_the_start():
+    limit = RowLimit(64, recover_after=2)
+    limit.set_ceiling(16)
+    limit.set_ceiling(64)  # below its ceiling with no error yet: the count starts at zero
+    assert computed(limit, 2) == [False, True] and limit.rows == 32
