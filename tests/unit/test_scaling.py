@@ -31,6 +31,7 @@ from inferfleet.worker.fleet.scaling import (
     PolicyState,
     desired_workers,
 )
+from inferfleet.worker.fleet.scaling_load import ceil_div, observe_load, positive, recent
 
 CAPACITY_RPS = 100.0  # what one simulated worker drains per second
 STEP_S = 1.0
@@ -568,3 +569,153 @@ def test_restart_backoff_doubles_forgets_old_deaths_and_stops_a_crash_loop() -> 
     many: deque[float] = deque()
     waits = [restart_backoff(many, float(t), **capped) for t in range(6)]
     assert waits == [1.0, 2.0, 4.0, 5.0, 5.0, 5.0]
+
+
+# --------------------------------------------------------------------------- pinned by the mutation
+# run (issue 35, docs/benchmarks.md): each rule below had a mutant that no test told apart
+
+
+def test_the_backlogs_growth_is_per_second_since_the_previous_observation() -> None:
+    settings = replace(LAG, max_workers=64)
+    _, state = observe_load(obs(100.0, 2, 0, 0, 200.0), settings, PolicyState())
+    load, state = observe_load(obs(102.0, 2, 600, 0, 200.0), settings, state)
+    assert load.arrivals_rps == 200.0 + 300.0  # 600 more queued over 2 s
+    assert load.observed_s == 2.0  # since the first observation, not the epoch
+
+
+def test_a_sample_at_the_same_instant_replaces_the_one_before() -> None:
+    assert recent(((4.0, 7.0), (5.0, 100.0)), 5.0, 1.0, 10.0) == ((4.0, 7.0), (5.0, 1.0))
+    assert recent(((4.0, 7.0),), 14.0, 1.0, 10.0) == ((14.0, 1.0),)  # 10 s old: out
+
+
+@pytest.mark.parametrize(
+    ("amount", "per_worker", "workers"),
+    [
+        (0.0, 0.0, 0),  # nothing to do needs nobody, whatever the capacity
+        (1.0, 0.0, 1 << 30),  # something with no capacity: more than any fleet
+        (1e40, 1.0, 1 << 30),
+        (1.0, 0.5, 2),  # a worker slower than one a second still counts
+        (300.0, 100.0, 3),
+        (300.0000000001, 100.0, 3),  # float noise does not buy a worker
+        (1e-12, 1.0, 0),
+    ],
+)
+def test_ceil_div_is_a_worker_count(amount: float, per_worker: float, workers: int) -> None:
+    assert ceil_div(amount, per_worker) == workers
+
+
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [(0.5, 0.5), (1.0, 1.0), (0.0, None), (-1.0, None), (math.inf, None), (None, None)],
+)
+def test_a_capacity_is_known_when_finite_and_positive_even_below_one(
+    value: float | None, kept: float | None
+) -> None:
+    assert positive(value) == kept
+
+
+def test_a_slow_model_under_one_request_a_second_is_measured_not_defaulted() -> None:
+    decision = desired_workers(obs(workers=1, lag=10, capacity_rps=0.5), LAG, PolicyState())
+    assert decision.state.capacity_rps == 0.5
+    assert decision.workers == 3  # 10 queued need 4 at 0.5 rps in 5 s: 1 + max_step 2 now
+
+
+def test_a_clamped_decision_says_so_after_its_reason() -> None:
+    settings = replace(LAG, min_workers=4, max_workers=6, max_step=1)
+    decision = desired_workers(obs(0.5, workers=0), settings, PolicyState())
+    assert decision.reason.endswith("; clamped 1 to 4 in [4, 6]")
+    assert decision.reason.startswith("up 1: ")
+    assert "clamped" not in desired_workers(obs(0.5, workers=4), settings, PolicyState()).reason
+
+
+def test_a_hold_records_no_change() -> None:
+    state = PolicyState(last_up_s=1.0, last_down_s=2.0, last_change_s=2.0, first_observed_s=0.0)
+    decision = desired_workers(obs(3.0, workers=2, lag=150, rate_rps=100.0), LAG, state)
+    assert decision.workers == 2
+    assert (decision.state.last_up_s, decision.state.last_down_s) == (1.0, 2.0)
+    assert decision.state.last_change_s == 2.0
+
+
+def test_a_light_load_still_shrinks_the_fleet_to_one_worker() -> None:
+    state = PolicyState(first_observed_s=0.0)
+    decision = desired_workers(obs(100.0, workers=2, rate_rps=10.0), LAG, state)
+    assert decision.workers == 1, decision.reason
+
+
+def test_article_reads_the_queue_of_one_worker_or_none_as_the_whole_lag() -> None:
+    for workers in (0, 1):  # 80 queued: over the 50 a worker that sends one more
+        up = desired_workers(obs(workers=workers, lag=80), ARTICLE, PolicyState())
+        assert up.workers == workers + 1
+
+
+def test_article_reads_unknown_lag_as_zero_not_one() -> None:
+    settings = replace(ARTICLE, article_down_queue=0.4)
+    assert desired_workers(obs(workers=2, lag=None), settings, PolicyState()).workers == 1
+
+
+def test_article_steps_down_one_worker_at_a_time() -> None:
+    assert desired_workers(obs(workers=4, lag=0), ARTICLE, PolicyState()).workers == 3
+
+
+WATCHED = PolicyState(first_observed_s=0.0)  # observing long enough to scale down
+
+
+@pytest.mark.parametrize(
+    ("observation", "state", "reason"),
+    [
+        (
+            obs(100.0, 2, rate_rps=150.0),
+            WATCHED,
+            "steady: arrivals ~150 rps need 2 workers at 75% of 100 rps each",
+        ),
+        (obs(100.0, 1), WATCHED, "steady: arrivals ~0 rps need 0 workers at 75% of 100 rps each"),
+        (
+            obs(100.0, 4, rate_rps=400.0),
+            WATCHED,
+            "at max_workers 4: arrivals ~400 rps need 6 workers at 75% of 100 rps each",
+        ),
+        (
+            obs(100.0, 4, rate_rps=250.0),  # at max_workers, but they are enough
+            WATCHED,
+            "steady: arrivals ~250 rps need 4 workers at 75% of 100 rps each",
+        ),
+        (
+            obs(100.0, 1, lag=None, pending=500),
+            WATCHED,
+            "steady: pending (lag unknown) 500 needs 1 workers to drain in 5 s",
+        ),
+        (obs(100.0, 1, lag=1), WATCHED, "steady: backlog 1 needs 1 workers to drain in 5 s"),
+        (
+            obs(100.0, 1, lag=10, rate_rps=75.0),  # both needs 1: the backlog is named
+            WATCHED,
+            "steady: backlog 10 needs 1 workers to drain in 5 s",
+        ),
+        (obs(100.0, 3, lag=None), WATCHED, "hold: lag unknown, never scaling down on it"),
+        (
+            obs(100.0, 4, rate_rps=81.0),
+            WATCHED,
+            "down 1: 3 workers would be 27% busy at peak ~81 rps (<= 40%), backlog 0",
+        ),
+        (
+            obs(100.0, 2, rate_rps=50.0),  # the peak 5 s ago still needs both: no down at all
+            replace(WATCHED, arrivals=((95.0, 150.0),)),
+            "steady: arrivals ~50 rps need 1 workers at 75% of 100 rps each",
+        ),
+    ],
+    ids=[
+        "steady",
+        "idle",
+        "at-max",
+        "at-max-enough",
+        "lag-unknown",
+        "backlog-1",
+        "tie",
+        "lag-unknown-down",
+        "down",
+        "peak-holds",
+    ],
+)
+def test_a_decision_says_why_in_the_words_status_shows(
+    observation: Observation, state: PolicyState, reason: str
+) -> None:
+    assert desired_workers(observation, LAG, state).reason == reason

@@ -154,6 +154,16 @@ def test_the_high_lanes_wait_scales_up_only_when_a_target_is_set() -> None:
     assert _decide(1.0, 2.0) <= 2 and _decide(5.0, 0.0) <= 2 and _decide(None, 2.0) <= 2
 
 
+def test_the_high_lanes_wait_must_exceed_its_target_and_an_unknown_wait_is_none() -> None:
+    # pinned by the mutation run (issue 35): the boundary, and None read as no wait at all
+    assert _decide(2.0, 2.0) <= 2 and _decide(2.1, 2.0) == 3
+    assert _decide(None, 0.5) <= 2
+    settings = PolicySettings(min_workers=1, max_workers=8, target_high_wait_s=2.0)
+    obs = Observation(100.0, 2, 0, 0, 0.0, 1000.0, high_wait_s=5.0)
+    reason = desired_workers(obs, settings, PolicyState()).reason
+    assert reason.startswith("high lane waited 5.0 s > 2 s; up 1: ")
+
+
 def test_bad_high_wait_settings_are_refused() -> None:
     with pytest.raises(Exception, match="target_high_wait_s"):
         PolicySettings(target_high_wait_s=-1)
