@@ -4,8 +4,9 @@ mutmut 3 (``pip install -e '.[mutation]'``) changes the modules of :data:`TARGET
 edit at a time (an operator, a comparison, a number, a string, a returned value, a dropped
 argument), and for each such *mutant* runs the unit tests that reach the changed function. A
 mutant that fails a test is killed; one that passes every test *survives*: either the tests lack
-an assertion, or the change changes nothing (an *equivalent* mutant; :data:`EQUIVALENT` names
-those found so far, with why).
+an assertion, or the change changes nothing (an *equivalent* mutant), or only the words of a
+message. :data:`EQUIVALENT` and :data:`WORDING` name those read so far, with why; any other
+survivor is new, and worth a look.
 
 The run works on a copy, never on the checkout: mutmut names a mutant after its file's path,
 and the tests import ``inferfleet.producer...`` where the checkout has ``producer/...``, so the
@@ -96,10 +97,199 @@ TARGETS: dict[str, Target] = {
     "rowlimit": Target("worker/serving/rowlimit.py", ("tests/unit/test_rowlimit.py",)),
 }
 
+_CASE = "a codec's name is case-insensitive"
+_FALLS_BACK = "the one-match fast path is skipped, and the check of each id gives the same list"
+_ONE_DASH = "a stream entry id has exactly one '-'"
+_MSGPACK = "msgpack's own default since 1.0 (pyproject.toml: msgpack>=1.0.5)"
+_FLAG = "the value is only read as true or false"
+_NO_WORKER = (
+    "a smaller fleet of none is weighed only when the peak needs no worker at all (under a "
+    "billionth of one's capacity), so busy is never read there"
+)
+
 #: Surviving mutants that change nothing a caller can see: (module, function, the mutated
-#: line(s) as the diff shows them, why). Matched on the line rather than mutmut's number,
-#: which shifts whenever the function changes.
-EQUIVALENT: tuple[tuple[str, str, str, str], ...] = ()
+#: line as the diff shows it after ``+``, or ``(dropped) LINE`` for a line taken out; why).
+#: Matched on the line rather than on mutmut's number, which shifts whenever the function
+#: changes.
+EQUIVALENT: tuple[tuple[str, str, str, str], ...] = (
+    ("rules", "decode_reply_to", 'return raw.decode("ASCII")  # type: ignore[attr-defined]', _CASE),
+    ("rules", "validate_request_id", 'return raw.decode("ASCII")', _CASE),
+    ("rules", "validate_request_ids", "if set(map(type, rids)) < {str}:", _FALLS_BACK),
+    (
+        "rules",
+        "validate_request_ids",
+        'joined = "XX\\nXX".join([*rids, ""])  # type: ignore[list-item]',
+        _FALLS_BACK,
+    ),
+    (
+        "rules",
+        "validate_request_ids",
+        'joined = "\\n".join([*rids, "XXXX"])  # type: ignore[list-item]',
+        _FALLS_BACK,
+    ),
+    (
+        "rules",
+        "validate_request_ids",
+        'if joined.count("XX\\nXX") == len(rids) and _JOINED_RIDS_STR_RE.match(joined):',
+        _FALLS_BACK,
+    ),
+    ("names", "entry_time_ms", 'return int(text.split("-", )[0])', _ONE_DASH),
+    ("names", "entry_time_ms", 'return int(text.rsplit("-", 1)[0])', _ONE_DASH),
+    ("names", "entry_time_ms", 'return int(text.split("-", 2)[0])', _ONE_DASH),
+    (
+        "names",
+        "shard_for",
+        'return zlib.crc32(request_id.encode("UTF-8")) % _check_shards(shards)',
+        _CASE,
+    ),
+    (
+        "codec",
+        "encode_inputs",
+        "bytes(inputs) if (isinstance(inputs, bytearray)) and False else inputs",
+        "msgpack packs a bytearray as the same bin as its bytes",
+    ),
+    (
+        "codec",
+        "encode_tensor",
+        'data = memoryview(arr).cast("b") if arr.size else b""  # type: ignore[arg-type]',
+        "msgpack packs any contiguous buffer as the same bin, whatever its item format",
+    ),
+    ("codec", "pack", "return msgpack.packb(obj, )", f"use_bin_type=True is {_MSGPACK}"),
+    ("codec", "unpack", "raw=None,", _FLAG),
+    ("codec", "unpack", "(dropped) raw=False,", f"raw=False is {_MSGPACK}"),
+    ("codec", "unpack", "(dropped) strict_map_key=True,", f"strict_map_key=True is {_MSGPACK}"),
+    (
+        "codec",
+        "unpack",
+        "(dropped) max_bin_len=limits.max_body_bytes,",
+        "the default bound is the body's own length, already checked against max_body_bytes",
+    ),
+    (
+        "codec",
+        "unpack",
+        "max_ext_len=1,",
+        "the ext_hook refuses every extension type, whatever its length",
+    ),
+    (
+        "request",
+        "_parse_reply_to",
+        'return "XX\\x00XX" if key is None else key  # never an inbox key: the worker refuses it',
+        "any key that is no inbox does: the worker refuses it, and its message does not echo it",
+    ),
+    *(
+        (
+            "durability",
+            "confirmed",
+            "seen = min((int(reply) for reply in told if not isinstance(reply, Exception)), "
+            f"default={default})",
+            "the default is read only when every WAIT failed, and then the failure is raised",
+        )
+        for default in ("None", "1")
+    ),
+    (
+        "scaling",
+        "_article_policy",
+        "return finish(obs, settings, state, obs.workers, reason, decided=None)",
+        _FLAG,
+    ),
+    (
+        "scaling",
+        "_busy_fraction",
+        "return 0.0 if (arrivals_rps <= 0) or True else math.inf",
+        _NO_WORKER,
+    ),
+    ("scaling", "_busy_fraction", "return 0.0 if arrivals_rps <= 1 else math.inf", _NO_WORKER),
+    (
+        "scaling",
+        "_desired",
+        "return clamp(max(for_arrivals, for_backlog), settings)",
+        "clamp raises the count to min_workers anyway",
+    ),
+    (
+        "scaling_load",
+        "_growth_rps",
+        "if backlog is None or state.last_backlog is None or not 0 < elapsed_s <= math.inf:",
+        "a growth over an infinite gap is 0.0, what the guard returns",
+    ),
+    (
+        "scaling_load",
+        "ceil_div",
+        "if not ratio <= _HUGE_WORKERS:",
+        "at exactly the cap, ceil gives the cap as well",
+    ),
+    (
+        "batching",
+        "collect",
+        "lingered = deadline - max_wait_s - started >= linger_s",
+        "differs only when the first read took exactly linger_s, to the last bit of a float",
+    ),
+    ("batching", "collect", "lingered = None", _FLAG),
+    (
+        "batching",
+        "signature_of",
+        "return (spec if (spec is not None) and False else spec_of(inputs), repr(params) if "
+        'params else "")',
+        "computes the spec it was handed again, the same",
+    ),
+    *(
+        (
+            "batching",
+            "signature_of",
+            f"return (spec if spec is not None else spec_of(inputs), repr(params) if {when} else "
+            f'"{empty}")',
+            "another mark for no params, the same for every request: every path signs them "
+            "with signature_of, and decode_body makes absent params {}",
+        )
+        for when, empty in (("(params) or True", ""), ("params", "XXXX"))
+    ),
+)
+
+#: Lines of prose, whose surviving mutants change only the words of an error message or of a
+#: scaling decision's reason: (module, function, the line as the source has it, minus ``-``).
+#: Left on purpose: the tests pin what an error is (its type, its code, the facts a caller
+#: reads in it, the messages docs/protocol.md shows), not the rest of its prose.
+WORDING: tuple[tuple[str, str, str], ...] = (
+    (
+        "rules",
+        "parse_deadline",
+        'raise ProtocolError(f"deadline must be decimal unix epoch milliseconds, got '
+        '{raw[:32]!r}")',
+    ),
+    ("codec", "encode_inputs", 'raise ProtocolError("inputs map is empty")'),
+    ("codec", "encode_inputs", 'raise ProtocolError("inputs list is empty")'),
+    (
+        "codec",
+        "encode_tensor",
+        "raise ProtocolError(f\"unsupported dtype {arr.dtype}: use one of {', '.join(DTYPES)}\")",
+    ),
+    (
+        "codec",
+        "encode_tensor",
+        'raise ProtocolError("a tensor needs at least one dimension: shape[0] is the row count")',
+    ),
+    (
+        "request",
+        "decode_body",
+        "raise ProtocolError(\"body must be a map with 'inputs' and optionally 'params'\")",
+    ),
+    ("request", "parse_entry", "raise ProtocolError(\"entry has no 'id' field\")"),
+    ("request", "parse_entry", "raise ProtocolError(\"entry has no 'body' field\")"),
+    (
+        "reply",
+        "encode_reply_error",
+        "raise ValueError(f\"unknown error code {code!r}: use one of {', '.join(ERROR_CODES)}\")",
+    ),
+    (
+        "durability",
+        "not_replicated",
+        '"it, and it may still be computed. Send it again (a new id) if you still need it; the "',
+    ),
+    (
+        "durability",
+        "not_replicated",
+        '"next call reconnects (docs/reliability.md, section Durability)"',
+    ),
+)
 
 #: mutmut's statuses that count as killed.
 _KILLED = {"killed", "timeout", "caught by type check", "segfault"}
@@ -204,20 +394,38 @@ class Mutant:
             return mangled[2:]
         return ".".join(part for part in mangled[1:].split("\u01c1") if part)
 
-    @property
-    def changed(self) -> str:
-        """The mutated line(s), as the diff shows them after ``+``."""
+    def _lines(self, sign: str) -> str:
         return "\n".join(
             line[1:].strip()
             for line in self.diff.splitlines()
-            if line.startswith("+") and not line.startswith("+++")
+            if line.startswith(sign) and not line.startswith(sign * 3)
         )
 
-    def equivalent(self) -> str | None:
-        """Why this mutant changes nothing, when :data:`EQUIVALENT` says so."""
+    @property
+    def changed(self) -> str:
+        """The mutated line(s), as the diff shows them after ``+``."""
+        return self._lines("+")
+
+    @property
+    def original(self) -> str:
+        """The line(s) the mutant changed, as the diff shows them after ``-``."""
+        return self._lines("-")
+
+    @property
+    def mutation(self) -> str:
+        """What :data:`EQUIVALENT` matches: the mutated line, or ``(dropped) LINE``."""
+        return self.changed or f"(dropped) {self.original}"
+
+    def verdict(self) -> str | None:
+        """``equivalent: why`` or ``wording`` for a survivor the tables name; None otherwise."""
+        if self.status in _KILLED:
+            return None
+        where = (self.module, self.function)
         for module, function, changed, why in EQUIVALENT:
-            if (module, function, changed) == (self.module, self.function, self.changed):
-                return why
+            if (module, function) == where and changed == self.mutation:
+                return f"equivalent: {why}"
+        if any((m, f) == where and line == self.original for m, f, line in WORDING):
+            return "wording"
         return None
 
 
@@ -249,42 +457,50 @@ def _numbered(name: str) -> tuple[str, int]:
 
 
 def scores(mutants: list[Mutant], modules: list[str]) -> dict[str, dict[str, float | int]]:
-    """Per module: mutants, killed, survived (not equivalent), equivalent, score."""
+    """Per module: mutants, killed, equivalent, wording, survived (the rest), and the score
+    (killed / mutants), and the score without the equivalent mutants, which no test can kill."""
     table: dict[str, dict[str, float | int]] = {}
     for module in [*modules, "all"]:
         mine = [m for m in mutants if module in ("all", m.module)]
+        verdicts = [(m.verdict() or "").partition(":")[0] for m in mine]
         killed = sum(m.status in _KILLED for m in mine)
-        equivalent = sum(m.status not in _KILLED and m.equivalent() is not None for m in mine)
+        equivalent, wording = verdicts.count("equivalent"), verdicts.count("wording")
+        killable = len(mine) - equivalent
         table[module] = {
             "mutants": len(mine),
             "killed": killed,
-            "survived": len(mine) - killed - equivalent,
             "equivalent": equivalent,
+            "wording": wording,
+            "survived": len(mine) - killed - equivalent - wording,
             "score": round(killed / len(mine), 4) if mine else 0.0,
-            "score_without_equivalent": (
-                round(killed / (len(mine) - equivalent), 4) if len(mine) > equivalent else 0.0
-            ),
+            "score_without_equivalent": round(killed / killable, 4) if killable else 0.0,
         }
     return table
 
 
-def survivors_text(mutants: list[Mutant]) -> str:
+def survivors_text(mutants: list[Mutant], *, known_diffs: bool = True) -> str:
+    """Each survivor under a header naming it and its verdict; one not in the tables is *new*.
+    Without ``known_diffs``, the survivors the tables name get their header alone."""
     parts = []
     for m in mutants:
         if m.status in _KILLED:
             continue
-        why = m.equivalent()
-        label = f"equivalent: {why}" if why else m.status
-        parts.append(f"# {m.name} ({m.module}.{m.function}): {label}\n{m.diff}\n")
+        verdict = m.verdict()
+        label = verdict or f"{m.status} (new: not in EQUIVALENT or WORDING)"
+        diff = f"{m.diff}\n" if known_diffs or verdict is None else ""
+        parts.append(f"# {m.name} ({m.module}.{m.function}): {label}\n{diff}")
     return "\n".join(parts)
 
 
 def print_table(table: dict[str, dict[str, float | int]]) -> None:
-    print("module | mutants | killed | survived | equivalent | score | without equivalent")
+    print(
+        "module | mutants | killed | equivalent | wording | survived | score | without equivalent"
+    )
     for module, row in table.items():
         print(
-            f"{module} | {row['mutants']} | {row['killed']} | {row['survived']} | "
-            f"{row['equivalent']} | {row['score']:.1%} | {row['score_without_equivalent']:.1%}"
+            f"{module} | {row['mutants']} | {row['killed']} | {row['equivalent']} | "
+            f"{row['wording']} | {row['survived']} | {row['score']:.1%} | "
+            f"{row['score_without_equivalent']:.1%}"
         )
 
 
@@ -313,8 +529,7 @@ def main() -> None:
     wall, cpu = run_mutmut(work, args.jobs, out / "mutmut.log")
     mutants = read_results(work, chosen)
     table = scores(mutants, list(chosen))
-    survivors = survivors_text(mutants)
-    (out / "survivors.diff").write_text(survivors)
+    (out / "survivors.diff").write_text(survivors_text(mutants))
     summary = {
         "started": started.isoformat(timespec="seconds"),
         "modules": {name: t.source for name, t in chosen.items()},
@@ -324,13 +539,13 @@ def main() -> None:
         "cpu_s": round(cpu, 1),
         "scores": table,
         "survivors": [
-            {"name": m.name, "status": m.status, "equivalent": m.equivalent()}
+            {"name": m.name, "status": m.status, "verdict": m.verdict()}
             for m in mutants
             if m.status not in _KILLED
         ],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(survivors)
+    print(survivors_text(mutants, known_diffs=False))
     print_table(table)
     print(f"{wall:.0f} s wall, {cpu:.0f} s CPU on {args.jobs} jobs; written to {out}")
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from benchmarks import mutation
-from benchmarks.mutation import TARGETS, Mutant, mutmut_table, scores
+from benchmarks.mutation import TARGETS, Mutant, mutmut_table, scores, survivors_text
 from tests.conftest import ROOT
 
 DIFF = """--- inferfleet/worker/serving/rowlimit.py
@@ -63,41 +63,59 @@ def test_a_mutant_is_named_after_its_function_or_method() -> None:
     assert method.function == "RowLimit.out_of_memory"
 
 
-def test_an_equivalent_mutant_is_matched_on_its_line_not_its_number(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    name = "inferfleet.worker.serving.rowlimit.x_ceiling__mutmut_{}"
-    line = "return configured if fits is None else max(2, min(configured, fits))"
-    monkeypatch.setattr(mutation, "EQUIVALENT", (("rowlimit", "ceiling", line, "why"),))
-    survived = [Mutant(name.format(n), "rowlimit", "survived", DIFF) for n in (2, 9)]
-    assert [m.changed for m in survived] == [line, line]
-    assert [m.equivalent() for m in survived] == ["why", "why"]
-    other = Mutant(name.format(3), "batching", "survived", DIFF)
-    assert other.equivalent() is None
+LINE = "return configured if fits is None else max(2, min(configured, fits))"
+ORIGINAL = "return configured if fits is None else max(1, min(configured, fits))"
+NAME = "inferfleet.worker.serving.rowlimit.x_ceiling__mutmut_{}"
 
 
-def test_scores_count_timeouts_as_killed_and_equivalents_apart(
+def test_a_known_survivor_is_matched_on_its_lines_not_its_number(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    line = "return configured if fits is None else max(2, min(configured, fits))"
-    monkeypatch.setattr(mutation, "EQUIVALENT", (("rowlimit", "ceiling", line, "why"),))
-    name = "inferfleet.worker.serving.rowlimit.x_ceiling__mutmut_{}"
+    monkeypatch.setattr(mutation, "EQUIVALENT", (("rowlimit", "ceiling", LINE, "why"),))
+    survived = [Mutant(NAME.format(n), "rowlimit", "survived", DIFF) for n in (2, 9)]
+    assert [(m.original, m.changed) for m in survived] == [(ORIGINAL, LINE)] * 2
+    assert [m.verdict() for m in survived] == ["equivalent: why"] * 2
+    assert Mutant(NAME.format(3), "batching", "survived", DIFF).verdict() is None
+    assert Mutant(NAME.format(3), "rowlimit", "killed", DIFF).verdict() is None
+    monkeypatch.setattr(mutation, "EQUIVALENT", ())
+    monkeypatch.setattr(mutation, "WORDING", (("rowlimit", "ceiling", ORIGINAL),))
+    assert survived[0].verdict() == "wording"  # any mutant of that line
+
+
+def test_scores_count_timeouts_as_killed_and_known_survivors_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    other = DIFF.replace("max(1", "max(0").replace("max(2", "max(3")
+    monkeypatch.setattr(mutation, "EQUIVALENT", (("rowlimit", "ceiling", LINE, "why"),))
+    monkeypatch.setattr(mutation, "WORDING", (("rowlimit", "ceiling", "return 0"),))
     mutants = [
-        Mutant(name.format(1), "rowlimit", "killed", ""),
-        Mutant(name.format(2), "rowlimit", "timeout", ""),
-        Mutant(name.format(3), "rowlimit", "survived", DIFF),  # equivalent
-        Mutant(name.format(4), "rowlimit", "no tests", DIFF.replace("max(2", "max(3")),
+        Mutant(NAME.format(1), "rowlimit", "killed", ""),
+        Mutant(NAME.format(2), "rowlimit", "timeout", ""),
+        Mutant(NAME.format(3), "rowlimit", "survived", DIFF),  # equivalent
+        Mutant(
+            NAME.format(4),
+            "rowlimit",
+            "survived",
+            DIFF.replace(ORIGINAL, "return 0").replace(LINE, "return 1"),
+        ),
+        Mutant(NAME.format(5), "rowlimit", "no tests", other),
     ]
     table = scores(mutants, ["rowlimit"])
     assert table["rowlimit"] == table["all"]
     assert table["rowlimit"] == {
-        "mutants": 4,
+        "mutants": 5,
         "killed": 2,
-        "survived": 1,
         "equivalent": 1,
-        "score": 0.5,
-        "score_without_equivalent": 0.6667,
+        "wording": 1,
+        "survived": 1,
+        "score": 0.4,
+        "score_without_equivalent": 0.5,
     }
+    text = survivors_text(mutants, known_diffs=False)
+    assert "x_ceiling__mutmut_3 (rowlimit.ceiling): equivalent: why\n" in text
+    assert "x_ceiling__mutmut_4 (rowlimit.ceiling): wording\n" in text
+    assert "mutmut_5 (rowlimit.ceiling): no tests (new: not in EQUIVALENT or WORDING)" in text
+    assert text.count("+++ ") == 1  # the new survivor's diff alone
 
 
 @pytest.mark.parametrize(
