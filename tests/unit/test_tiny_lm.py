@@ -246,3 +246,21 @@ def test_build_models_builds_tinylm_with_only(
     build_models.main()
     lm = loaded(tmp_path / "tinylm.pt")
     assert lm.prefill([0], [encode("hi")]).shape == (1, VOCAB_SIZE)
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static", "sequential"])
+def test_the_generator_on_the_model_gives_what_recomputation_gives(
+    lm_path: Path, mode: str
+) -> None:
+    """The scheduler (worker/serving/continuous.py) and the cache together: seven requests
+    on three slots, so slots are freed and filled again, every request's greedy tokens equal
+    the model's recomputation without a cache, whatever the mode."""
+    from inferfleet.worker.serving.continuous import Generator, run_all
+
+    lm = loaded(lm_path, max_slots=3)
+    prompts = PROMPTS + ["x", "Continuous"]
+    requests = [(f"r{i}", encode(p), {"max_new_tokens": 5 + 3 * i}) for i, p in enumerate(prompts)]
+    got = run_all(Generator(lm, mode), requests)
+    for (rid, prompt, params), text in zip(requests, prompts):
+        expected = lm.reference_generate(prompt, params["max_new_tokens"]).tolist()
+        assert got[rid] == expected, text
