@@ -76,12 +76,12 @@ def test_a_worker_that_dies_mid_run_stops_the_demo_at_once_with_its_last_line(
     )
     try:
         _wait_until_serving(demo)
-        victim = _demo_worker()
+        victim = _demo_worker(demo.pid)
         os.kill(victim, signal.SIGKILL)
         # bounds a hang only: 3,000,000 requests keep the demo busy far longer
         out, err = demo.communicate(timeout=60)
     finally:
-        demo.kill()
+        _kill_tree(demo)
     assert demo.returncode != 0
     # the watch's line: it noticed the death and interrupted the run, which would otherwise have
     # gone on serving on the other worker, or failed later on its own 60 s reply timeout
@@ -113,15 +113,43 @@ def _wait_until_serving(demo: subprocess.Popen, timeout_s: float = 120) -> None:
     raise AssertionError("the demo's workers answered nothing")
 
 
-def _demo_worker() -> int:
-    """The pid of one ``inferfleet worker`` of the demo's queue."""
+def _descendants(root: int) -> dict[int, str]:
+    """Every process under ``root`` (its pid and command line)."""
     listing = subprocess.run(
-        ["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True
+        ["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True, check=True
     ).stdout
-    workers = [
-        int(line.split()[0])
-        for line in listing.splitlines()[1:]
-        if "inferfleet worker" in line and "demo-ctr" in line
+    parent, args = {}, {}
+    for line in listing.splitlines()[1:]:
+        pid, ppid, *command = line.split(maxsplit=2)
+        parent[int(pid)], args[int(pid)] = int(ppid), " ".join(command)
+
+    def under(pid: int) -> bool:
+        while pid > 1 and pid != root:
+            pid = parent.get(pid, 1)
+        return pid == root
+
+    return {pid: command for pid, command in args.items() if pid != root and under(pid)}
+
+
+def _demo_worker(demo_pid: int) -> int:
+    """The pid of one ``inferfleet worker`` this demo started (other tests may run workers of
+    the same queue at the same time)."""
+    mine = [
+        pid
+        for pid, command in _descendants(demo_pid).items()
+        if "inferfleet worker" in command and "demo-ctr" in command
     ]
-    assert workers, listing
-    return workers[0]
+    assert mine, f"no worker under the demo {demo_pid}"
+    return mine[0]
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and what it started (workers, Redis): nothing outlives the test."""
+    below = _descendants(proc.pid)
+    proc.kill()
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
