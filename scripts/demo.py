@@ -69,12 +69,16 @@ class WorkerWatch:
         self._thread = threading.Thread(target=self._watch, name="worker-watch", daemon=True)
 
     def __enter__(self) -> WorkerWatch:
+        # a demo started in the background by a shell without job control (nohup, `&` in a
+        # script, CI) inherits SIGINT ignored, and the watch's interrupt would be lost
+        self._sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
+        signal.signal(signal.SIGINT, self._sigint)
 
     def _watch(self) -> None:
         while not self._stop.wait(0.2):
