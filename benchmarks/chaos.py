@@ -154,22 +154,33 @@ def feed(
     ``durability`` not confirmed by a replica: counted in ``refused``, ``[count, monotonic time
     of the last]``) is sent again, new ids."""
     producer = Producer(url, NAME, default_deadline_s=None, durability=durability, cluster=cluster)
-    chunk = 50
-    for first in range(start, start + requests, chunk):
-        indices = range(first, min(first + chunk, start + requests))
+    for indices in _paced_chunks(start, requests, per_s):
         while True:
             try:
                 rids = producer.submit_many([inputs_for(i) for i in indices])
                 accepted.update(zip(rids, indices))
                 break
             except errors.NotReplicated:
-                if refused is not None:
-                    refused[:] = [refused[0] + len(indices), time.monotonic()]
-                time.sleep(0.1)
+                _count_refused(refused, len(indices))
             except errors.ConnectionError:
                 time.sleep(0.1)  # Redis is down: this chunk was not accepted; retry it
-        time.sleep(chunk / per_s)
     producer.close()
+
+
+def _paced_chunks(start: int, requests: int, per_s: float) -> Iterator[range]:
+    """Request indices ``start`` .. ``start + requests - 1`` in chunks of 50, about ``per_s`` a
+    second (the pause follows each chunk, once the caller has sent it)."""
+    chunk = 50
+    for first in range(start, start + requests, chunk):
+        yield range(first, min(first + chunk, start + requests))
+        time.sleep(chunk / per_s)
+
+
+def _count_refused(refused: list | None, count: int) -> None:
+    """``count`` requests a producer was told were not accepted, now (then a short pause)."""
+    if refused is not None:
+        refused[:] = [refused[0] + count, time.monotonic()]
+    time.sleep(0.1)
 
 
 def raw_feed(
@@ -186,9 +197,7 @@ def raw_feed(
     pipelined ``XADD`` per request with its own id (followed by ``WAIT`` with durability on,
     on the same connection), redis-py with no SDK. Reconnects after a ``WAIT`` shortfall."""
     client = connect(url)
-    chunk = 50
-    for first in range(start, start + requests, chunk):
-        indices = range(first, min(first + chunk, start + requests))
+    for indices in _paced_chunks(start, requests, per_s):
         while True:
             rids = [f"raw-{uuid.uuid4().hex}" for _ in indices]
             pipe = client.pipeline(transaction=False)
@@ -202,14 +211,11 @@ def raw_feed(
                 time.sleep(0.1)  # not accepted (Redis down, READONLY): send again
                 continue
             if durability is not None and int(told[-1]) < durability.replicas:
-                if refused is not None:
-                    refused[:] = [refused[0] + len(indices), time.monotonic()]
                 client.connection_pool.disconnect()  # find the primary again
-                time.sleep(0.1)
+                _count_refused(refused, len(indices))
                 continue
             accepted.update(zip(rids, indices))
             break
-        time.sleep(chunk / per_s)
     close_client(client)
 
 
