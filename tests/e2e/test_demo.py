@@ -92,6 +92,9 @@ def test_a_worker_that_dies_mid_run_stops_the_demo_at_once_with_its_last_line(
             ) from None
     finally:
         _kill_tree(demo)
+        for pipe in (demo.stdout, demo.stderr):
+            if pipe is not None:
+                pipe.close()  # a failed run must not leave them to the next test's GC
     assert demo.returncode != 0
     # the watch's line: it noticed the death and interrupted the run, which would otherwise have
     # gone on serving on the other worker, or failed later on its own 60 s reply timeout
@@ -125,8 +128,9 @@ def _wait_until_serving(demo: subprocess.Popen, timeout_s: float = 120) -> None:
 
 def _descendants(root: int) -> dict[int, str]:
     """Every process under ``root`` (its pid and command line)."""
+    # -ww: ps cuts args at $COLUMNS even into a pipe (CI's 80 cut "demo-ctr" off the workers)
     listing = subprocess.run(
-        ["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True, check=True
+        ["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True, check=True
     ).stdout
     parent, args = {}, {}
     for line in listing.splitlines()[1:]:
