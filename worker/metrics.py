@@ -254,6 +254,21 @@ class _Families:
         self.cache_misses = make(
             Counter, "inferfleet_cache_misses_total", "Result cache misses.", ("tier",)
         )
+        self.first_chunk = make(
+            Histogram,
+            "inferfleet_time_to_first_chunk_seconds",
+            "Time from a generative request's pick-up to its first token.",
+            buckets=WAIT_BUCKETS,
+        )
+        self.chunks = make(
+            Counter, "inferfleet_generated_tokens_total", "Tokens a generative model made."
+        )
+        self.live_sequences = make(
+            Gauge,
+            "inferfleet_live_sequences",
+            "Sequences a generative worker is generating now.",
+            multiprocess_mode="livesum",
+        )
         self.tenant_refused = make(
             Counter,
             "inferfleet_tenant_refused_total",
@@ -367,6 +382,20 @@ class WorkerMetrics:
         self._rows.observe(rows)
         self._infer.observe(infer_s)
         observe_many(self._wait, queue_wait_s)
+
+    def generated(self, first_token_s: Sequence[float], tokens: int, step_s: float) -> None:
+        """One iteration of a generative model: the times to first token of the requests that
+        got theirs, the tokens made (one a live sequence), the iteration's duration."""
+        if not self.enabled:
+            return
+        observe_many(self._f.first_chunk.labels(self.queue), first_token_s)
+        self._f.chunks.labels(self.queue).inc(tokens)
+        self._infer.observe(step_s)
+
+    def live_sequences(self, count: int) -> None:
+        """Sequences live in a generative worker now."""
+        if self.enabled:
+            self._f.live_sequences.labels(self.queue).set(count)
 
     def cache_lookup(self, tier: str, hits: int, misses: int) -> None:
         """Result cache lookups of one round in one tier (local, fleet or batch)."""

@@ -13,6 +13,8 @@ in one place, and nothing else imports msgpack:
   :func:`parse_entry`) and its body (:func:`encode_body`, :func:`decode_body`).
 * :mod:`.reply`: the one element of a reply list (:func:`encode_reply_ok`,
   :func:`encode_reply_error`, :func:`decode_reply`) and its layout.
+* :mod:`.stream`: a streamed reply's chunks (:func:`parse_chunk`, :class:`StreamFold`), for
+  requests that ask for one (contract 1.3).
 * :mod:`.fast`: the SDK's bulk paths (:class:`BodyEncoder`,
   :func:`lazy_replies`), the same bytes as the general functions.
 
@@ -96,8 +98,28 @@ from inferfleet.producer.protocol.rules import (
     validate_request_id,
     validate_request_ids,
 )
+from inferfleet.producer.protocol.stream import (
+    FINISH_REASONS,
+    STREAM_FIELD,
+    Chunk,
+    StreamFold,
+    chunk_fields,
+    encode_chunk,
+    encode_final,
+    parse_chunk,
+    wants_stream,
+)
 
 __all__ = [
+    "FINISH_REASONS",
+    "STREAM_FIELD",
+    "Chunk",
+    "StreamFold",
+    "chunk_fields",
+    "encode_chunk",
+    "encode_final",
+    "parse_chunk",
+    "wants_stream",
     "CONTRACT_VERSION",
     "DEFAULT_LIMITS",
     "DEFAULT_PREFIX",

@@ -102,6 +102,10 @@ class QueueKeys:
         """The default reply list of request ``rid``."""
         return f"{self.base}reply:{rid}"
 
+    def chunks(self, rid: str) -> str:
+        """The reply stream of request ``rid`` when it asked for one (contract 1.3: stream.py)."""
+        return f"{self.base}chunks:{rid}"
+
     def inbox(self, suffix: str) -> str:
         """A shared reply inbox a client may name in ``reply_to``."""
         if not suffix or any(c in suffix for c in "{} \t\r\n"):

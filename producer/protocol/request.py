@@ -50,9 +50,13 @@ def request_fields(
     deadline_ms: int | None = None,
     reply_to: str | None = None,
     traceparent: str | None = None,
+    stream: bool = False,
 ) -> dict[str, bytes | str]:
-    """The fields of one request stream entry (for ``XADD ... *``)."""
+    """The fields of one request stream entry (for ``XADD ... *``); ``stream`` asks for the
+    outputs in chunks (contract 1.3, :mod:`.stream`)."""
     fields: dict[str, bytes | str] = {"id": rid, "body": body}
+    if stream:
+        fields["stream"] = "1"
     if deadline_ms is not None:
         fields["deadline"] = str(int(deadline_ms))
     if reply_to is not None:

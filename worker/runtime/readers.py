@@ -29,6 +29,7 @@ from inferfleet.worker.runtime.formats import detect_kind, export_spec, unservab
 from inferfleet.worker.runtime.modules import ModuleHandler
 from inferfleet.worker.runtime.onnx_backend import load_onnx
 from inferfleet.worker.runtime.signature import SpecError, parse_spec
+from inferfleet.worker.runtime.stepwise import StepwiseHandler
 
 __all__ = [
     "EXAMPLE_EXTRA_FILE",
@@ -136,6 +137,23 @@ def import_target(spec: str) -> Any:
             f"{os.getcwd()}; run inferfleet where {module_name.split('.')[0]} can be "
             f"imported, or set PYTHONPATH)"
         ) from exc
+
+
+def load_stepwise(model: str, device: torch.device) -> Any:
+    """The :class:`StepwiseHandler` that ``model`` names (``module:attr``), set up on
+    ``device``; None when ``model`` names anything else (a file, a one-reply handler)."""
+    if not is_handler_spec(model):
+        return None
+    target = import_target(model)
+    stepwise = isinstance(target, type) and issubclass(target, StepwiseHandler)
+    if not stepwise and not isinstance(target, StepwiseHandler):
+        return None
+    handler = target() if isinstance(target, type) else target
+    try:
+        handler.setup(device)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot set up {model!r}: {exc}") from exc
+    return handler
 
 
 def _load_handler(spec: str) -> Handler:

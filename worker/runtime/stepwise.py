@@ -22,6 +22,7 @@ This module imports nothing of the worker: it is a contract, like
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +48,21 @@ class StepwiseHandler:
     def setup(self, device: torch.device) -> None:
         """Load weights, place them on ``device`` and allocate the slots. Called once."""
         self.device = device
+
+    def encode_prompt(self, inputs: Any) -> np.ndarray:
+        """A request's ``inputs`` as the prompt's token ids (int64, one dimension).
+
+        The default takes an integer tensor of one row (``[n]`` or ``[1, n]``); a model with a
+        tokenizer overrides this to take text too. ValueError says what is wrong."""
+        one_row = isinstance(inputs, np.ndarray) and (
+            inputs.ndim == 1 or (inputs.ndim == 2 and inputs.shape[0] == 1)
+        )
+        if one_row and inputs.dtype.kind in "iu":
+            tokens = inputs.reshape(-1).astype(np.int64)
+            if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+                raise ValueError(f"token ids must be 0 to {self.vocab_size - 1}")
+            return tokens
+        raise ValueError("the prompt must be one row of integer token ids ([n] or [1, n])")
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[np.ndarray]) -> np.ndarray:
         """Start each slot's sequence from its prompt; the next token's logits of each."""

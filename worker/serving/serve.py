@@ -17,11 +17,14 @@ from inferfleet.worker.heartbeat import Heartbeat
 from inferfleet.worker.logs import bind as bind_log_fields
 from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics, worker_metrics
 from inferfleet.worker.runtime.devices import device_label, peak_memory_mib
-from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime
+from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime, resolve_device
+from inferfleet.worker.runtime.readers import load_stepwise
+from inferfleet.worker.runtime.stepwise import StepwiseHandler
 from inferfleet.worker.serving.alerts import Alert
 from inferfleet.worker.serving.alerts import publish as publish_alerts
 from inferfleet.worker.serving.compute import encode_answer
 from inferfleet.worker.serving.consumer import Consumer
+from inferfleet.worker.serving.generation import GenerationConsumer
 from inferfleet.worker.serving.hooks import Hooks
 from inferfleet.worker.serving.lifecycle import ModelWatcher, Published, mark_served, read_published
 from inferfleet.worker.serving.shadow import ShadowRunner
@@ -77,6 +80,10 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     # a stage's metrics are its own
     label = settings.name if settings.stage is None else stage_label(settings)
     counters = Counters(worker_metrics(label, settings.metrics_port))
+    stepwise = load_stepwise(settings.model, resolve_device(settings.device))
+    if stepwise is not None:  # a generative model: continuous batching, streamed replies
+        _serve_generation(settings, client, counters, stepwise, stop)
+        return None
     loaded = _load_current(settings, client, counters, stop)
     if loaded is None:
         return None  # stopped while no version it can load was published
@@ -116,6 +123,49 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
         hooks.close()
     _log_peak_memory(consumer)
     return consumer
+
+
+def _serve_generation(
+    settings: WorkerSettings,
+    client: redis.Redis,
+    counters: Counters,
+    model: StepwiseHandler,
+    stop: threading.Event,
+) -> None:
+    """Serve a step-wise model (generation.py) with its heartbeat, until ``stop``."""
+    version = settings.model_version or model.version or "1"
+    consumer = GenerationConsumer(settings, model, client, counters, (settings.name, version))
+    counters.model_version(version)
+    log.info(
+        "model %s version %s on %s: step-wise, %d slots",
+        settings.name,
+        version,
+        model.device,
+        model.max_slots,
+    )
+    heartbeat = Heartbeat(
+        worker_client(settings.redis_url, settings.cluster),
+        consumer.keys,
+        settings.consumer,
+        counters,
+        {"device": device_label(model.device)},
+        interval_s=settings.heartbeat_s,
+        extra=lambda: {
+            "version": version,
+            "model": settings.model,
+            "loop_ms": int(consumer.loop_at_s * 1000),
+            "max_rows": model.max_slots,
+            "live": len(consumer.seqs),
+        },
+        file=settings.heartbeat_file or None,
+    )
+    heartbeat.state = "serving"
+    heartbeat.start()
+    try:
+        consumer.run(stop)
+    finally:
+        heartbeat.state = "stopped"
+        heartbeat.stop(remove=True)
 
 
 def _log_peak_memory(consumer: Consumer) -> None:
