@@ -95,6 +95,20 @@ def models_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tinylm(models_dir: Path) -> Path:
+    """The example tiny language model (tests/fixtures/tiny_lm.py), trained once per machine
+    (about 30 s): a worker serves it as ``--model tests.fixtures.tiny_lm:TinyLM``."""
+    path = MODELS_DIR / "tinylm.pt"
+    if not path.exists():
+        subprocess.run(
+            [sys.executable, "-m", "tests.fixtures.build_models", "--only", "tinylm"],
+            check=True,
+            cwd=ROOT,
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
 def onnx_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """affine/ctr/cnn exported to ONNX (tests/fixtures/export_onnx.py), plus ``ctr.int8.onnx``, once
     per session."""
