@@ -36,6 +36,7 @@ from inferfleet.producer.sharing import (
     limits_key,
     validate_priority,
 )
+from inferfleet.producer.streaming import AsyncChunkStream
 from inferfleet.producer.transport import Round, arun, raise_first_error
 from inferfleet.producer.writes import AsyncWriteBatcher
 
@@ -161,6 +162,30 @@ class AsyncProducer(ProducerBase):
         rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
         await self._send_one(rid, keys, fields, priority)
         return rid
+
+    async def stream(
+        self,
+        inputs: Any,
+        params: Mapping[str, Any] | None = None,
+        deadline_s: float | None = None,
+        *,
+        request_id: str | None = None,
+        priority: str = defaults.PRIORITY,
+        timeout_s: float = defaults.TIMEOUT_S,
+    ) -> AsyncChunkStream:
+        """Enqueue one request that asks for a streamed reply (see Producer.stream); ``async
+        for`` over the returned stream gives its chunks as they are made."""
+        rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, stream=True)
+        await self._send_one(rid, keys, fields, priority)
+        return self.read_stream(rid, timeout_s=timeout_s)
+
+    def read_stream(
+        self, request_id: str, *, after: str = "0", timeout_s: float = defaults.TIMEOUT_S
+    ) -> AsyncChunkStream:
+        """The chunks of request ``request_id``'s stream after entry id ``after`` (see
+        Producer.read_stream)."""
+        key = self.keys_for(request_id).chunks(validate_request_id(request_id))
+        return AsyncChunkStream(self.redis, request_id, key, timeout_s, after)
 
     async def _send_one(self, rid: str, keys: QueueKeys, fields: dict, priority: str) -> None:
         """One request's XADD (or FCALL), sent with the other tasks' of this loop tick."""

@@ -202,8 +202,10 @@ class ProducerBase:
         reply_to: str | None = None,
         *,
         to_inbox: bool = False,
+        stream: bool = False,
     ) -> tuple[str, QueueKeys, dict]:
-        """(request id, its shard's keys, entry fields); ``to_inbox``: reply to our inbox there."""
+        """(request id, its shard's keys, entry fields); ``to_inbox``: reply to our inbox there;
+        ``stream``: ask for a streamed reply."""
         self._check_open()
         rid = validate_request_id(request_id) if request_id is not None else self.new_request_id()
         shard = self.shard_of(rid)
@@ -222,7 +224,7 @@ class ProducerBase:
                 f"got {reply_to!r}"
             )
         fields = request_fields(
-            rid, encode_body(inputs, params), deadline_ms, reply_to, current_traceparent()
+            rid, encode_body(inputs, params), deadline_ms, reply_to, current_traceparent(), stream
         )
         if self.tenant is not None:
             fields["tenant"] = self.tenant

@@ -36,6 +36,7 @@ from inferfleet.producer.sharing import (
     limits_key,
     validate_priority,
 )
+from inferfleet.producer.streaming import ChunkStream
 from inferfleet.producer.transport import Round, raise_first_error, run
 from inferfleet.producer.writes import WriteBatcher
 
@@ -206,6 +207,31 @@ class Producer(ProducerBase):
         rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, reply_to)
         self._send_one(rid, keys, fields, priority)
         return rid
+
+    def stream(
+        self,
+        inputs: Any,
+        params: Mapping[str, Any] | None = None,
+        deadline_s: float | None = None,
+        *,
+        request_id: str | None = None,
+        priority: str = defaults.PRIORITY,
+        timeout_s: float = defaults.TIMEOUT_S,
+    ) -> ChunkStream:
+        """Enqueue one request that asks for a streamed reply; iterate the returned
+        :class:`~inferfleet.producer.streaming.ChunkStream` for its chunks as they are made
+        (``timeout_s``: the longest wait for the next one). Its ``request_id`` cancels it."""
+        rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, stream=True)
+        self._send_one(rid, keys, fields, priority)
+        return self.read_stream(rid, timeout_s=timeout_s)
+
+    def read_stream(
+        self, request_id: str, *, after: str = "0", timeout_s: float = defaults.TIMEOUT_S
+    ) -> ChunkStream:
+        """The chunks of request ``request_id``'s stream after entry id ``after`` (``0``: from
+        the start; the ``entry_id`` of the last chunk seen: resume there), from any process."""
+        key = self.keys_for(request_id).chunks(validate_request_id(request_id))
+        return ChunkStream(self.redis, request_id, key, timeout_s, after)
 
     def _send_one(self, rid: str, keys: QueueKeys, fields: dict, priority: str) -> None:
         """One request's XADD (or FCALL), sent with the other threads' concurrent ones."""
