@@ -3,7 +3,10 @@
 Only ``redis`` and ``msgpack`` talk to the fleet here, never the ``producer``
 package: every key name, field and byte is written out as a Node or Go client
 would write it from the doc. The worker is a real ``inferfleet worker``
-subprocess serving models/affine.pt (float32[N,16] -> float32[N,4]).
+subprocess serving models/affine.pt (float32[N,16] -> float32[N,4]), or, for
+the streamed replies of contract 1.3, the example language model TinyLM on the
+queue ``tokens`` (its tokens checked against the model's own greedy
+recomputation).
 """
 
 from __future__ import annotations
@@ -167,7 +170,7 @@ def test_requests_written_before_any_worker_are_served(redis_client, start_worke
 def test_doc_worked_example_bytes(redis_client, start_worker, affine):
     # the page's printf ... | xxd -r -p writes these bytes, and its wc -c counts them
     page = (ROOT / "docs" / "protocol.md").read_text()
-    printed = re.search(r"\$ printf '%s' (.*?)\| xxd -r -p > body\.bin", page, re.DOTALL)
+    printed = re.search(r"\$ printf '%s' ([^|]*?)\| xxd -r -p > body\.bin", page)
     assert printed, "docs/protocol.md has no printf ... | xxd -r -p > body.bin"
     assert bytes.fromhex(re.sub(r"[\s\\]", "", printed.group(1))) == DOC_EXAMPLE_BODY
     assert re.search(rf"\$ wc -c < body\.bin\n\s+{len(DOC_EXAMPLE_BODY)}\n", page)
@@ -314,4 +317,174 @@ def test_body_over_the_size_limit_is_too_large(redis_client, start_worker):
     redis_client.xadd(STREAM, {"id": "big", "body": big})
     reply = blpop(redis_client, reply_key("big"))
     assert reply["ok"] is False and reply["error"]["code"] == "too_large", reply
+    assert_all_acked(redis_client)
+
+
+# ---- streamed replies (contract 1.3), against a worker serving TinyLM ----
+
+TOKENS = "tokens"
+TOKENS_STREAM = "inferfleet:{tokens}:requests"
+EOS = 256  # TinyLM's end token
+STREAM_TIMING = {"queued_ms", "first_token_ms", "infer_ms", "tokens"}
+
+
+def chunks_key(rid: str) -> str:
+    return f"inferfleet:{{{TOKENS}}}:chunks:{rid}"
+
+
+def tokens_reply_key(rid: str) -> str:
+    return f"inferfleet:{{{TOKENS}}}:reply:{rid}"
+
+
+def prompt_body(prompt: str, max_new_tokens: int) -> bytes:
+    """A text prompt (a msgpack str, a raw input) and its ``max_new_tokens``."""
+    return body(prompt, params={"max_new_tokens": max_new_tokens})
+
+
+@pytest.fixture
+def tokens_worker(spawn_worker, tinylm: Path) -> subprocess.Popen:
+    """A real ``inferfleet worker`` serving TinyLM (models/tinylm.pt) on the queue ``tokens``."""
+    return spawn_worker(TOKENS, "tests.fixtures.tiny_lm:TinyLM")
+
+
+@pytest.fixture(scope="module")
+def greedy(tinylm: Path) -> Callable[[str, int], list[int]]:
+    """``greedy(prompt, max_new_tokens)``: TinyLM's greedy tokens for a text prompt, recomputed
+    with no cache (``reference_generate``): what a worker's stream must hold."""
+    import torch
+
+    from tests.fixtures.tiny_lm import TinyLM
+
+    model = TinyLM(tinylm)
+    model.setup(torch.device("cpu"))
+
+    def generate(prompt: str, max_new_tokens: int) -> list[int]:
+        ids = np.frombuffer(prompt.encode("utf-8"), np.uint8).astype(np.int64)
+        return [int(t) for t in model.reference_generate(ids, max_new_tokens)]
+
+    return generate
+
+
+def xread_to_final(
+    client: redis.Redis, key: str, last_id: str = "0"
+) -> list[tuple[str, dict[bytes, bytes]]]:
+    """The doc's reader: ``XREAD BLOCK`` from ``last_id``, then from the last id seen, until a
+    chunk with ``final`` 1; every entry it got, (id, fields), in order."""
+    deadline = time.monotonic() + REPLY_TIMEOUT_S
+    entries: list[tuple[str, dict[bytes, bytes]]] = []
+    while not entries or entries[-1][1][b"final"] != b"1":
+        assert time.monotonic() < deadline, f"no final chunk in {key} within {REPLY_TIMEOUT_S} s"
+        for _key, found in client.xread({key: last_id}, block=1000) or []:
+            for entry_id, fields in found:
+                last_id = entry_id.decode()
+                entries.append((last_id, fields))
+    return entries
+
+
+def check_stream(
+    entries: list[tuple[str, dict[bytes, bytes]]], rid: str, first_n: int = 0
+) -> tuple[list[int], dict[str, Any]]:
+    """The chunks numbered ``first_n``, ``first_n`` + 1, ... (no gap, none twice) of attempt 1,
+    final only the last, each body as the doc shows it: (their tokens, the final body)."""
+    assert [int(f[b"n"]) for _, f in entries] == list(range(first_n, first_n + len(entries)))
+    assert {f[b"attempt"] for _, f in entries} == {b"1"}
+    assert [f[b"final"] for _, f in entries] == [b"0"] * (len(entries) - 1) + [b"1"]
+    tokens: list[int] = []
+    bodies = [msgpack.unpackb(f[b"body"], raw=False) for _, f in entries]
+    for chunk in bodies:
+        assert chunk["id"] == rid and chunk["ok"] is True, chunk
+        out = from_tensor(chunk["outputs"])
+        assert out.dtype == np.int64 and out.ndim == 1
+        tokens += [int(t) for t in out]
+    for chunk in bodies[:-1]:
+        assert set(chunk) == {"id", "ok", "outputs"}
+    return tokens, bodies[-1]
+
+
+def test_streamed_reply_worked_example(redis_client, tokens_worker, greedy):
+    # the page's prompt.bin: {"inputs": "./scripts/", "params": {"max_new_tokens": 8}}, 43 bytes
+    page = (ROOT / "docs" / "protocol.md").read_text()
+    printed = re.search(r"\$ printf '%s' ([^|]*?)\| xxd -r -p > prompt\.bin", page)
+    assert printed, "docs/protocol.md has no printf ... | xxd -r -p > prompt.bin"
+    doc_body = bytes.fromhex(re.sub(r"[\s\\]", "", printed.group(1)))
+    assert doc_body == prompt_body("./scripts/", 8)
+    assert re.search(rf"\$ wc -c < prompt\.bin\n\s+{len(doc_body)}\n", page)
+
+    requests = {"gen-1": ("./scripts/", 8), "gen-long": ("inferfleet ", 12)}
+    for rid, (prompt, max_new) in requests.items():
+        redis_client.xadd(
+            TOKENS_STREAM, {"id": rid, "stream": "1", "body": prompt_body(prompt, max_new)}
+        )
+    for rid, (prompt, max_new) in requests.items():
+        expected = greedy(prompt, max_new)
+        entries = xread_to_final(redis_client, chunks_key(rid))
+        tokens, final = check_stream(entries, rid)
+        assert tokens == expected
+        stopped = expected[-1] == EOS
+        assert final["finish_reason"] == ("stop" if stopped else "length"), final
+        assert final["model"] == {"name": TOKENS, "version": "1"}
+        assert set(final["timing"]) == STREAM_TIMING
+        assert final["timing"]["tokens"] == len(expected)
+        # the key has the reply TTL from its last chunk; the final chunk acknowledged the entry
+        assert 0 < redis_client.pttl(chunks_key(rid)) <= DEFAULT_TTL_MS
+    assert redis_client.xpending(TOKENS_STREAM, GROUP)["pending"] == 0
+
+    # a reader that resumes from chunk 2's id gets chunks 3.. only
+    entries = redis_client.xrange(chunks_key("gen-long"))
+    assert len(entries) == len(greedy("inferfleet ", 12)) >= 4  # one token a chunk
+    resumed = xread_to_final(redis_client, chunks_key("gen-long"), entries[2][0].decode())
+    tokens, _ = check_stream(resumed, "gen-long", first_n=3)
+    assert tokens == greedy("inferfleet ", 12)[3:]
+
+    # without stream: one ordinary reply in the reply list, with every token
+    redis_client.xadd(TOKENS_STREAM, {"id": "gen-2", "body": prompt_body("inferfleet ", 12)})
+    reply = blpop(redis_client, tokens_reply_key("gen-2"))
+    assert reply["id"] == "gen-2" and reply["ok"] is True, reply
+    out = from_tensor(reply["outputs"])
+    assert out.dtype == np.int64 and out.tolist() == greedy("inferfleet ", 12)
+    assert set(reply["timing"]) == STREAM_TIMING
+    assert not redis_client.exists(chunks_key("gen-2"))
+    assert redis_client.xpending(TOKENS_STREAM, GROUP)["pending"] == 0
+
+
+def test_a_cancel_ends_a_stream_being_generated(redis_client, tokens_worker, greedy):
+    # 245 greedy tokens (up to the model's 256 positions): long enough to cancel mid-way
+    redis_client.xadd(
+        TOKENS_STREAM,
+        {"id": "long-1", "stream": "1", "body": prompt_body("inferfleet ", 250)},
+    )
+    got = redis_client.xread({chunks_key("long-1"): "0"}, count=1, block=REPLY_TIMEOUT_S * 1000)
+    assert got, "no first chunk"
+    lanes = [f"{TOKENS_STREAM}:high", TOKENS_STREAM, f"{TOKENS_STREAM}:low"]
+    answer = redis_client.fcall(
+        "inferfleet_cancel",
+        5,
+        "inferfleet:{tokens}:cancels",
+        *lanes,
+        tokens_reply_key("long-1"),  # the default reply key, never the chunks key
+        3_600_000,
+        "long-1",
+    )
+    assert answer == [b"cancelled"]
+    entries = xread_to_final(redis_client, chunks_key("long-1"))
+    assert [int(f[b"n"]) for _, f in entries] == list(range(len(entries)))
+    assert {f[b"attempt"] for _, f in entries} == {b"1"}
+    bodies = [msgpack.unpackb(f[b"body"], raw=False) for _, f in entries]
+    *made, final = bodies
+    assert final["ok"] is False and final["error"]["code"] == "cancelled", final
+    assert all(chunk["ok"] is True for chunk in made)
+    tokens = [int(t) for chunk in made for t in from_tensor(chunk["outputs"])]
+    expected = greedy("inferfleet ", 250)
+    assert tokens == expected[: len(tokens)] and len(tokens) < len(expected)
+    assert redis_client.xpending(TOKENS_STREAM, GROUP)["pending"] == 0
+
+
+def test_a_one_reply_model_ignores_stream(redis_client, start_worker, affine):
+    start_worker()
+    x = np.ones((1, 16), np.float32)
+    redis_client.xadd(STREAM, {"id": "st-1", "stream": "1", "body": body(tensor(x))})
+    reply = blpop(redis_client, reply_key("st-1"))
+    assert reply["ok"] is True, reply
+    np.testing.assert_allclose(from_tensor(reply["outputs"]), affine(x), rtol=1e-6, atol=1e-6)
+    assert not redis_client.exists(f"inferfleet:{{{NAME}}}:chunks:st-1")
     assert_all_acked(redis_client)

@@ -158,6 +158,9 @@ RUN_BY: dict[str, str] = {
     r"^docs/protocol\.md: (redis-cli (-x XADD .* id demo-1 |--no-raw BLPOP .*:reply:demo-1')|"
     r"printf '%s' 81a6\S+ .* \| xxd -r -p > body\.bin$|wc -c < body\.bin$)":
         "tests/e2e/test_raw_protocol.py::test_doc_worked_example_bytes",
+    r"^docs/protocol\.md: (redis-cli .*'inferfleet:\{tokens\}:\S+'|"
+    r"printf '%s' 82a6\S+ \| xxd -r -p > prompt\.bin$|wc -c < prompt\.bin$)":
+        "tests/e2e/test_raw_protocol.py::test_streamed_reply_worked_example",
     r"^docs/protocol\.md: redis-cli (XINFO GROUPS|XLEN|XPENDING) ":
         "tests/e2e/test_raw_protocol.py::test_requests_written_before_any_worker_are_served",
     r"^docs/protocol\.md: redis-cli .*(demo-2 reply_to|inbox:client-7)":
