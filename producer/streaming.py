@@ -53,7 +53,7 @@ class _Base:
         if timeout_s <= 0:
             raise errors.ProtocolError(f"timeout_s must be positive, got {timeout_s}")
         self.request_id, self.key, self.timeout_s = request_id, key, timeout_s
-        self.fold = StreamFold(last_id=after)
+        self.fold = StreamFold(last_id=after, next_n=0 if after == "0" else None)
         self._ready: list[Chunk] = []
 
     @property
@@ -63,8 +63,8 @@ class _Base:
 
     def _timeout(self) -> errors.ReplyTimeout:
         return errors.ReplyTimeout(
-            f"no chunk of request {self.request_id!r} in {self.timeout_s:g} s after chunk "
-            f"{self.fold.next_n - 1} ({self.key}): is a worker serving a step-wise model up?"
+            f"no chunk of request {self.request_id!r} in {self.timeout_s:g} s after entry "
+            f"{self.fold.last_id} of {self.key}: is a worker serving a step-wise model up?"
         )
 
 

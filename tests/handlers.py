@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import torch
 
 from inferfleet.worker.handler import Handler
+from tests.fixtures.tiny_lm import TinyLM
 
 POISON = -999.0
 
@@ -260,3 +262,31 @@ class FrozenHeap(Scale):
         import gc
 
         return torch.full_like(x, float(gc.get_freeze_count()))
+
+
+class SlowTinyLM(TinyLM):
+    """The example language model with 4 slots, each step held 20 ms: a generation long enough
+    for a test to cancel, expire or kill it midway (tests/integration/test_generation.py)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_slots=4)
+
+    def step(self, slots, tokens):  # type: ignore[no-untyped-def]
+        time.sleep(0.02)
+        return super().step(slots, tokens)
+
+
+class EndlessTinyLM(SlowTinyLM):
+    """:class:`SlowTinyLM` that never makes its end token: a sequence runs to its
+    max_new_tokens, so a test's cancel or deadline always meets it live."""
+
+    def prefill(self, slots, prompts):  # type: ignore[no-untyped-def]
+        return self._endless(super().prefill(slots, prompts))
+
+    def step(self, slots, tokens):  # type: ignore[no-untyped-def]
+        return self._endless(super().step(slots, tokens))
+
+    def _endless(self, logits):  # type: ignore[no-untyped-def]
+        logits = np.array(logits, copy=True)
+        logits[:, self.eos_token] = -np.inf
+        return logits

@@ -148,12 +148,16 @@ class StreamFold:
     """
 
     last_id: str = "0"
-    next_n: int = 0
+    #: None: a reader that resumes from an id without knowing its number takes the next chunk
+    #: as it comes, and counts on from it
+    next_n: int | None = 0
     attempt: int = 0
     done: bool = False
 
     def take(self, chunk: Chunk) -> Chunk | None:
         """``chunk`` if it is the next one (and note it), None if already taken."""
+        if self.next_n is None:
+            self.next_n = chunk.n
         if chunk.n < self.next_n:
             return None
         if self.done or chunk.n > self.next_n:

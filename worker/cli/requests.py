@@ -15,6 +15,7 @@ import numpy as np
 from inferfleet.producer import Producer, errors
 from inferfleet.producer.protocol import Reply
 from inferfleet.producer.sharing import PRIORITIES
+from inferfleet.producer.streaming import ChunkStream
 from inferfleet.worker.cli.options import QueueConfig, pass_queue_config
 from inferfleet.worker.npfiles import load_inputs, save_outputs
 
@@ -88,15 +89,21 @@ def producer_for(queue: QueueConfig, tenant: str | None = None) -> Producer:
     epilog="""\b
 Examples:
   inferfleet enqueue --name ctr --input models/features.npz --wait
-  inferfleet enqueue --name ctr --input models/features.npz      # prints the id for 'result'"""
+  inferfleet enqueue --name ctr --input models/features.npz      # prints the id for 'result'
+  inferfleet enqueue --name tokens --text "docker compose" --stream --as-text"""
 )
 @pass_queue_config
 @click.option(
     "--input",
     "input_path",
-    required=True,
+    default=None,
     type=click.Path(exists=True, dir_okay=False),
     help=".npy (one tensor) or .npz (arr_0.. positional, other names keyword) inputs.",
+)
+@click.option(
+    "--text",
+    default=None,
+    help="Send this text as the raw input instead of --input (a model that takes text).",
 )
 @click.option(
     "--param", "params", multiple=True, help="KEY=VALUE (VALUE parsed as JSON if it can be)."
@@ -149,9 +156,21 @@ Examples:
     show_envvar=True,
     help="With --wait: save outputs to this .npy/.npz file.",
 )
+@click.option(
+    "--stream",
+    is_flag=True,
+    help="Ask for a streamed reply (a step-wise model) and print each chunk as it arrives, "
+    "one JSON line each.",
+)
+@click.option(
+    "--as-text",
+    is_flag=True,
+    help="With --stream: print a byte-level model's tokens as text as they arrive.",
+)
 def enqueue(
     queue: QueueConfig,
-    input_path: str,
+    input_path: str | None,
+    text: str | None,
     params: tuple[str, ...],
     deadline_s: float | None,
     request_id: str | None,
@@ -160,15 +179,27 @@ def enqueue(
     wait: bool,
     timeout_s: float,
     output: str | None,
+    stream: bool,
+    as_text: bool,
 ) -> None:
-    """Enqueue one request from a .npy/.npz file; print its request id (or, with --wait, the
-    reply)."""
-    try:
-        inputs = load_inputs(input_path)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--input") from exc
+    """Enqueue one request from a .npy/.npz file or a text; print its request id (or, with
+    --wait, the reply; with --stream, its chunks as they arrive)."""
+    inputs = _inputs_of(input_path, text)
+    if as_text and not stream:
+        raise click.UsageError("--as-text goes with --stream")
     with producer_for(queue, tenant) as producer:
         try:
+            if stream:
+                chunks = producer.stream(
+                    inputs,
+                    _parse_params(params),
+                    deadline_s,
+                    request_id=request_id,
+                    priority=priority,
+                    timeout_s=timeout_s,
+                )
+                _show_chunks(chunks, as_text)
+                return
             rid = producer.submit(
                 inputs, _parse_params(params), deadline_s, request_id=request_id, priority=priority
             )
@@ -180,6 +211,48 @@ def enqueue(
             raise click.BadParameter(str(exc)) from exc
         except errors.InferfleetError as exc:
             raise click.ClickException(str(exc)) from exc
+
+
+def _inputs_of(input_path: str | None, text: str | None) -> Any:
+    """The request's inputs: the file's tensors, or the text (exactly one of the two)."""
+    if (input_path is None) == (text is None):
+        raise click.UsageError("give one of --input FILE or --text TEXT")
+    if text is not None:
+        return text
+    try:
+        return load_inputs(input_path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--input") from exc
+
+
+def _show_chunks(chunks: ChunkStream, as_text: bool) -> None:
+    """Print each chunk as it comes: a JSON line (n, attempt, tokens; the last with final and
+    finish_reason), or the tokens as text; a final error chunk exits with status 1."""
+    try:
+        for chunk in chunks:
+            tokens = [int(t) for t in chunk.tokens]
+            if as_text:
+                sys.stdout.write(
+                    bytes(t for t in tokens if 0 <= t < 256).decode("utf-8", "replace")
+                )
+                sys.stdout.flush()
+                if chunk.final:
+                    sys.stdout.write("\n")
+                    click.echo(f"[{chunk.finish_reason}, {chunks.fold.next_n} chunks]", err=True)
+                continue
+            line: dict[str, Any] = {"n": chunk.n, "attempt": chunk.attempt, "tokens": tokens}
+            if chunk.final:
+                line.update(final=True, finish_reason=chunk.finish_reason)
+            click.echo(json.dumps(line))
+    except errors.ReplyError as exc:
+        if as_text:
+            sys.stdout.write("\n")
+        click.echo(
+            json.dumps(
+                {"id": chunks.request_id, "error": {"code": exc.code, "message": exc.message}}
+            )
+        )
+        sys.exit(1)
 
 
 @click.command()

@@ -8,7 +8,8 @@
 -- A chunk ('c', 'f') is written only if it is its stream's next: the stream empty and n 0, or
 -- its last entry numbered n - 1, of an attempt no newer, not final. So two workers that both
 -- hold a request (one thought dead) never write two chunks of one number: the later one is
--- refused and stops. A final chunk or a reply is written only if its XACK acknowledged the
+-- refused and stops. A key that holds another type (a client's) is never written: its entry
+-- is acknowledged unanswered and the item refused. A final chunk or a reply is written only if its XACK acknowledged the
 -- entry (exactly one answer). Every key written gets the reply TTL.
 -- Returns {refused item indexes (1-based), a 1 or 0 per request id: marked cancelled now}.
 local group, ttl, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -33,7 +34,12 @@ for i = 1, count do
   local kind, id, n, attempt, body = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
   local key, lane = KEYS[2 * i], KEYS[2 * i + 1]
   local ok = true
-  if kind == 'c' or kind == 'f' then
+  local kept = call('TYPE', key)['ok']
+  if kept ~= 'none' and kept ~= ((kind == 'r') and 'list' or 'stream') and kind ~= 'a' then
+    -- a client wrote another type there: nothing can be answered; acknowledged, not retried
+    call('XACK', lane, group, id)
+    ok = false
+  elseif kind == 'c' or kind == 'f' then
     ok = is_next(key, tonumber(n), tonumber(attempt))
   end
   if ok and kind ~= 'c' then

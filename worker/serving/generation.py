@@ -29,6 +29,7 @@ import redis
 from inferfleet.producer.errors import ProtocolError
 from inferfleet.producer.protocol import (
     GROUP,
+    OK_FALSE,
     encode_chunk,
     encode_final,
     encode_reply_error,
@@ -54,6 +55,9 @@ from inferfleet.worker.serving.sharing import LaneWork
 __all__ = ["GenerationConsumer", "Sequence"]
 
 log = logging.getLogger(__name__)
+
+#: What an error reply holds near its start (its second key; stream.py and reply.py write it).
+_NOT_OK = OK_FALSE
 
 
 @dataclass
@@ -250,16 +254,17 @@ class GenerationConsumer:
             return
         if stream and not self._continue(seq, streams.get(seq.rid, []), items):
             return
-        if seq.sent:
+        if seq.sent:  # a stream taken over: its prompt is what it was, and the tokens sent
             prompt = np.concatenate([prompt, np.asarray(seq.tokens[: seq.sent], np.int64)])
-            params = _fewer(params, seq.sent)
+            left = _fewer(params, seq.sent)
             seq.tokens = []
-        if params is None or prompt.size >= self.model.max_length:
-            items.append(_Item("f", seq, self._final(seq, [], "length")))
-            return
+            if left is None or prompt.size >= self.model.max_length:
+                items.append(_Item("f", seq, self._final(seq, [], "length")))
+                return
+            params = left
         try:
             self.generator.submit(seq.rid, prompt, params)
-        except ValueError as exc:
+        except ValueError as exc:  # the prompt's size: the generator's rule
             items.append(_Item("f" if stream else "r", seq, self._error(seq, "bad_request", exc)))
             return
         self.seqs[seq.rid] = seq
@@ -397,9 +402,8 @@ class GenerationConsumer:
             for rid in cancelled:
                 self._end(self.seqs[rid], "cancelled", "cancelled while generating", ends)
             self._write(ends)
-        answered = [item for item in writes if item.kind in "fr"]
-        errors = sum(1 for item in answered if b"\xa2ok\xc2" in item.body[:200])
-        self.counters.answered(len(answered) - len(refused), errors)
+        done = [w for i, w in enumerate(writes, 1) if w.kind in "fr" and i not in refused]
+        self.counters.answered(len(done), sum(1 for w in done if w.body[:40].find(_NOT_OK) >= 0))
 
     def _refused(self, item: _Item) -> None:
         """A write the script refused: another worker holds the request now, or answered it."""
@@ -408,8 +412,10 @@ class GenerationConsumer:
             self.generator.cancel(seq.rid)
             del self.seqs[seq.rid]
         log.warning(
-            "request %s: its stream moved on without us (another worker took it over): dropped",
+            "request %s: write to %s refused (another worker took it over and wrote on, or the "
+            "key holds another type): dropped",
             seq.rid,
+            seq.key,
         )
 
     def _drop_all(self) -> None:
