@@ -109,6 +109,10 @@ WORKER_RULES = (
     "+hincrbyfloat",
     "+sadd",
     "+hsetnx",
+    # a worker serving a step-wise model (worker/lua/chunks.lua): a chunk is written only after
+    # reading its stream's last entry and the key's type
+    "+xrevrange",
+    "+type",
 )
 #: XADD to the request streams (the three lanes) and read their length and groups (lag,
 #: max_backlog); pop replies from the queue's reply keys and inboxes; see whether fleet-wide
@@ -971,3 +975,34 @@ def test_docs_give_exactly_these_acl_users():
                 f">{user}-pw" if r == f">{user.upper()}_PASSWORD" else r for r in rules
             )
     assert documented == ACL_USERS
+
+
+def test_acl_worker_user_streams_a_generation_to_a_producer_with_the_chunks_selector(
+    acl_port, acl_admin, models_dir, tinylm, tmp_path
+):
+    """A step-wise model served by the documented worker user, read by the producer user with
+    the one selector docs/protocol.md adds for streams: nothing refused."""
+    from tests.fixtures.tiny_lm import TinyLM, encode
+
+    acl_admin.execute_command("ACL", "SETUSER", "producer", "(+xread ~inferfleet:{q}:chunks:*)")
+    log_path = tmp_path / "worker.log"
+    model = "tests.fixtures.tiny_lm:TinyLM"
+    try:
+        with (
+            serving_worker(
+                acl_url(acl_port, "worker"),
+                f"redis://:{PASSWORD}@127.0.0.1:{acl_port}/0",
+                models_dir,
+                log_path,
+                "--model",
+                model,
+            ),
+            producer_for(acl_url(acl_port, "producer")) as producer,
+        ):
+            tokens = producer.stream("docker compose", {"max_new_tokens": 20}).tokens()
+    finally:
+        acl_admin.execute_command("ACL", "SETUSER", "producer", *PRODUCER_RULES)
+    reference = TinyLM(path=tinylm)
+    reference.setup(torch.device("cpu"))
+    assert list(tokens) == list(reference.reference_generate(encode("docker compose"), 20))
+    assert denials(acl_admin) == [], log_path.read_text(errors="replace")
