@@ -111,6 +111,9 @@ _GPU = "needs an NVIDIA GPU"
 # The two tables keep one pattern and its test a row, as the eye reads them: not formatted.
 # fmt: off
 RUN_BY: dict[str, str] = {
+    r"^docs/generation\.md: (python -m tests\.fixtures\.build_models --only tinylm|"
+    r"inferfleet (worker --name tokens |enqueue --name tokens ))":
+        "tests/e2e/test_generation_doc.py::test_the_generation_page_runs_as_written",
     r"^README\.md: (\./scripts/setup|\. \.venv/bin/activate)$":
         _README + "test_the_readme_usage_block_runs_as_written",
     r"^README\.md: (rid=\$\(inferfleet enqueue --name ctr --input models/features\.npz\)$|"
