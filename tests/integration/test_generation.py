@@ -5,8 +5,11 @@ recomputed without a cache (``TinyLM.reference_generate``)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -17,6 +20,7 @@ import torch
 from inferfleet.producer import AsyncProducer, Producer, errors
 from inferfleet.producer.protocol import parse_chunk
 from inferfleet.worker.connections import script
+from tests.conftest import ROOT, worker_env
 from tests.fixtures.tiny_lm import TinyLM, encode
 from tests.helpers import wait_until
 
@@ -217,3 +221,28 @@ def test_a_prompt_longer_than_the_model_holds_is_a_bad_request(spawn_worker, red
         with pytest.raises(errors.BadRequest, match="a prompt holds 1 to 255 tokens"):
             list(producer.stream("x" * 300))
         assert len(producer.infer("x", {"max_new_tokens": 3})) <= 3  # the worker lives on
+
+
+def test_enqueue_stream_answers_bad_use_with_a_usage_error_and_a_failed_stream_with_status_1(
+    spawn_worker, redis_url
+):
+    spawn_worker(NAME, MODEL)
+
+    def enqueue(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "inferfleet", "enqueue", "--name", NAME, *args],
+            env=worker_env(redis_url),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    neither = enqueue("--stream")
+    assert neither.returncode == 2 and "give one of --input FILE or --text TEXT" in neither.stderr
+    alone = enqueue("--text", "x", "--as-text")
+    assert alone.returncode == 2 and "--as-text goes with --stream" in alone.stderr
+    failed = enqueue("--text", "x", "--param", "top_k=-1", "--stream")
+    assert failed.returncode == 1
+    said = json.loads(failed.stdout.splitlines()[-1])
+    assert said["error"]["code"] == "bad_request" and "top_k" in said["error"]["message"]
