@@ -18,7 +18,7 @@ import redis
 import torch
 
 from inferfleet.producer import AsyncProducer, Producer, errors
-from inferfleet.producer.protocol import parse_chunk
+from inferfleet.producer.protocol import encode_body, parse_chunk
 from inferfleet.worker.connections import script
 from tests.conftest import ROOT, worker_env
 from tests.fixtures.tiny_lm import TinyLM, encode
@@ -246,3 +246,32 @@ def test_enqueue_stream_answers_bad_use_with_a_usage_error_and_a_failed_stream_w
     assert failed.returncode == 1
     said = json.loads(failed.stdout.splitlines()[-1])
     assert said["error"]["code"] == "bad_request" and "top_k" in said["error"]["message"]
+
+
+def test_a_tenants_quota_refuses_streams_through_the_sdk_and_from_a_raw_producer(
+    spawn_worker, redis_url, redis_client
+):
+    """The fleet-wide limits apply to streamed requests: the SDK's admission refuses one over
+    the tenant's bucket before it is written; a raw XADD that bypasses it is answered
+    ``rate_limited`` by the worker, as a final chunk."""
+    spawn_worker(NAME, MODEL, "--housekeeping-s", "0.5")
+    limit = [sys.executable, "-m", "inferfleet", "limit", "--name", NAME, "--tenant", "nightly"]
+    subprocess.run(
+        [*limit, "--rate", "0.001", "--burst", "1"],
+        env=worker_env(redis_url),
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    with Producer(redis_url, NAME, tenant="nightly") as producer:
+        assert len(producer.stream("a", {"max_new_tokens": 3}).tokens()) <= 3
+        with pytest.raises(errors.RateLimited):
+            producer.stream("a", {"max_new_tokens": 3})
+    time.sleep(1.5)  # the worker reads the limits in force at its housekeeping (0.5 s)
+    body = encode_body("a", {"max_new_tokens": 3})
+    redis_client.xadd(
+        f"inferfleet:{{{NAME}}}:requests",
+        {"id": "raw-1", "body": body, "stream": "1", "tenant": "nightly"},
+    )
+    with Producer(redis_url, NAME) as reader, pytest.raises(errors.Throttled):
+        list(reader.read_stream("raw-1"))
