@@ -65,6 +65,7 @@ from inferfleet.worker.runtime.signature import (
 __all__ = [
     "ModelRuntime",
     "apply_precision",
+    "apply_process_settings",
     "c_compiler",
     "cast_floats",
     "cast_handler",
@@ -457,11 +458,18 @@ def _load_any(
     return handler, example, manifest.version, manifest
 
 
-def load_runtime(settings: WorkerSettings) -> ModelRuntime:
-    """Load, place and warm up the model that ``settings`` names."""
+def apply_process_settings(settings: WorkerSettings) -> None:
+    """What every model of the process runs under, set before it loads: glibc's allocator
+    thresholds (``tune_malloc``) and torch's threads (``torch_threads``, one inter-op thread).
+    A step-wise model is loaded without :func:`load_runtime`: its worker calls this first."""
     if settings.tune_malloc:
         tune_allocator()
     _set_threads(settings.torch_threads)
+
+
+def load_runtime(settings: WorkerSettings) -> ModelRuntime:
+    """Load, place and warm up the model that ``settings`` names."""
+    apply_process_settings(settings)
     device = resolve_device(settings.device)
     select_device(device)  # cuda:N: this thread's (the loop's, or a swap's) current device
     tf32 = apply_tf32(settings.tf32)  # process-wide flags: every model of the process

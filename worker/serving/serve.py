@@ -17,7 +17,12 @@ from inferfleet.worker.heartbeat import Heartbeat
 from inferfleet.worker.logs import bind as bind_log_fields
 from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics, worker_metrics
 from inferfleet.worker.runtime.devices import device_label, peak_memory_mib
-from inferfleet.worker.runtime.loading import ModelRuntime, load_runtime, resolve_device
+from inferfleet.worker.runtime.loading import (
+    ModelRuntime,
+    apply_process_settings,
+    load_runtime,
+    resolve_device,
+)
 from inferfleet.worker.runtime.readers import load_stepwise
 from inferfleet.worker.runtime.stepwise import StepwiseHandler
 from inferfleet.worker.serving.alerts import Alert
@@ -80,6 +85,7 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     # a stage's metrics are its own
     label = settings.name if settings.stage is None else stage_label(settings)
     counters = Counters(worker_metrics(label, settings.metrics_port))
+    apply_process_settings(settings)  # --torch-threads, --tune-malloc: a step-wise model's too
     stepwise = load_stepwise(settings.model, resolve_device(settings.device))
     if stepwise is not None:  # a generative model: continuous batching, streamed replies
         _serve_generation(settings, client, counters, stepwise, stop)
