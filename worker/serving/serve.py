@@ -82,11 +82,9 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
         settings.redis_url, settings.cluster, block_s=settings.idle_block_ms / 1000.0
     )
     check_server(client)  # before the model loads: without Functions nothing would work
-    # a stage's metrics are its own
     label = settings.name if settings.stage is None else stage_label(settings)
-    counters = Counters(worker_metrics(label, settings.metrics_port))
-    apply_process_settings(settings)  # --torch-threads, --tune-malloc: a step-wise model's too
-    stepwise = load_stepwise(settings.model, resolve_device(settings.device))
+    counters = Counters(worker_metrics(label, settings.metrics_port))  # a stage's are its own
+    stepwise = _load_stepwise(settings)
     if stepwise is not None:  # a generative model: continuous batching, streamed replies
         _serve_generation(settings, client, counters, stepwise, stop)
         return None
@@ -129,6 +127,14 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
         hooks.close()
     _log_peak_memory(consumer)
     return consumer
+
+
+def _load_stepwise(settings: WorkerSettings) -> StepwiseHandler | None:
+    """The step-wise model ``settings`` names, set up under the worker's process settings (torch
+    threads, the allocator's thresholds: ``load_runtime`` applies them to any other model), or
+    None: the model is not step-wise."""
+    apply_process_settings(settings)
+    return load_stepwise(settings.model, resolve_device(settings.device))
 
 
 def _serve_generation(
