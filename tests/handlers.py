@@ -265,28 +265,33 @@ class FrozenHeap(Scale):
 
 
 class SlowTinyLM(TinyLM):
-    """The example language model with 4 slots, each step held 20 ms: a generation long enough
+    """The example language model with 4 slots, each pass held 20 ms: a generation long enough
     for a test to cancel, expire or kill it midway (tests/integration/test_generation.py)."""
 
     def __init__(self) -> None:
         super().__init__(max_slots=4)
 
-    def step(self, slots, tokens):  # type: ignore[no-untyped-def]
+    def extend(self, slots, tokens, starts):  # type: ignore[no-untyped-def]
         time.sleep(0.02)
-        return super().step(slots, tokens)
+        return super().extend(slots, tokens, starts)
 
 
 class EndlessTinyLM(SlowTinyLM):
     """:class:`SlowTinyLM` that never makes its end token: a sequence runs to its
     max_new_tokens, so a test's cancel or deadline always meets it live."""
 
-    def prefill(self, slots, prompts):  # type: ignore[no-untyped-def]
-        return self._endless(super().prefill(slots, prompts))
-
-    def step(self, slots, tokens):  # type: ignore[no-untyped-def]
-        return self._endless(super().step(slots, tokens))
-
-    def _endless(self, logits):  # type: ignore[no-untyped-def]
-        logits = np.array(logits, copy=True)
+    def extend(self, slots, tokens, starts):  # type: ignore[no-untyped-def]
+        logits = np.array(super().extend(slots, tokens, starts), copy=True)
         logits[:, self.eos_token] = -np.inf
         return logits
+
+
+class FlakyTinyLM(EndlessTinyLM):
+    """:class:`EndlessTinyLM` whose every pass raises while the file named by ``$FLAKY_FLAG``
+    exists: the model failing mid-generation (tests/integration/test_generation.py)."""
+
+    def extend(self, slots, tokens, starts):  # type: ignore[no-untyped-def]
+        flag = os.environ.get("FLAKY_FLAG")
+        if flag and os.path.exists(flag):
+            raise RuntimeError("the device fell over")
+        return super().extend(slots, tokens, starts)

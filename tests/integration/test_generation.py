@@ -275,3 +275,22 @@ def test_a_tenants_quota_refuses_streams_through_the_sdk_and_from_a_raw_producer
     )
     with Producer(redis_url, NAME) as reader, pytest.raises(errors.Throttled):
         list(reader.read_stream("raw-1"))
+
+
+def test_a_model_that_fails_mid_generation_ends_its_streams_and_every_slot_serves_again(
+    spawn_worker, redis_url, redis_client, tmp_path, monkeypatch
+):
+    flag = tmp_path / "fail"
+    monkeypatch.setenv("FLAKY_FLAG", str(flag))
+    spawn_worker(NAME, "tests.handlers:FlakyTinyLM")
+    with Producer(redis_url, NAME) as producer:
+        live = [producer.stream("a", {"max_new_tokens": 200}) for _ in range(2)]
+        for stream in live:
+            next(stream)
+        flag.touch()
+        for stream in live:
+            with pytest.raises(errors.ModelError, match="the device fell over"):
+                list(stream)
+        flag.unlink()
+        again = [producer.stream("b", {"max_new_tokens": 30}) for _ in range(4)]  # 4 slots
+        assert [len(stream.tokens()) for stream in again] == [30] * 4

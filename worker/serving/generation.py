@@ -318,10 +318,14 @@ class GenerationConsumer:
         started = time.perf_counter()
         try:
             made = self.generator.iterate()
-        except Exception as exc:
+        except Exception as exc:  # every sequence of the pass ends; the worker goes on
             log.exception("the model failed while generating: every live sequence ends")
+            message = f"{type(exc).__name__}: {exc}"
             for seq in list(self.seqs.values()):
-                self._end(seq, "model_error", f"{type(exc).__name__}: {exc}", items)
+                items.append(
+                    _Item("f" if seq.stream else "r", seq, self._error(seq, "model_error", message))
+                )
+            self._reset_slots()
             return []
         now = time.monotonic()
         first = []
@@ -335,6 +339,16 @@ class GenerationConsumer:
         self.tokens_made += len(made)
         self.counters.metrics.generated(first, len(made), time.perf_counter() - started)
         return made
+
+    def _reset_slots(self) -> None:
+        """After a failed pass: every slot released and a fresh generator, so no slot stays
+        taken by a sequence the pass left half admitted."""
+        for slot in range(self.model.max_slots):
+            try:
+                self.model.release(slot)
+            except Exception:  # a model that cannot even release: logged, go on
+                log.exception("the model could not release slot %d", slot)
+        self.generator = Generator(self.model, "continuous")
 
     def _made(self, seq: Sequence, token: Token) -> _Item:
         if token.finished is None:
