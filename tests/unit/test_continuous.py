@@ -1,5 +1,7 @@
 """Continuous batching's rules, on a counting model that checks the slot contract: who joins,
-which token, when a sequence ends, and that the mode never changes what a request gets."""
+which token, when a sequence ends, that the mode never changes what a request gets, and that an
+iteration is one forward pass (``extend``) for a model that fuses it, two (a prefill, then a
+step) through the contract's default for one that does not."""
 
 from __future__ import annotations
 
@@ -53,6 +55,22 @@ class Counting(StepwiseHandler):
 
     def release(self, slot):
         del self.lengths[slot]
+
+
+class Fused(Counting):
+    """:class:`Counting` with its own ``extend``: one call (one forward pass) an iteration,
+    recorded with its started and continued rows; it checks the slot contract as prefill and
+    step do."""
+
+    def extend(self, slots, tokens, starts):
+        assert len(slots) == len(tokens) == len(starts)
+        assert len(set(slots)) == len(slots), "a slot twice in one pass"
+        for slot, row, start in zip(slots, tokens, starts):
+            assert (slot not in self.lengths) if start else (slot in self.lengths), (slot, start)
+            self.lengths[slot] = self.lengths.get(slot, 0) + len(row)
+            assert self.lengths[slot] <= self.max_length
+        self.calls.append(("extend", sum(starts), len(slots) - sum(starts)))
+        return self._logits([int(row[-1]) for row in tokens])
 
 
 def mixed(n: int) -> list[tuple[str, np.ndarray, dict]]:
@@ -171,3 +189,107 @@ def test_bad_prompts_and_modes_are_refused() -> None:
         generator.submit("e", np.array([], np.int64), GenerationParams())
     with pytest.raises(ValueError, match="a prompt holds"):
         generator.submit("l", np.zeros(64, np.int64), GenerationParams())
+
+
+def test_an_iteration_is_one_pass_for_a_model_that_fuses_it() -> None:
+    """Every iteration is one ``extend`` call, the admitted prompts beside the live sequences'
+    tokens (the Orca/vLLM fused pass), with the same tokens as the two-pass default."""
+    requests = mixed(11)
+    model = Fused(slots=4)
+    generator = Generator(model, "continuous")
+    for rid, prompt, params in requests:
+        generator.submit(rid, prompt, GenerationParams.from_params(params))
+    got: dict[str, list[int]] = {rid: [] for rid, _, _ in requests}
+    iterations = 0
+    while not generator.idle:
+        for token in generator.iterate():
+            got[token.rid].append(token.token)
+        iterations += 1
+    assert len(model.calls) == iterations
+    assert all(name == "extend" for name, _, _ in model.calls)
+    # admissions mid-run share their pass with live sequences: the point of fusing
+    assert any(started and going for _, started, going in model.calls)
+    assert sum(started for _, started, _ in model.calls) == len(requests)
+    assert got == run_all(Generator(Counting(slots=4), "continuous"), requests)
+    for mode in ("static", "sequential"):
+        assert run_all(Generator(Fused(slots=4), mode), requests) == got
+
+
+def test_the_default_extend_is_a_prefill_then_a_step() -> None:
+    """A model without its own ``extend`` (Counting) serves through the contract's default:
+    an iteration that admits while sequences are live is a prefill and then a step, two
+    passes, and only the admitted prompts go to the prefill."""
+    model = Counting(slots=2)
+    generator = Generator(model, "continuous")
+    generator.submit("a", np.array([1, 2]), GenerationParams(max_new_tokens=5))
+    generator.iterate()
+    generator.submit("b", np.array([3, 4, 5]), GenerationParams(max_new_tokens=5))
+    tokens = generator.iterate()
+    assert model.calls == [("prefill", 1), ("prefill", 1), ("step", 1)]
+    assert [(t.rid, t.token) for t in tokens] == [("b", 6), ("a", 4)]
+    assert model.lengths == {1: 3, 0: 3}
+
+
+def test_the_default_extend_steps_a_live_slot_given_several_tokens_once_a_token() -> None:
+    model = Counting(slots=2)
+    model.extend([0], [np.array([4])], [True])
+    logits = model.extend([1, 0], [np.array([7, 8]), np.array([5, 6, 9])], [True, False])
+    assert logits.argmax(axis=1).tolist() == [9, 10]  # each row's last token + 1
+    assert model.lengths == {0: 4, 1: 2}
+    assert model.calls[1:] == [("prefill", 1), ("step", 1), ("step", 1), ("step", 1)]
+    with pytest.raises(ValueError, match="1 slots, 2 token rows, 1 starts"):
+        model.extend([0], [np.array([1]), np.array([2])], [False])
+    with pytest.raises(ValueError, match="one token or more"):
+        model.extend([0], [np.array([], np.int64)], [False])
+
+
+class Failing(Fused):
+    """Fails its second pass, once."""
+
+    failed = False
+
+    def extend(self, slots, tokens, starts):
+        if len(self.calls) == 1 and not self.failed:
+            self.failed = True
+            raise RuntimeError("device lost")
+        return super().extend(slots, tokens, starts)
+
+
+def test_a_failed_pass_leaves_the_admitted_requests_waiting_and_their_slots_free() -> None:
+    model = Failing(slots=3)
+    generator = Generator(model, "continuous")
+    generator.submit("a", np.array([1]), GenerationParams(max_new_tokens=9))
+    generator.iterate()
+    for rid in ("b", "c"):
+        generator.submit(rid, np.array([2]), GenerationParams(max_new_tokens=9))
+    with pytest.raises(RuntimeError, match="device lost"):
+        generator.iterate()
+    assert [rid for rid, _, _ in generator.waiting] == ["b", "c"]
+    assert len(generator.live) == 1
+    assert generator.cancel("b") and generator.cancel("a") and model.lengths == {}
+    generator.submit("d", np.array([5]), GenerationParams(max_new_tokens=9))
+    generator.submit("e", np.array([7]), GenerationParams(max_new_tokens=9))
+    tokens = generator.iterate()  # all three slots are free again
+    assert [(t.rid, t.token) for t in tokens] == [("c", 3), ("d", 6), ("e", 8)]
+
+
+class StepFails(Counting):
+    """Fails its first step."""
+
+    failed = False
+
+    def step(self, slots, tokens):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("device lost")
+        return super().step(slots, tokens)
+
+
+def test_a_default_extend_whose_step_fails_starts_no_sequence() -> None:
+    model = StepFails(slots=2)
+    model.extend([0], [np.array([1])], [True])
+    rows = [np.array([2, 3]), np.array([4])]
+    with pytest.raises(RuntimeError, match="device lost"):
+        model.extend([1, 0], rows, [True, False])
+    assert model.lengths == {0: 1}  # slot 1's prefill undone: it may be started again
+    assert model.extend([1, 0], rows, [True, False]).argmax(axis=1).tolist() == [4, 5]

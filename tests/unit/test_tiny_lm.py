@@ -2,8 +2,10 @@
 
 Greedy generation through the cache (prefill, then one step at a time, slots joining and
 leaving) must give the tokens that :meth:`TinyLM.reference_generate` gives by recomputing the
-whole sequence every token; a batched step must give each slot the logits it gets alone; bad
-calls raise ValueError and change nothing; two builds give the same weights.
+whole sequence every token; a batched step must give each slot the logits it gets alone; the
+fused pass (``extend``: prompts started beside live sequences' tokens, packed) must give what
+prefill and step give; bad calls raise ValueError and change nothing; two builds give the same
+weights.
 
 The model is untrained (seeded weights, no step): building it takes no time, and its greedy
 outputs still differ from prompt to prompt, their top two logits at least 0.01 apart (float
@@ -24,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 
+from inferfleet.worker.runtime.stepwise import StepwiseHandler
 from tests.fixtures import build_models, tiny_lm
 from tests.fixtures.tiny_lm import EOS, VOCAB_SIZE, TinyLM, build_tiny_lm, encode
 
@@ -101,6 +104,21 @@ class Greedy:
             for slot, row in zip(live, self.lm.step(live, tokens)):
                 self._take(slot, row)
 
+    def fused(self, starting: dict[int, str], slots: list[int]) -> None:
+        """One ``extend`` pass: the ``starting`` slots from their prompts, then those of
+        ``slots`` not done one token, the rows interleaved (started ones at odd places)."""
+        live = [s for s in slots if not self.done(s)]
+        rows: list[tuple[int, np.ndarray, bool]] = [
+            (s, np.array(self.sequence[s][-1:], np.int64), False) for s in live
+        ]
+        for place, (slot, prompt) in enumerate(starting.items()):
+            rows.insert(min(2 * place + 1, len(rows)), (slot, encode(prompt), True))
+        logits = self.lm.extend([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+        for (slot, array, start), row in zip(rows, logits):
+            if start:
+                self.sequence[slot], self.generated[slot] = list(array), []
+            self._take(slot, row)
+
     def finish(self, slots: list[int]) -> None:
         while any(not self.done(s) for s in slots):
             self.advance(slots)
@@ -163,6 +181,65 @@ def test_a_batched_step_gives_each_slot_its_logits_alone(lm_path: Path) -> None:
         np.testing.assert_allclose(got, np.stack(want), rtol=1e-5, atol=1e-5)
 
 
+def test_fused_passes_generate_what_recomputation_generates(lm_path: Path) -> None:
+    """Slots start in passes that step live ones (prompts of 1 to 32 tokens, several at once,
+    at odd places among the rows); every pass's logits equal a full pass over each sequence
+    (Greedy._take) and every greedy output the recomputation's."""
+    lm = loaded(lm_path, max_slots=5)
+    run = Greedy(lm)
+    run.fused({2: PROMPTS[1]}, [])
+    run.fused({}, [2])
+    run.fused({0: PROMPTS[2], 4: PROMPTS[0]}, [2])
+    run.fused({3: PROMPTS[3], 1: PROMPTS[4]}, [4, 2, 0])
+    for _ in range(3):
+        run.fused({}, [0, 1, 2, 3, 4])
+    lm.release(2)
+    run.fused({2: "Continuous"}, [1, 3, 0, 4])
+    while any(not run.done(s) for s in range(5)):
+        run.fused({}, [3, 1, 4, 0, 2])
+    for slot, prompt in enumerate([PROMPTS[2], PROMPTS[4], "Continuous", PROMPTS[3], "#"]):
+        assert run.generated[slot] == reference(lm, prompt), prompt
+
+
+def test_a_fused_pass_gives_what_prefill_and_steps_give(lm_path: Path) -> None:
+    """The same calls, one ``extend`` against prefill and step (a live slot given three
+    tokens against three steps): logits to float error, and the caches written alike (the
+    next steps agree)."""
+    fused, apart = loaded(lm_path), loaded(lm_path)
+    for model in (fused, apart):
+        model.prefill([1, 3], [encode(PROMPTS[2]), encode(PROMPTS[0])])
+    prompts = [encode(PROMPTS[4]), encode("a")]
+    got = fused.extend(
+        [3, 0, 1, 2],
+        [np.array([7]), prompts[0], np.array([9, 10, 11]), prompts[1]],
+        [False, True, False, True],
+    )
+    started = apart.prefill([0, 2], prompts)
+    three = [apart.step([1], np.array([t])) for t in (9, 10, 11)][-1]
+    want = np.stack([apart.step([3], np.array([7]))[0], started[0], three[0], started[1]])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert [fused.length(s) for s in range(4)] == [apart.length(s) for s in range(4)]
+    assert [fused.length(s) for s in range(4)] == [14, 35, 1, 2]
+    for tokens in ([5, 6, 7, 8], [1, 2, 3, 4]):
+        ids = np.array(tokens)
+        np.testing.assert_allclose(
+            fused.step([0, 1, 2, 3], ids), apart.step([0, 1, 2, 3], ids), rtol=1e-5, atol=1e-5
+        )
+
+
+def test_the_contract_default_extend_gives_what_the_fused_pass_gives(lm_path: Path) -> None:
+    fused, default = loaded(lm_path), loaded(lm_path)
+    calls = [
+        ([0, 2], [encode(PROMPTS[1]), encode("x")], [True, True]),
+        ([2, 1, 0], [np.array([3]), encode(PROMPTS[4]), np.array([4, 5])], [False, True, False]),
+    ]
+    for slots, tokens, starts in calls:
+        got = fused.extend(slots, tokens, starts)
+        want = StepwiseHandler.extend(default, slots, tokens, starts)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert [fused.length(s) for s in range(4)] == [default.length(s) for s in range(4)]
+
+
 def test_a_prompt_of_max_length_minus_one_takes_one_step_and_no_more(lm: TinyLM) -> None:
     lm.prefill([1], [np.ones(MAX_LENGTH - 1, dtype=np.int64)])
     assert lm.step([1], np.array([2])).shape == (1, VOCAB_SIZE)
@@ -187,6 +264,33 @@ BAD_CALLS = [
     ("step", [2], np.array([1, 2]), r"1 slots but 2 tokens"),
     ("prefill", [2], [np.ones(2, np.int64)], r"slots \[2\] hold a sequence: release them"),
 ]
+
+
+BAD_EXTENDS = [
+    ([2], [np.array([1])], [True], r"slot 2 holds a sequence: release it before a start"),
+    ([0], [np.array([1])], [False], r"slot 0 holds no sequence: start it first"),
+    ([0, 2], [encode("ok"), np.zeros(0, np.int64)], [True, False], r"slot 2 holds 4 tokens"),
+    ([2], [np.ones(MAX_LENGTH - 3, np.int64)], [False], r"max_length - 4 = 44"),
+    ([0], [np.ones(MAX_LENGTH, np.int64)], [True], r"prompt 0 has 48 tokens"),
+    ([0, 2], [encode("ok"), np.array([257])], [True, False], r"token id outside 0 \.\. 256"),
+    ([2], [np.array([[1]])], [False], r"tokens 0 must be a 1-D array of integer"),
+    ([0, 2], [encode("ok")], [True, False], r"2 slots, 1 token rows, 2 starts"),
+    ([2, 2], [np.array([1])] * 2, [False] * 2, r"a slot appears twice"),
+    ([4], [np.array([1])], [True], r"slot 4 is out of range"),
+]
+
+
+@pytest.mark.parametrize(("slots", "tokens", "starts", "message"), BAD_EXTENDS)
+def test_bad_extends_raise_value_error_and_change_nothing(
+    lm: TinyLM, slots: list[int], tokens: list[np.ndarray], starts: list[bool], message: str
+) -> None:
+    lm.prefill([2], [encode("live")])
+    before = [t.clone() for t in lm.cache]
+    with pytest.raises(ValueError, match=message):
+        lm.extend(slots, tokens, starts)
+    assert [lm.length(s) for s in range(4)] == [0, 0, 4, 0]
+    assert all(torch.equal(a, b) for a, b in zip(before, lm.cache))
+    assert lm.extend([], [], []).shape == (0, VOCAB_SIZE)
 
 
 @pytest.mark.parametrize(("method", "slots", "arg", "message"), BAD_CALLS)

@@ -5,7 +5,10 @@ together and ends with its longest member: the slots of the short ones idle, and
 that arrives meanwhile waits for the whole batch. Batched continuously (Orca's
 iteration-level scheduling, as vLLM and TGI serve), every iteration admits waiting requests
 into free slots (their prefill gives their first token) and steps every live sequence once;
-a sequence that ends frees its slot at once.
+a sequence that ends frees its slot at once. An iteration is one forward pass: the admitted
+prompts and the live sequences' new tokens go to the model together
+(:meth:`~inferfleet.worker.runtime.stepwise.StepwiseHandler.extend`, Orca's selective
+batching), not a prefill pass per admission before the step pass.
 
 The rules are plain functions (:func:`admitted`, :func:`sample`, :func:`finish_reason`) and
 :class:`Generator` drives a :class:`~inferfleet.worker.runtime.stepwise.StepwiseHandler` with
@@ -176,32 +179,37 @@ class Generator:
         self.waiting.append((rid, prompt, params))
 
     def iterate(self) -> list[Token]:
-        """One iteration: admit what the mode lets in (each gets its first token from its
-        prefill), then step every sequence that was live before; the tokens made."""
-        stepping = list(self.live.values())
-        made = self._admit()
-        if stepping:
-            logits = self.model.step(
-                [s.slot for s in stepping], np.array([s.last for s in stepping], np.int64)
-            )
-            for seq, row in zip(stepping, logits):
-                seq.length += 1
-                made.append(self._emit(seq, row))
-        return made
+        """One iteration, one forward pass (:meth:`StepwiseHandler.extend`): the requests the
+        mode admits now start from their prompts (each gets its first token) and every
+        sequence that was live takes one step; the tokens made, the admitted ones' first.
 
-    def _admit(self) -> list[Token]:
+        If the model raises, the admitted requests go back to the head of the queue and their
+        slots back to the free ones, so :meth:`cancel` still finds them."""
+        stepping = list(self.live.values())
         count = admitted(self.mode, len(self._free), len(self.waiting), len(self.live))
-        if not count:
-            return []
         joining = [self.waiting.popleft() for _ in range(count)]
         seqs = [
             _Live(rid, self._free.pop(), params, np.random.default_rng(params.seed), prompt.size)
             for rid, prompt, params in joining
         ]
-        logits = self.model.prefill([s.slot for s in seqs], [p for _, p, _ in joining])
+        if not seqs and not stepping:
+            return []
+        try:
+            logits = self.model.extend(
+                [s.slot for s in seqs + stepping],
+                [p for _, p, _ in joining] + [np.array([s.last], np.int64) for s in stepping],
+                [True] * len(seqs) + [False] * len(stepping),
+            )
+        except BaseException:
+            self._free.extend(s.slot for s in reversed(seqs))
+            self.waiting.extendleft(reversed(joining))
+            raise
         made = []
         for seq, row in zip(seqs, logits):
             self.live[seq.slot] = seq
+            made.append(self._emit(seq, row))
+        for seq, row in zip(stepping, logits[len(seqs) :]):
+            seq.length += 1
             made.append(self._emit(seq, row))
         return made
 
