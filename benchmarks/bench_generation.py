@@ -6,10 +6,14 @@ requests of mixed lengths through :class:`inferfleet.worker.serving.continuous.G
 serving benchmarks drive a server: a CLOSED LOOP of ``--concurrency`` clients, N requests in
 flight at all times; the moment one ends (its last token out of an iteration) its client
 submits the next of the workload, and that submission is the start of its time to first
-token. Three modes, interleaved within each run (medians over ``--runs``):
+token. Four variants, interleaved within each run (medians over ``--runs``):
 
 * ``continuous``: every iteration admits waiting requests into free slots and steps every
-  live sequence; a finished one frees its slot at once;
+  live sequence, in ONE forward pass (the model's ``extend``: the admitted prompts and the
+  live sequences' next tokens together); a finished one frees its slot at once;
+* ``continuous-split``: the same schedule with the iteration in two passes, a ``prefill`` of
+  the admitted prompts and then a ``step`` of the live sequences (the scheduler's calls before
+  the fused pass): what the fused pass saves;
 * ``static``: a batch is admitted only into an empty batch and runs until its last member ends
   (finished members leave it, so this baseline computes less than a padded static batch);
 * ``sequential``: one request at a time.
@@ -17,10 +21,12 @@ token. Three modes, interleaved within each run (medians over ``--runs``):
 Reported per mode and concurrency: generated tokens a second (all tokens over the wall time
 from the first submission to the last token), the time to first token of each request from
 its own submission at p50 and p99 (nearest rank), the scheduler's iterations, the model's
-forward passes (``prefill`` and ``step`` calls), the mean rows of a ``step`` pass (the
-sequences live in it), the mean milliseconds of each kind of pass and the share of the wall
-time spent in the model (the rest is the scheduler's and this loop's Python). Every mode must
-produce the same tokens for every request (greedy): the script checks it.
+forward passes, those that carry prompts (``prompt_passes``: a fused pass with prompts in it,
+or a ``prefill``), the mean rows of a pass that steps live sequences (``rows_per_step``), the
+mean milliseconds of a pass with prompts (``prompt_ms``) and of one that only steps
+(``step_ms``), and the share of the wall time spent in the model (the rest is the scheduler's
+and this loop's Python). Every mode must produce the same tokens for every request (greedy):
+the script checks it. One torch thread and glibc's allocator thresholds fixed, as in a worker.
 
     python -m tests.fixtures.build_models --only tinylm
     python -m benchmarks.bench_generation --concurrency 1 8 32 --slots 8 --requests 256 --runs 3
@@ -40,8 +46,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inferfleet.worker.runtime.memory import tune_allocator
 from inferfleet.worker.runtime.stepwise import StepwiseHandler
-from inferfleet.worker.serving.continuous import MODES, GenerationParams, Generator
+from inferfleet.worker.serving.continuous import GenerationParams, Generator
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "tinylm.pt"
@@ -66,37 +73,71 @@ def workload(n: int, seed: int = 0) -> list[Request]:
 
 
 class Counted(StepwiseHandler):
-    """``model`` with its forward passes counted and timed: ``prefill`` and ``step`` calls,
-    the rows of the step passes (the sequences live in each) and the seconds in each kind."""
+    """``model`` with its forward passes counted and timed by kind: passes that carry prompts
+    (fused ones with prompts in them, or prefills) and passes that only step live sequences,
+    with the rows those step. ``fused``: the model's own ``extend`` (one pass an iteration);
+    otherwise a prefill and then a step."""
 
-    def __init__(self, model: StepwiseHandler) -> None:
-        self.model = model
+    def __init__(self, model: StepwiseHandler, fused: bool = True) -> None:
+        self.model, self.fused = model, fused
         self.vocab_size, self.eos_token = model.vocab_size, model.eos_token
         self.max_slots, self.max_length = model.max_slots, model.max_length
         self.device = model.device
-        self.prefills = self.steps = self.step_rows = 0
-        self.prefill_s = self.step_s = 0.0
+        self.prompt_passes = self.step_passes = self.stepped = self.stepping_passes = 0
+        self.prompt_s = self.step_s = 0.0
+
+    def _count(self, began: float, prompts: int, stepped: int) -> None:
+        seconds = time.perf_counter() - began
+        if prompts:
+            self.prompt_passes += 1
+            self.prompt_s += seconds
+        else:
+            self.step_passes += 1
+            self.step_s += seconds
+        self.stepped += stepped
+        self.stepping_passes += stepped > 0
+
+    def extend(
+        self, slots: Sequence[int], tokens: Sequence[np.ndarray], starts: Sequence[bool]
+    ) -> np.ndarray:
+        """The model's one-pass ``extend`` (``fused``), or a prefill and then a step as the
+        scheduler called them before the fused pass (the Generator puts the started rows
+        first, and gives a live sequence one token)."""
+        if not self.fused:
+            started = sum(starts)
+            assert list(starts) == [True] * started + [False] * (len(slots) - started)
+            parts = []
+            if started:
+                parts.append(self.prefill(slots[:started], tokens[:started]))
+            if started < len(slots):
+                parts.append(self.step(slots[started:], np.concatenate(tokens[started:])))
+            return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        began = time.perf_counter()
+        out = self.model.extend(slots, tokens, starts)
+        self._count(began, sum(starts), len(slots) - sum(starts))
+        return out
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[np.ndarray]) -> np.ndarray:
         """The model's prefill, counted and timed."""
         began = time.perf_counter()
         out = self.model.prefill(slots, prompts)
-        self.prefill_s += time.perf_counter() - began
-        self.prefills += 1
+        self._count(began, len(slots), 0)
         return out
 
     def step(self, slots: Sequence[int], tokens: np.ndarray) -> np.ndarray:
         """The model's step, counted with its rows and timed."""
         began = time.perf_counter()
         out = self.model.step(slots, tokens)
-        self.step_s += time.perf_counter() - began
-        self.steps += 1
-        self.step_rows += len(slots)
+        self._count(began, 0, len(slots))
         return out
 
     def release(self, slot: int) -> None:
         """The model's release."""
         self.model.release(slot)
+
+
+#: The benchmark's variants: the scheduler's modes, and continuous in two passes an iteration.
+VARIANTS = ("continuous", "continuous-split", "static", "sequential")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -110,8 +151,8 @@ def one_run(
 ) -> tuple[dict[str, float], dict[str, list[int]]]:
     """Generate ``requests`` in ``mode``, ``concurrency`` of them in flight at all times (a
     closed loop); its figures and every request's tokens."""
-    counted = Counted(model)
-    generator = Generator(counted, mode)
+    counted = Counted(model, fused=mode != "continuous-split")
+    generator = Generator(counted, mode.removesuffix("-split"))
     pending = deque(requests)
     tokens: dict[str, list[int]] = {rid: [] for rid, _, _ in requests}
     submitted: dict[str, float] = {}
@@ -146,12 +187,12 @@ def one_run(
         "ttft_p50_ms": round(1000 * percentile(ttft, 0.50), 2),
         "ttft_p99_ms": round(1000 * percentile(ttft, 0.99), 2),
         "iterations": iterations,
-        "prefills": counted.prefills,
-        "steps": counted.steps,
-        "rows_per_step": round(counted.step_rows / max(1, counted.steps), 2),
-        "step_ms": round(1000 * counted.step_s / max(1, counted.steps), 3),
-        "prefill_ms": round(1000 * counted.prefill_s / max(1, counted.prefills), 3),
-        "model_share": round((counted.step_s + counted.prefill_s) / wall, 3),
+        "passes": counted.prompt_passes + counted.step_passes,
+        "prompt_passes": counted.prompt_passes,
+        "rows_per_step": round(counted.stepped / max(1, counted.stepping_passes), 2),
+        "prompt_ms": round(1000 * counted.prompt_s / max(1, counted.prompt_passes), 3),
+        "step_ms": round(1000 * counted.step_s / max(1, counted.step_passes), 3),
+        "model_share": round((counted.prompt_s + counted.step_s) / wall, 3),
         "tokens": total,
         "wall_s": round(wall, 3),
     }
@@ -180,19 +221,23 @@ def main() -> None:
     from tests.fixtures.tiny_lm import TinyLM
 
     torch.set_num_threads(1)  # one core, as one worker process has
+    # glibc's thresholds fixed, as a worker's are (--tune-malloc, on by default): untuned, a
+    # pass's key-value copies (over 128 KiB at 16 slots) were re-mapped and page-faulted on in
+    # some runs and not others, depending on what ran before (a step pass 0.70 or 1.2 ms)
+    tune_allocator()
     model = TinyLM(path=str(args.model), max_slots=args.slots)
     model.setup(torch.device("cpu"))
     requests = workload(args.requests)
-    for mode in MODES:  # warm-up, not measured: the first passes of a process are slower
+    for mode in VARIANTS:  # warm-up, not measured: the first passes of a process are slower
         one_run(model, mode, requests[: 2 * args.slots], args.slots)
     for n in args.concurrency:
-        rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+        rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in VARIANTS}
         for _ in range(args.runs):
             outputs = {}
-            for mode in MODES:  # interleaved: a drift of the machine hits every mode
+            for mode in VARIANTS:  # interleaved: a drift of the machine hits every mode
                 row, outputs[mode] = one_run(model, mode, requests, n)
                 rows[mode].append(row)
-            if not outputs["continuous"] == outputs["static"] == outputs["sequential"]:
+            if any(outputs[mode] != outputs["continuous"] for mode in VARIANTS):
                 raise SystemExit("the modes generated different tokens: batching changed outputs")
         for mode, runs in rows.items():
             median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
