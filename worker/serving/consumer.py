@@ -55,12 +55,12 @@ from inferfleet.worker.serving.replies import BatchEncoder, ReplyWriter
 from inferfleet.worker.serving.rowlimit import RowLimit, ceiling
 from inferfleet.worker.serving.sharing import LaneWork
 
-__all__ = ["Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
+__all__ = ["RETRYABLE", "Consumer", "dead_letter", "encode_answer", "ensure_group", "leave_group"]
 
 log = logging.getLogger(__name__)
 
 #: Errors the loop waits out: Redis unreachable, or full (maxmemory with noeviction).
-_RETRYABLE = (
+RETRYABLE = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     redis.exceptions.OutOfMemoryError,
@@ -244,7 +244,7 @@ class Consumer:
                     self.prepare()
                 self._round()  # its replies may stay held for the next round's read (behind.py)
                 backoff = 0.1
-            except _RETRYABLE as exc:
+            except RETRYABLE as exc:
                 log.warning("%s (%s); retrying in %.1f s", _describe_outage(exc), exc, backoff)
                 self.work.replay_own()
                 self.lanes.drop_held()

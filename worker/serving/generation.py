@@ -44,7 +44,7 @@ from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import script
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.runtime.stepwise import StepwiseHandler
-from inferfleet.worker.serving.consumer import _RETRYABLE, dead_letter, ensure_group, leave_group
+from inferfleet.worker.serving.consumer import RETRYABLE, dead_letter, ensure_group, leave_group
 from inferfleet.worker.serving.continuous import GenerationParams, Generator, Token
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
 from inferfleet.worker.serving.lanes import NORMAL, LaneReader
@@ -132,7 +132,7 @@ class GenerationConsumer:
                     self.prepare()
                 self.iteration(admit=not stop.is_set())
                 backoff = 0.1
-            except _RETRYABLE as exc:
+            except RETRYABLE as exc:
                 log.warning("Redis unreachable (%s); retrying in %.1f s", exc, backoff)
                 self._drop_all()  # pending on us: the replay continues them from their streams
                 if stop.wait(backoff):
