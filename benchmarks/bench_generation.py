@@ -6,7 +6,7 @@ requests of mixed lengths through :class:`inferfleet.worker.serving.continuous.G
 serving benchmarks drive a server: a CLOSED LOOP of ``--concurrency`` clients, N requests in
 flight at all times; the moment one ends (its last token out of an iteration) its client
 submits the next of the workload, and that submission is the start of its time to first
-token. Four variants, interleaved within each run (medians over ``--runs``):
+token. Five variants, interleaved within each run (medians over ``--runs``):
 
 * ``continuous``: every iteration admits waiting requests into free slots and steps every
   live sequence, in ONE forward pass (the model's ``extend``: the admitted prompts and the
@@ -16,6 +16,8 @@ token. Four variants, interleaved within each run (medians over ``--runs``):
   the fused pass): what the fused pass saves;
 * ``static``: a batch is admitted only into an empty batch and runs until its last member ends
   (finished members leave it, so this baseline computes less than a padded static batch);
+* ``padded``: the same batches, with a finished member's row computed on (its tokens
+  dropped) until the batch's longest ends, as a batched ``generate`` call runs a batch;
 * ``sequential``: one request at a time.
 
 Reported per mode and concurrency: generated tokens a second (all tokens over the wall time
@@ -137,7 +139,7 @@ class Counted(StepwiseHandler):
 
 
 #: The benchmark's variants: the scheduler's modes, and continuous in two passes an iteration.
-VARIANTS = ("continuous", "continuous-split", "static", "sequential")
+VARIANTS = ("continuous", "continuous-split", "static", "padded", "sequential")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

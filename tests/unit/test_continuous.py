@@ -293,3 +293,37 @@ def test_a_default_extend_whose_step_fails_starts_no_sequence() -> None:
         model.extend([1, 0], rows, [True, False])
     assert model.lengths == {0: 1}  # slot 1's prefill undone: it may be started again
     assert model.extend([1, 0], rows, [True, False]).argmax(axis=1).tolist() == [4, 5]
+
+
+def test_a_padded_batch_computes_its_finished_rows_until_its_longest_ends():
+    """``padded`` is static batching as a batched generate call runs it: the same tokens, the
+    same passes as ``static``, but every pass computes every row of the batch, finished or
+    not, and its slots free together."""
+    rows: dict[str, list[int]] = {}
+    results = {}
+    for mode in ("static", "padded"):
+        model = Fused(4)
+        requests = [
+            (f"r{i}", np.array([1 + i]), {"max_new_tokens": n})
+            for i, n in enumerate((2, 7, 3, 5, 4))
+        ]
+        results[mode] = run_all(Generator(model, mode), requests)
+        rows[mode] = [started + going for _, started, going in model.calls]
+    assert results["padded"] == results["static"]
+    assert len(rows["padded"]) == len(rows["static"])
+    assert rows["static"][:7] == [4, 4, 3, 2, 2, 1, 1]  # finished rows leave
+    assert rows["padded"][:7] == [4, 4, 4, 4, 4, 4, 4]  # they are computed on
+    assert rows["padded"][7:] == rows["static"][7:] == [1, 1, 1, 1]  # the 5th request alone
+
+
+def test_cancelling_the_last_live_row_of_a_padded_batch_frees_every_slot():
+    generator = Generator(Fused(2), "padded")
+    for rid, n in (("long", 50), ("short", 1)):
+        generator.submit(rid, np.array([1]), GenerationParams(max_new_tokens=n))
+    generator.iterate()
+    assert set(generator.padding) and set(generator.live)
+    assert generator.cancel("long")
+    assert generator.idle and not generator.padding
+    generator.submit("next", np.array([1]), GenerationParams(max_new_tokens=2))
+    generator.submit("after", np.array([1]), GenerationParams(max_new_tokens=2))
+    assert len(generator.iterate()) == 2  # both slots were free again

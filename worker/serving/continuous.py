@@ -12,8 +12,11 @@ batching), not a prefill pass per admission before the step pass.
 
 The rules are plain functions (:func:`admitted`, :func:`sample`, :func:`finish_reason`) and
 :class:`Generator` drives a :class:`~inferfleet.worker.runtime.stepwise.StepwiseHandler` with
-them, in one of three modes: ``continuous``, ``static`` (admit only into an empty batch) and
-``sequential`` (one request at a time), the last two derived from the same rule for the
+them, in one of four modes: ``continuous``, ``static`` (admit only into an empty batch; a
+finished sequence leaves it), ``padded`` (the same, with a finished sequence's row computed
+on until the batch's longest ends, as a batched ``generate`` call does: its tokens
+discarded) and ``sequential`` (one request at a time), the last three derived from the same
+rule for the
 measurements of docs/benchmarks.md.
 """
 
@@ -39,7 +42,7 @@ __all__ = [
 ]
 
 #: How requests join a running batch.
-MODES = ("continuous", "static", "sequential")
+MODES = ("continuous", "static", "padded", "sequential")
 #: The most tokens one request may ask for.
 MAX_NEW_TOKENS = 4096
 
@@ -95,7 +98,8 @@ def _is_int(value: Any) -> bool:
 
 def admitted(mode: str, free: int, waiting: int, live: int) -> int:
     """How many waiting requests join now: as many as there are free slots (``continuous``),
-    only into an empty batch (``static``), or one into an empty batch (``sequential``)."""
+    only into an empty batch (``static``, ``padded``), or one into an empty batch
+    (``sequential``). ``live`` counts a padded batch's finished rows too."""
     if mode == "continuous":
         return min(free, waiting)
     if live:
@@ -159,6 +163,8 @@ class Generator:
     mode: str = "continuous"
     waiting: deque = field(default_factory=deque)
     live: dict[int, _Live] = field(default_factory=dict)
+    #: ``padded`` mode: finished sequences whose rows the batch still computes, by slot
+    padding: dict[int, _Live] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -186,7 +192,9 @@ class Generator:
         If the model raises, the admitted requests go back to the head of the queue and their
         slots back to the free ones, so :meth:`cancel` still finds them."""
         stepping = list(self.live.values())
-        count = admitted(self.mode, len(self._free), len(self.waiting), len(self.live))
+        padding = [s for s in self.padding.values() if s.length + 1 < self.model.max_length]
+        busy = len(self.live) + len(self.padding)
+        count = admitted(self.mode, len(self._free), len(self.waiting), busy)
         joining = [self.waiting.popleft() for _ in range(count)]
         seqs = [
             _Live(rid, self._free.pop(), params, np.random.default_rng(params.seed), prompt.size)
@@ -194,11 +202,12 @@ class Generator:
         ]
         if not seqs and not stepping:
             return []
+        rows = stepping + padding
         try:
             logits = self.model.extend(
-                [s.slot for s in seqs + stepping],
-                [p for _, p, _ in joining] + [np.array([s.last], np.int64) for s in stepping],
-                [True] * len(seqs) + [False] * len(stepping),
+                [s.slot for s in seqs + rows],
+                [p for _, p, _ in joining] + [np.array([s.last], np.int64) for s in rows],
+                [True] * len(seqs) + [False] * len(rows),
             )
         except BaseException:
             self._free.extend(s.slot for s in reversed(seqs))
@@ -211,17 +220,31 @@ class Generator:
         for seq, row in zip(stepping, logits[len(seqs) :]):
             seq.length += 1
             made.append(self._emit(seq, row))
+        for seq in padding:
+            seq.length += 1  # computed, its logits dropped
+        self._end_padded_batch()
         return made
+
+    def _end_padded_batch(self) -> None:
+        """A padded batch is over when its last live row ends: its other rows' slots free."""
+        if not self.live:
+            for slot in list(self.padding):
+                self._release(slot, self.padding)
+
+    def _release(self, slot: int, holder: dict[int, _Live]) -> None:
+        self.model.release(slot)
+        del holder[slot]
+        self._free.append(slot)
 
     def _emit(self, seq: _Live, logits: np.ndarray) -> Token:
         token = sample(logits, seq.params, seq.rng)
         seq.generated += 1
         seq.last = token
         why = finish_reason(token, seq.generated, seq.length + 1, seq.params, self.model)
-        if why is not None:
-            self.model.release(seq.slot)
-            del self.live[seq.slot]
-            self._free.append(seq.slot)
+        if why is not None and self.mode == "padded" and self.live.keys() - {seq.slot}:
+            self.padding[seq.slot] = self.live.pop(seq.slot)  # its row goes on with the batch
+        elif why is not None:
+            self._release(seq.slot, self.live)
         return Token(seq.rid, token, seq.generated - 1, why)
 
     def cancel(self, rid: str) -> bool:
@@ -232,9 +255,8 @@ class Generator:
                 return True
         for slot, seq in list(self.live.items()):
             if seq.rid == rid:
-                self.model.release(slot)
-                del self.live[slot]
-                self._free.append(slot)
+                self._release(slot, self.live)
+                self._end_padded_batch()
                 return True
         return False
 
