@@ -10,7 +10,7 @@ something that takes them.
 **Run, as written at a tiny size** (:data:`SIZES` replaces the value of each size option the line
 has, :data:`RUN` adds what a line leaves at a long default, and ``bench-out/`` becomes a folder
 under ``tmp_path``; every Redis is one the script starts itself), one of each kind the page
-measures, about 25 s on a quiet 2-core machine:
+measures, about 32 s on a quiet 2-core machine:
 
 - ``bench_wakeup``: Redis round trips through redis-py, no worker;
 - ``bench_lanes --part admission`` and ``--part read``: the SDK's admission (the Redis function,
@@ -19,7 +19,9 @@ measures, about 25 s on a quiet 2-core machine:
   replayer, no processes;
 - ``bench_cpu --kind sdk --modes map`` and ``--kind drain --targets fleet``: the SDK against one
   spawned ``inferfleet worker``, and that worker draining a backlog: the script behind most of
-  the page's commands.
+  the page's commands;
+- ``bench_streaming`` at one concurrency (32): a worker serving the tiny language model streams
+  through Redis, every request's tokens checked against the in-process ``Generator``'s.
 
 **Only parsed, the rest**, since even at a tiny size each costs more than this test's minute on 2
 cores allows, or needs what the suite's machines lack: a fleet of worker processes each
@@ -71,6 +73,9 @@ RUN = {
     ],
     r"^python -m benchmarks\.bench_cpu --kind sdk --modes map --requests \d+ --runs 1$": [],
     r"^python -m benchmarks\.bench_cpu --kind drain --targets fleet --requests \d+ --runs 1$": [],
+    r"^python -m benchmarks\.bench_streaming --concurrency 1 8 32 --requests \d+ --runs \d+$": [
+        *("--concurrency", "32")  # one of the three: the later --concurrency is the one taken
+    ],
 }
 
 
@@ -93,8 +98,9 @@ def tiny(line: str, out: Path) -> list[str]:
 
 @pytest.mark.timeout(300)
 def test_every_benchmark_command_parses_and_a_tiny_few_run(
-    pytestconfig: pytest.Config, tmp_path: Path
+    pytestconfig: pytest.Config, tmp_path: Path, tinylm: Path
 ) -> None:
+    # tinylm: models/tinylm.pt, built once a machine, is the model bench_streaming's worker serves
     use_pytest_config(pytestconfig)
     page = commands()
     assert len(page) >= 43 and any(c.page == "docs/metrics.md" for c in page)
