@@ -134,6 +134,13 @@ class WorkerSettings:
             "(a request wakes it at once)."
         },
     )
+    chunk_ms: float = field(
+        default=0.0,
+        metadata={
+            "help": "A step-wise model's streamed tokens made within this long go out as one "
+            "chunk (its first and last tokens at once); 0: a chunk a token."
+        },
+    )
     claim_idle_s: float = field(
         default=2.0,
         metadata={"help": "Take over entries of a consumer with no heartbeat once idle this long."},
@@ -277,6 +284,7 @@ class WorkerSettings:
         self._check_range("wait_replicas", 0, 64)
         self._check_range("wait_timeout_ms", 1, 60_000)
         self._check_range("idle_block_ms", 1, 60_000)
+        self._check_range("chunk_ms", 0, 10_000)
         self._check_range("claim_idle_s", 0.1, 86400)
         self._check_range("max_deliveries", 1, 1000)
         self._check_range("housekeeping_s", 0.01, 3600)

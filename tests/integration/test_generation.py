@@ -294,3 +294,16 @@ def test_a_model_that_fails_mid_generation_ends_its_streams_and_every_slot_serve
         flag.unlink()
         again = [producer.stream("b", {"max_new_tokens": 30}) for _ in range(4)]  # 4 slots
         assert [len(stream.tokens()) for stream in again] == [30] * 4
+
+
+def test_with_chunk_ms_tokens_go_out_in_fewer_chunks_the_first_alone(
+    spawn_worker, redis_url, redis_client, reference
+):
+    spawn_worker(NAME, SLOW, "--chunk-ms", "70")  # a pass takes 20 ms or more
+    with Producer(redis_url, NAME) as producer:
+        stream = producer.stream(PROMPTS[1], {"max_new_tokens": 40})
+        tokens = [int(t) for t in stream.tokens()]
+    assert tokens == reference(PROMPTS[1], 40)
+    chunks = _chunks(redis_client, stream.request_id)
+    assert len(chunks[0].tokens) == 1  # the first token is not held back
+    assert len(chunks) < len(tokens) / 2 and [c.n for c in chunks] == list(range(len(chunks)))

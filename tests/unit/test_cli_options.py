@@ -142,10 +142,11 @@ def test_an_options_range_is_what_the_worker_settings_accept() -> None:
         "stage",
         "wait_replicas",
         "wait_timeout_ms",
+        "chunk_ms",
     }
     for option in _range_options():
         low, high = option.type.min, option.type.max
-        step = 1 if isinstance(option.type, click.IntRange) else low / 2
+        step = 1 if isinstance(option.type, click.IntRange) else (low / 2 or 0.5)
         for ok in (low, high):
             assert (
                 getattr(WorkerSettings(name="q", model="m.pt", **{option.name: ok}), option.name)
@@ -269,6 +270,7 @@ NO_ENV_VAR: dict[tuple[str, str], str] = {
     ("inferfleet", "--version"): "click's own: prints the version",
     ("inferfleet enqueue", "--input"): _ONE_REQUEST,
     ("inferfleet enqueue", "--param"): _ONE_REQUEST,
+    ("inferfleet enqueue", "--text"): _ONE_REQUEST,
     (
         "inferfleet enqueue",
         "--request-id",

@@ -15,6 +15,7 @@ from inferfleet.worker.serving.continuous import (
     GenerationParams,
     Generator,
     admitted,
+    chunk_due,
     finish_reason,
     run_all,
     sample,
@@ -327,3 +328,11 @@ def test_cancelling_the_last_live_row_of_a_padded_batch_frees_every_slot():
     generator.submit("next", np.array([1]), GenerationParams(max_new_tokens=2))
     generator.submit("after", np.array([1]), GenerationParams(max_new_tokens=2))
     assert len(generator.iterate()) == 2  # both slots were free again
+
+
+def test_a_chunk_goes_out_with_the_first_token_then_once_its_oldest_token_waited_chunk_ms():
+    assert not chunk_due(0, False, 0.0, 5.0, 0.02)  # nothing to send
+    assert chunk_due(1, False, 1.0, 1.0, 0.02)  # the first token: at once
+    assert not chunk_due(3, True, 1.0, 1.019, 0.02)
+    assert chunk_due(3, True, 1.0, 1.02, 0.02)
+    assert chunk_due(1, True, 1.0, 1.0, 0.0)  # 0: a chunk a token

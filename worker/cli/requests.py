@@ -159,12 +159,16 @@ Examples:
 @click.option(
     "--stream",
     is_flag=True,
+    envvar="INFERFLEET_ENQUEUE_STREAM",
+    show_envvar=True,
     help="Ask for a streamed reply (a step-wise model) and print each chunk as it arrives, "
     "one JSON line each.",
 )
 @click.option(
     "--as-text",
     is_flag=True,
+    envvar="INFERFLEET_ENQUEUE_AS_TEXT",
+    show_envvar=True,
     help="With --stream: print a byte-level model's tokens as text as they arrive.",
 )
 def enqueue(

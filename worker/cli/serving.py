@@ -80,6 +80,7 @@ worker_options = _options(
     _setting("wait_replicas", "--wait-replicas", type=click.IntRange(0, 64)),
     _setting("wait_timeout_ms", "--wait-timeout-ms", type=click.IntRange(1, 60_000)),
     _setting("idle_block_ms", "--idle-block-ms", type=click.IntRange(1, 60_000)),
+    _setting("chunk_ms", "--chunk-ms", type=click.FloatRange(0, 10_000)),
     _setting("claim_idle_s", "--claim-idle-s", type=float),
     _setting("max_deliveries", "--max-deliveries", type=int),
     _setting("housekeeping_s", "--housekeeping-s", type=click.FloatRange(0.01, 3600)),

@@ -32,6 +32,7 @@ import numpy as np
 from inferfleet.worker.runtime.stepwise import StepwiseHandler
 
 __all__ = [
+    "chunk_due",
     "MODES",
     "GenerationParams",
     "Generator",
@@ -131,6 +132,15 @@ def finish_reason(
     if generated >= params.max_new_tokens or length >= model.max_length:
         return "length"
     return None
+
+
+def chunk_due(unsent: int, first_sent: bool, oldest_s: float, now_s: float, chunk_s: float) -> bool:
+    """Whether a streamed sequence's ``unsent`` tokens go out as a chunk now: its first token at
+    once (the time to first token is not delayed), then whatever waited ``chunk_s`` or more
+    since the oldest of them was made (0: every token); the last one always (the caller's)."""
+    if not unsent:
+        return False
+    return not first_sent or now_s - oldest_s >= chunk_s
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from inferfleet.worker.connections import script
 from inferfleet.worker.counters import Counters
 from inferfleet.worker.runtime.stepwise import StepwiseHandler
 from inferfleet.worker.serving.consumer import RETRYABLE, dead_letter, ensure_group, leave_group
-from inferfleet.worker.serving.continuous import GenerationParams, Generator, Token
+from inferfleet.worker.serving.continuous import GenerationParams, Generator, Token, chunk_due
 from inferfleet.worker.serving.intake import Answer, Intake, fields_of
 from inferfleet.worker.serving.lanes import NORMAL, LaneReader
 from inferfleet.worker.serving.recovery import Recovery
@@ -77,6 +77,9 @@ class Sequence:
     sent: int = 0  # tokens of earlier attempts (a continued stream)
     picked_s: float = field(default_factory=time.monotonic)
     first_s: float | None = None
+    unsent: list[int] = field(default_factory=list)  # made, not yet in a chunk (chunk_ms)
+    unsent_since: float = 0.0
+    chunked: bool = False  # a chunk of this attempt went out (the first goes at once)
 
 
 @dataclass
@@ -351,15 +354,26 @@ class GenerationConsumer:
         self.generator = Generator(self.model, "continuous")
 
     def _made(self, seq: Sequence, token: Token) -> _Item:
+        """What ``token`` of ``seq`` writes: nothing yet (a plain request, or a chunk still
+        gathering tokens: :func:`chunk_due`), a chunk, or its final chunk or reply."""
         if token.finished is None:
-            return (
-                _Item("c", seq, encode_chunk(seq.rid, [token.token]))
-                if seq.stream
-                else (_Item("", seq))
+            if not seq.stream:
+                return _Item("", seq)
+            now = time.monotonic()
+            if not seq.unsent:
+                seq.unsent_since = now
+            seq.unsent.append(token.token)
+            due = chunk_due(
+                len(seq.unsent), seq.chunked, seq.unsent_since, now, self.settings.chunk_ms / 1e3
             )
+            if not due:
+                return _Item("", seq)
+            seq.chunked, tokens, seq.unsent = True, seq.unsent, []
+            return _Item("c", seq, encode_chunk(seq.rid, tokens))
         del self.seqs[seq.rid]
         if seq.stream:
-            return _Item("f", seq, self._final(seq, [token.token], token.finished))
+            last = [*seq.unsent, token.token]
+            return _Item("f", seq, self._final(seq, last, token.finished))
         outputs = np.asarray(seq.tokens, np.int64)
         return _Item(
             "r", seq, encode_reply_ok(seq.rid, outputs, self.model_meta, self._timing(seq))
