@@ -22,16 +22,25 @@ Reported per concurrency and kind (medians over ``--runs``; the ratios are taken
 run, then their median): generated tokens a second (every token over the wall time from the
 first submission to the last token), the time to first token p50 and p99 (nearest rank), the
 time per token between a request's chunks p50 and p99 (each gap over the tokens of the chunk
-that ends it), the iterations' mean wall time and tokens, the CPU microseconds a generated
-token of the worker, the redis-server and the client process (``/proc``, as
+that ends it), the time between a request's chunks p50 and p99 (not over its tokens: how
+long a reader waits for its next chunk), the tokens a chunk, the in-process iterations' mean
+wall time and tokens, and the worker's script calls' (the wall time over them: one an
+iteration that writes a chunk, so one an iteration at ``--chunk-ms 0``), the CPU microseconds
+a generated token of the worker, the redis-server and the client process (``/proc``, as
 benchmarks/bench_cpu.py), the share of the wall time the worker was on a CPU
 (``worker_busy``), and, from redis-server's ``INFO commandstats``, the commands a token:
-``EVALSHA`` (the worker's one script call an iteration), ``XREAD`` (a client's wake-ups),
-``XREADGROUP`` (the worker's reads) and ``XADD`` (the chunks the script writes, and the
-requests).
+``EVALSHA`` (the worker's script calls), ``XREAD`` (a client's wake-ups), ``XREADGROUP`` (the
+worker's reads) and ``XADD`` (the chunks the script writes, and the requests).
+
+``--chunk-ms`` is the worker's own option (a streamed sequence's tokens made within that long go
+out as one chunk, its first and last tokens at once; 0 a chunk a token); several values start
+one worker each, on its own queue of the same redis-server, and the streamed runs of each are
+interleaved with the others' and the in-process one within every run (one in-process run a
+concurrency serves as the baseline of all). A worker waits idle, blocked in its read, while
+another's run goes.
 
     python -m tests.fixtures.build_models --only tinylm
-    python -m benchmarks.bench_streaming --concurrency 1 8 32 --requests 256 --runs 3
+    python -m benchmarks.bench_streaming --concurrency 1 8 32 --runs 3 --chunk-ms 0 20
 """
 
 from __future__ import annotations
@@ -70,6 +79,8 @@ CHUNK_TIMEOUT_S = 60.0
 MAX_CONCURRENCY, MAX_SLOTS = 1024, 256
 #: redis-server's commands counted a generated token.
 COMMANDS = ("evalsha", "xread", "xreadgroup", "xadd")
+#: The most ``--chunk-ms`` values (a worker each), and the longest (the worker's own bound).
+MAX_CHUNK_VALUES, MAX_CHUNK_MS = 4, 10_000.0
 
 
 class BenchLM(TinyLM):
@@ -82,12 +93,15 @@ class BenchLM(TinyLM):
 
 class Outcome:
     """What one closed-loop run measured: each request's tokens, its time to first token, the
-    seconds a token between its chunks, the wall time and the generator's iterations."""
+    seconds a token between its chunks, the seconds between its chunks, the chunks, the wall
+    time and the generator's iterations."""
 
     def __init__(self, requests: Sequence[Request]) -> None:
         self.tokens: dict[str, list[int]] = {rid: [] for rid, _, _ in requests}
         self.ttft: list[float] = []
         self.gaps: list[float] = []
+        self.chunk_gaps: list[float] = []
+        self.chunks = 0
         self.wall = 0.0
         self.iterations = 0
 
@@ -97,18 +111,23 @@ class Outcome:
         return sum(map(len, self.tokens.values()))
 
     def row(self) -> dict[str, float]:
-        """The run's figures (ms, tokens a second)."""
-        return {
+        """The run's figures (ms, tokens a second; an iteration's only where counted)."""
+        row = {
             "tokens_per_s": round(self.total / self.wall, 1),
             "ttft_p50_ms": round(1000 * percentile(self.ttft, 0.50), 3),
             "ttft_p99_ms": round(1000 * percentile(self.ttft, 0.99), 3),
             "tpot_p50_ms": round(1000 * percentile(self.gaps, 0.50), 3),
             "tpot_p99_ms": round(1000 * percentile(self.gaps, 0.99), 3),
-            "iteration_ms": round(1000 * self.wall / max(1, self.iterations), 3),
-            "tokens_per_iteration": round(self.total / max(1, self.iterations), 2),
+            "chunk_gap_p50_ms": round(1000 * percentile(self.chunk_gaps, 0.50), 3),
+            "chunk_gap_p99_ms": round(1000 * percentile(self.chunk_gaps, 0.99), 3),
+            "tokens_per_chunk": round(self.total / max(1, self.chunks), 2),
             "tokens": self.total,
             "wall_s": round(self.wall, 3),
         }
+        if self.iterations:
+            row["iteration_ms"] = round(1000 * self.wall / self.iterations, 3)
+            row["tokens_per_iteration"] = round(self.total / self.iterations, 2)
+        return row
 
 
 # ---- the in-process baseline: no queue ----
@@ -137,12 +156,14 @@ def in_process(model: StepwiseHandler, requests: Sequence[Request], concurrency:
         made = generator.iterate()
         out.iterations += 1
         now = time.perf_counter()
+        out.chunks += len(made)  # a token a chunk
         for token in made:
             out.tokens[token.rid].append(token.token)
             if token.index == 0:
                 out.ttft.append(now - submitted[token.rid])
             else:
                 out.gaps.append(now - last[token.rid])
+                out.chunk_gaps.append(now - last[token.rid])
             last[token.rid] = now
             if token.finished is not None:
                 in_flight -= 1
@@ -154,14 +175,14 @@ def in_process(model: StepwiseHandler, requests: Sequence[Request], concurrency:
 # ---- streamed through Redis and a worker ----
 
 
-def streamed(url: str, requests: Sequence[Request], concurrency: int) -> Outcome:
-    """``requests`` streamed by ``concurrency`` client threads, each with its own Producer,
-    each sending its next request once it has read the last one's final chunk."""
+def streamed(url: str, requests: Sequence[Request], concurrency: int, name: str = NAME) -> Outcome:
+    """``requests`` streamed to queue ``name`` by ``concurrency`` client threads, each with its
+    own Producer, each sending its next request once it has read the last one's final chunk."""
     pending = deque(requests)
     lock = threading.Lock()
     out = Outcome(requests)
     failures: list[BaseException] = []
-    producers = [Producer(url, NAME) for _ in range(concurrency)]
+    producers = [Producer(url, name) for _ in range(concurrency)]
     for producer in producers:  # connected before the clock starts
         producer.redis.ping()
     start = threading.Barrier(concurrency + 1)
@@ -174,7 +195,7 @@ def streamed(url: str, requests: Sequence[Request], concurrency: int) -> Outcome
                     if not pending or failures:
                         return
                     rid, prompt, params = pending.popleft()
-                mine, gaps = out.tokens[rid], []
+                mine, gaps, chunk_gaps = out.tokens[rid], [], []
                 sent = time.perf_counter()
                 chunks = producer.stream(
                     prompt, {"max_new_tokens": params.max_new_tokens}, timeout_s=CHUNK_TIMEOUT_S
@@ -187,11 +208,14 @@ def streamed(url: str, requests: Sequence[Request], concurrency: int) -> Outcome
                         first = now
                     elif chunk.tokens.size:
                         gaps.append((now - previous) / chunk.tokens.size)
+                        chunk_gaps.append(now - previous)
                     previous = now
                     mine.extend(int(t) for t in chunk.tokens)
                 with lock:
                     out.ttft.append((first or previous) - sent)
                     out.gaps.extend(gaps)
+                    out.chunk_gaps.extend(chunk_gaps)
+                    out.chunks += 1 + len(chunk_gaps)
         except BaseException as exc:  # noqa: BLE001 - raised again by the main thread
             with lock:
                 failures.append(exc)
@@ -211,27 +235,30 @@ def streamed(url: str, requests: Sequence[Request], concurrency: int) -> Outcome
     return out
 
 
-def start_worker(url: str, slots: int) -> subprocess.Popen:
-    """One ``inferfleet worker`` serving :class:`BenchLM` with ``slots`` slots, one torch
-    thread."""
+def start_worker(url: str, slots: int, chunk: float = 0.0, name: str = NAME) -> subprocess.Popen:
+    """One ``inferfleet worker`` of queue ``name`` serving :class:`BenchLM` with ``slots``
+    slots, one torch thread, its streamed tokens gathered ``chunk`` ms into a chunk (its
+    ``--chunk-ms``)."""
     cmd = [
         sys.executable,
         "-m",
         "inferfleet",
         "worker",
-        *("--name", NAME, "--model", "benchmarks.bench_streaming:BenchLM"),
+        *("--name", name, "--model", "benchmarks.bench_streaming:BenchLM"),
         *("--redis-url", url, "--consumer", "stream-0", "--torch-threads", "1"),
-        *("--log-level", "warning"),
+        *("--chunk-ms", repr(chunk), "--log-level", "warning"),
     ]
     env = {**os.environ, SLOTS_ENV: str(slots)}
     env.pop("REDIS_URL", None)
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
 
 
-def wait_joined(client: redis.Redis, worker: subprocess.Popen, timeout_s: float = 120) -> None:
-    """Until the worker has joined the queue's group (it has loaded its model)."""
+def wait_joined(
+    client: redis.Redis, worker: subprocess.Popen, timeout_s: float = 120, name: str = NAME
+) -> None:
+    """Until the worker has joined queue ``name``'s group (it has loaded its model)."""
     deadline = time.monotonic() + timeout_s
-    stream = f"inferfleet:{{{NAME}}}:requests"
+    stream = f"inferfleet:{{{name}}}:requests"
     while time.monotonic() < deadline:
         if worker.poll() is not None:
             raise RuntimeError(f"the worker exited with status {worker.returncode}")
@@ -251,21 +278,28 @@ def command_calls(client: redis.Redis) -> dict[str, int]:
 
 
 def streamed_run(
-    server: EmbeddedRedis, worker: subprocess.Popen, requests: Sequence[Request], n: int
+    server: EmbeddedRedis,
+    worker: subprocess.Popen,
+    requests: Sequence[Request],
+    n: int,
+    name: str = NAME,
 ) -> tuple[dict[str, float], Outcome]:
-    """One streamed run with each process's CPU and redis-server's commands a token."""
+    """One streamed run to queue ``name`` (``worker``'s) with each process's CPU and
+    redis-server's commands a token."""
     assert server.pid is not None
     client = redis.Redis.from_url(server.url)
     calls = command_calls(client)
     before = (cpu_s(worker.pid), cpu_s(server.pid), time.process_time())
-    out = streamed(server.url, requests, n)
+    out = streamed(server.url, requests, n, name)
     after = (cpu_s(worker.pid), cpu_s(server.pid), time.process_time())
     done = command_calls(client)
     client.close()
-    out.iterations = done["evalsha"] - calls["evalsha"]  # the worker's one script call each
+    script_calls = max(1, done["evalsha"] - calls["evalsha"])
     per_token = 1e6 / out.total
     row = {
         **out.row(),
+        "script_call_ms": round(1000 * out.wall / script_calls, 3),
+        "tokens_per_script_call": round(out.total / script_calls, 2),
         "worker_busy": round((after[0] - before[0]) / out.wall, 3),
         "worker_us": round((after[0] - before[0]) * per_token, 1),
         "redis_us": round((after[1] - before[1]) * per_token, 1),
@@ -303,6 +337,17 @@ def median_row(rows: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
 
 
+def chunk_ms(text: str) -> float:
+    """An argparse type: the worker's ``--chunk-ms``, a number of 0 to :data:`MAX_CHUNK_MS`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not 0 <= value <= MAX_CHUNK_MS:
+        raise argparse.ArgumentTypeError(f"{value} is not within 0 and {MAX_CHUNK_MS:g}")
+    return value
+
+
 def positive(text: str) -> int:
     """An argparse type: an int of 1 or more."""
     try:
@@ -314,9 +359,19 @@ def positive(text: str) -> int:
     return value
 
 
+def ratio(row: dict[str, float], local_row: dict[str, float]) -> dict[str, float]:
+    """A streamed run's tokens a second over the in-process run's, and the time to first
+    token it adds."""
+    return {
+        "tokens_per_s_ratio": round(row["tokens_per_s"] / local_row["tokens_per_s"], 3),
+        "ttft_p50_added_ms": round(row["ttft_p50_ms"] - local_row["ttft_p50_ms"], 3),
+        "ttft_p99_added_ms": round(row["ttft_p99_ms"] - local_row["ttft_p99_ms"], 3),
+    }
+
+
 def main() -> None:
-    """Parse the options, start Redis and the worker, run every concurrency's two kinds
-    interleaved, print one JSON line per concurrency and kind."""
+    """Parse the options, start Redis and a worker a ``--chunk-ms``, run every concurrency's
+    kinds interleaved, print one JSON line per concurrency and kind."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--concurrency",
@@ -332,12 +387,23 @@ def main() -> None:
     parser.add_argument(
         "--slots", type=positive, default=8, help="the model's key-value cache slots"
     )
+    parser.add_argument(
+        "--chunk-ms",
+        type=chunk_ms,
+        nargs="+",
+        default=[0.0],
+        help="the worker's --chunk-ms: its streamed tokens made within this long go out as one "
+        "chunk (0: a chunk a token); several: a worker and rows each",
+    )
     args = parser.parse_args()
     if max(args.concurrency) > MAX_CONCURRENCY or args.slots > MAX_SLOTS:
         parser.error(
             f"--concurrency takes at most {MAX_CONCURRENCY} (a thread each), --slots at most "
             f"{MAX_SLOTS} (the key-value cache of each slot is allocated in both processes)"
         )
+    chunks = list(dict.fromkeys(args.chunk_ms))  # each value once, in order
+    if len(chunks) > MAX_CHUNK_VALUES:
+        parser.error(f"--chunk-ms takes at most {MAX_CHUNK_VALUES} values (a worker each)")
     if not MODEL.exists():
         parser.error(f"{MODEL} is missing: python -m tests.fixtures.build_models --only tinylm")
 
@@ -347,45 +413,53 @@ def main() -> None:
     model.setup(torch.device("cpu"))
     requests = workload(args.requests)
     warm = workload(2 * args.slots, seed=1)
-    rows: dict[tuple[int, str], list[dict[str, float]]] = {}
-    ratios: dict[int, list[dict[str, float]]] = {n: [] for n in args.concurrency}
+    names = [NAME if i == 0 else f"{NAME}-{i}" for i in range(len(chunks))]  # a queue a worker
+    rows: dict[tuple[int, str, float], list[dict[str, float]]] = {}
+    ratios: dict[tuple[int, float], list[dict[str, float]]] = {}
     with EmbeddedRedis() as server:
-        worker = start_worker(server.url, args.slots)
+        workers: list[subprocess.Popen] = []
         try:
-            wait_joined(redis.Redis.from_url(server.url), worker)
-            streamed(server.url, warm, args.slots)  # warm-up, not measured
+            for chunk, name in zip(chunks, names):
+                workers.append(start_worker(server.url, args.slots, chunk, name))
+            for worker, name in zip(workers, names):
+                wait_joined(redis.Redis.from_url(server.url), worker, name=name)
+                streamed(server.url, warm, args.slots, name)  # warm-up, not measured
             in_process(model, warm, args.slots)
-            for _ in range(args.runs):
-                for n in args.concurrency:  # interleaved: a drift of the machine hits both
-                    row, out = streamed_run(server, worker, requests, n)
+            for run in range(args.runs):
+                for n in args.concurrency:  # interleaved: a drift of the machine hits all
+                    streamed_rows: dict[float, tuple[dict[str, float], Outcome]] = {}
+                    turn = run % len(chunks)  # each worker's runs first in turn
+                    for i in [*range(turn, len(chunks)), *range(turn)]:
+                        streamed_rows[chunks[i]] = streamed_run(
+                            server, workers[i], requests, n, names[i]
+                        )
                     local_row, local = in_process_run(model, requests, n)
-                    check_equal(out, local, n)
-                    rows.setdefault((n, "redis"), []).append(row)
-                    rows.setdefault((n, "no queue"), []).append(local_row)
-                    ratios[n].append(
-                        {
-                            "tokens_per_s_ratio": round(
-                                row["tokens_per_s"] / local_row["tokens_per_s"], 3
-                            ),
-                            "ttft_p50_added_ms": round(
-                                row["ttft_p50_ms"] - local_row["ttft_p50_ms"], 3
-                            ),
-                            "ttft_p99_added_ms": round(
-                                row["ttft_p99_ms"] - local_row["ttft_p99_ms"], 3
-                            ),
-                        }
-                    )
+                    rows.setdefault((n, "no queue", 0.0), []).append(local_row)
+                    for chunk in chunks:
+                        row, out = streamed_rows[chunk]
+                        check_equal(out, local, n)
+                        rows.setdefault((n, "redis", chunk), []).append(row)
+                        ratios.setdefault((n, chunk), []).append(ratio(row, local_row))
         finally:
-            worker.terminate()
-            worker.wait(60)
+            for worker in workers:
+                worker.terminate()
+            for worker in workers:
+                worker.wait(60)
     for n in args.concurrency:
         line = {"concurrency": n, "slots": args.slots, "requests": args.requests}
-        for kind in ("redis", "no queue"):
-            print(json.dumps({**line, "kind": kind, **median_row(rows[(n, kind)])}), flush=True)
-        print(
-            json.dumps({**line, "kind": "ratio", **median_row(ratios[n]), "runs": ratios[n]}),
-            flush=True,
-        )
+        for chunk in chunks:
+            redis_row = {"chunk_ms": chunk, **median_row(rows[(n, "redis", chunk)])}
+            print(json.dumps({**line, "kind": "redis", **redis_row}), flush=True)
+        local_row = median_row(rows[(n, "no queue", 0.0)])
+        print(json.dumps({**line, "kind": "no queue", **local_row}), flush=True)
+        for chunk in chunks:
+            runs = ratios[(n, chunk)]
+            print(
+                json.dumps(
+                    {**line, "kind": "ratio", "chunk_ms": chunk, **median_row(runs), "runs": runs}
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ measures, about 32 s on a quiet 2-core machine:
   spawned ``inferfleet worker``, and that worker draining a backlog: the script behind most of
   the page's commands;
 - ``bench_streaming`` at one concurrency (32): a worker serving the tiny language model streams
-  through Redis, every request's tokens checked against the in-process ``Generator``'s.
+  through Redis, every request's tokens checked against the in-process ``Generator``'s, one
+  worker a chunk a token and one gathering its tokens for 20 ms (``--chunk-ms 0 20``).
 
 **Only parsed, the rest**, since even at a tiny size each costs more than this test's minute on 2
 cores allows, or needs what the suite's machines lack: a fleet of worker processes each
@@ -73,7 +74,8 @@ RUN = {
     ],
     r"^python -m benchmarks\.bench_cpu --kind sdk --modes map --requests \d+ --runs 1$": [],
     r"^python -m benchmarks\.bench_cpu --kind drain --targets fleet --requests \d+ --runs 1$": [],
-    r"^python -m benchmarks\.bench_streaming --concurrency 1 8 32 --requests \d+ --runs \d+$": [
+    r"^python -m benchmarks\.bench_streaming --concurrency 1 8 32 --requests \d+ --runs \d+ "
+    r"--chunk-ms 0 20$": [
         *("--concurrency", "32")  # one of the three: the later --concurrency is the one taken
     ],
 }
