@@ -284,3 +284,16 @@ def test_lanes_and_tenant_refusals_are_counted_with_bounded_labels(registry):
     assert (
         value(registry, "inferfleet_requests_total", code="cancelled") == 0
     )  # the 1.1 codes exported at 0
+
+
+def test_a_generative_iteration_counts_tokens_first_tokens_and_live_sequences(registry):
+    metrics = WorkerMetrics("q", registry)
+    metrics.generated([0.004, 0.2], 7, 0.003)  # two requests got their first token
+    metrics.generated([], 8, 0.002)
+    metrics.live_sequences(8)
+    metrics.live_sequences(5)
+    assert value(registry, "inferfleet_generated_tokens_total") == 15
+    assert value(registry, "inferfleet_time_to_first_chunk_seconds_count") == 2
+    assert value(registry, "inferfleet_time_to_first_chunk_seconds_sum") == pytest.approx(0.204)
+    assert value(registry, "inferfleet_inference_seconds_count") == 2  # one per iteration
+    assert value(registry, "inferfleet_live_sequences") == 5
