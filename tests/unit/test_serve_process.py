@@ -40,3 +40,23 @@ def test_a_step_wise_model_loads_under_the_workers_torch_threads(
     finally:
         torch.set_num_threads(threads)
     assert seen == {"threads": 1, "served": 1}
+
+
+def test_a_step_wise_model_loads_on_its_device_made_current_with_the_tf32_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As ``load_runtime`` does for any other model: on a GPU, ``cuda:N`` is the loop's
+    current device and ``--tf32`` is applied before the model loads."""
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(serve, "worker_client", lambda *args, **kwargs: None)
+    monkeypatch.setattr(serve, "check_server", lambda client: None)
+    monkeypatch.setattr(serve, "select_device", lambda device: calls.append(("select", device)))
+    monkeypatch.setattr(serve, "apply_tf32", lambda tf32: calls.append(("tf32", tf32)))
+    monkeypatch.setattr(
+        serve, "load_stepwise", lambda model, device: calls.append(("load", device)) or object()
+    )
+    monkeypatch.setattr(serve, "_serve_generation", lambda *args: None)
+    settings = WorkerSettings(name="q", model="tests.handlers:SlowTinyLM", tune_malloc=False)
+    serve._serve(settings, threading.Event())
+    cpu = torch.device("cpu")
+    assert calls == [("select", cpu), ("tf32", settings.tf32), ("load", cpu)]

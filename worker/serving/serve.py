@@ -16,7 +16,12 @@ from inferfleet.worker.errors import ModelLoadError
 from inferfleet.worker.heartbeat import Heartbeat
 from inferfleet.worker.logs import bind as bind_log_fields
 from inferfleet.worker.metrics import metrics_mode, serve_worker_metrics, worker_metrics
-from inferfleet.worker.runtime.devices import device_label, peak_memory_mib
+from inferfleet.worker.runtime.devices import (
+    apply_tf32,
+    device_label,
+    peak_memory_mib,
+    select_device,
+)
 from inferfleet.worker.runtime.loading import (
     ModelRuntime,
     apply_process_settings,
@@ -131,10 +136,13 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
 
 def _load_stepwise(settings: WorkerSettings) -> StepwiseHandler | None:
     """The step-wise model ``settings`` names, set up under the worker's process settings (torch
-    threads, the allocator's thresholds: ``load_runtime`` applies them to any other model), or
-    None: the model is not step-wise."""
+    threads, the allocator's thresholds, the current CUDA device and TF32: ``load_runtime``
+    applies them to any other model), or None: the model is not step-wise."""
     apply_process_settings(settings)
-    return load_stepwise(settings.model, resolve_device(settings.device))
+    device = resolve_device(settings.device)
+    select_device(device)  # cuda:N: the loop's current device, as for any other model
+    apply_tf32(settings.tf32)
+    return load_stepwise(settings.model, device)
 
 
 def _serve_generation(
