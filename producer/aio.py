@@ -177,13 +177,13 @@ class AsyncProducer(ProducerBase):
         for`` over the returned stream gives its chunks as they are made."""
         rid, keys, fields = self._entry(inputs, params, deadline_s, request_id, stream=True)
         await self._send_one(rid, keys, fields, priority)
-        return self.read_stream(rid, timeout_s=timeout_s)
+        return await self.read_stream(rid, timeout_s=timeout_s)
 
-    def read_stream(
+    async def read_stream(
         self, request_id: str, *, after: str = "0", timeout_s: float = defaults.TIMEOUT_S
     ) -> AsyncChunkStream:
         """The chunks of request ``request_id``'s stream after entry id ``after`` (see
-        Producer.read_stream)."""
+        Producer.read_stream); awaited like every call of this client, it reads nothing yet."""
         key = self.keys_for(request_id).chunks(validate_request_id(request_id))
         return AsyncChunkStream(self.redis, request_id, key, timeout_s, after)
 

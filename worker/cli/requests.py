@@ -223,6 +223,7 @@ def _inputs_of(input_path: str | None, text: str | None) -> Any:
         raise click.UsageError("give one of --input FILE or --text TEXT")
     if text is not None:
         return text
+    assert input_path is not None  # one of the two, checked above
     try:
         return load_inputs(input_path)
     except ValueError as exc:

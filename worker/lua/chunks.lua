@@ -9,8 +9,9 @@
 -- its last entry numbered n - 1, of an attempt no newer, not final. So two workers that both
 -- hold a request (one thought dead) never write two chunks of one number: the later one is
 -- refused and stops. A key that holds another type (a client's) is never written: its entry
--- is acknowledged unanswered and the item refused. A final chunk or a reply is written only if its XACK acknowledged the
--- entry (exactly one answer). Every key written gets the reply TTL.
+-- is acknowledged unanswered and the item refused. A final chunk or a reply is written only
+-- if its XACK acknowledged the entry (exactly one answer). Every key written gets the reply
+-- TTL.
 -- Returns {refused item indexes (1-based), a 1 or 0 per request id: marked cancelled now}.
 local group, ttl, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local call = redis.call
