@@ -117,13 +117,13 @@ def test_cancel_ends_a_live_stream_at_its_next_step_and_frees_its_slot(
 def test_a_deadline_ends_a_live_stream_with_expired(spawn_worker, redis_url, redis_client):
     spawn_worker(NAME, ENDLESS)
     with Producer(redis_url, NAME) as producer:
-        started = time.monotonic()
         stream = producer.stream("a", {"max_new_tokens": 200, "temperature": 1.0}, deadline_s=1.0)
         with pytest.raises(errors.Expired):
             list(stream)
-        assert time.monotonic() - started < 3.5  # 200 steps would take 4 s or more
     chunks = _chunks(redis_client, stream.request_id)
     assert chunks[-1].reply.error_code == "expired" and len(chunks) > 1
+    # the model never ends a sequence itself: fewer than 200 tokens is the deadline's doing
+    assert sum(len(c.tokens) for c in chunks) < 200
 
 
 def test_bad_prompts_and_params_end_their_stream_with_bad_request(spawn_worker, redis_url):
