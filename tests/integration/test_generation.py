@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -254,7 +253,6 @@ def test_a_tenants_quota_refuses_streams_through_the_sdk_and_from_a_raw_producer
     """The fleet-wide limits apply to streamed requests: the SDK's admission refuses one over
     the tenant's bucket before it is written; a raw XADD that bypasses it is answered
     ``rate_limited`` by the worker, as a final chunk."""
-    spawn_worker(NAME, MODEL, "--housekeeping-s", "0.5")
     limit = [sys.executable, "-m", "inferfleet", "limit", "--name", NAME, "--tenant", "nightly"]
     subprocess.run(
         [*limit, "--rate", "0.001", "--burst", "1"],
@@ -263,11 +261,11 @@ def test_a_tenants_quota_refuses_streams_through_the_sdk_and_from_a_raw_producer
         check=True,
         capture_output=True,
     )
+    spawn_worker(NAME, MODEL)  # it reads the limits in force as it starts
     with Producer(redis_url, NAME, tenant="nightly") as producer:
         assert len(producer.stream("a", {"max_new_tokens": 3}).tokens()) <= 3
         with pytest.raises(errors.RateLimited):
             producer.stream("a", {"max_new_tokens": 3})
-    time.sleep(1.5)  # the worker reads the limits in force at its housekeeping (0.5 s)
     body = encode_body("a", {"max_new_tokens": 3})
     redis_client.xadd(
         f"inferfleet:{{{NAME}}}:requests",
