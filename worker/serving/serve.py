@@ -5,9 +5,13 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 import redis
+import torch
 
 from inferfleet.worker.config import WorkerSettings
 from inferfleet.worker.connections import check_server, worker_client
@@ -112,26 +116,45 @@ def _serve(settings: WorkerSettings, stop: threading.Event) -> Consumer | None:
     assert hooks is not None
     if stop.is_set():
         return consumer
+
+    def fields() -> dict[str, Any]:
+        return {**consumer.heartbeat_fields(), **hooks.heartbeat_fields()}
+
+    try:
+        with _serving_heartbeat(settings, consumer.counters, runtime.device, fields):
+            consumer.run(stop)
+    finally:
+        hooks.close()
+    _log_peak_memory(consumer)
+    return consumer
+
+
+@contextmanager
+def _serving_heartbeat(
+    settings: WorkerSettings,
+    counters: Counters,
+    device: torch.device,
+    extra: Callable[[], dict[str, Any]],
+) -> Iterator[None]:
+    """The worker's heartbeat, ``serving`` while the block runs (``extra``: its own fields),
+    ``stopped`` and removed after."""
     heartbeat = Heartbeat(
         worker_client(settings.redis_url, settings.cluster),
-        consumer.keys,
+        settings.queue_keys,
         settings.consumer,
-        consumer.counters,
-        {"device": device_label(runtime.device)},
+        counters,
+        {"device": device_label(device)},
         interval_s=settings.heartbeat_s,
-        extra=lambda: {**consumer.heartbeat_fields(), **hooks.heartbeat_fields()},
+        extra=extra,
         file=settings.heartbeat_file or None,
     )
     heartbeat.state = "serving"
     heartbeat.start()
     try:
-        consumer.run(stop)
+        yield
     finally:
         heartbeat.state = "stopped"
         heartbeat.stop(remove=True)
-        hooks.close()
-    _log_peak_memory(consumer)
-    return consumer
 
 
 def _load_stepwise(settings: WorkerSettings) -> StepwiseHandler | None:
@@ -163,29 +186,18 @@ def _serve_generation(
         model.device,
         model.max_slots,
     )
-    heartbeat = Heartbeat(
-        worker_client(settings.redis_url, settings.cluster),
-        consumer.keys,
-        settings.consumer,
-        counters,
-        {"device": device_label(model.device)},
-        interval_s=settings.heartbeat_s,
-        extra=lambda: {
+
+    def fields() -> dict[str, Any]:
+        return {
             "version": version,
             "model": settings.model,
             "loop_ms": int(consumer.loop_at_s * 1000),
             "max_rows": model.max_slots,
             "live": len(consumer.seqs),
-        },
-        file=settings.heartbeat_file or None,
-    )
-    heartbeat.state = "serving"
-    heartbeat.start()
-    try:
+        }
+
+    with _serving_heartbeat(settings, counters, model.device, fields):
         consumer.run(stop)
-    finally:
-        heartbeat.state = "stopped"
-        heartbeat.stop(remove=True)
 
 
 def _log_peak_memory(consumer: Consumer) -> None:
