@@ -42,7 +42,7 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +50,7 @@ import torch
 
 from inferfleet.worker.runtime.memory import tune_allocator
 from inferfleet.worker.runtime.stepwise import StepwiseHandler
-from inferfleet.worker.serving.continuous import GenerationParams, Generator
+from inferfleet.worker.serving.continuous import GenerationParams, Generator, Token
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "tinylm.pt"
@@ -148,6 +148,28 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
+def closed_loop(
+    generator: Generator, requests: Sequence[Request], concurrency: int
+) -> Iterator[tuple[float, list[Token], dict[str, float]]]:
+    """Drive ``generator`` as ``concurrency`` clients would: the next of ``requests`` is
+    submitted the moment one ends. Yields each iteration's end time, its tokens, and every
+    submission's time so far (the start of its time to first token)."""
+    pending = deque(requests)
+    submitted: dict[str, float] = {}
+    in_flight = 0
+    while True:
+        while pending and in_flight < concurrency:
+            rid, prompt, params = pending.popleft()
+            submitted[rid] = time.perf_counter()
+            generator.submit(rid, prompt, params)
+            in_flight += 1
+        if generator.idle:
+            return
+        made = generator.iterate()
+        in_flight -= sum(1 for token in made if token.finished is not None)
+        yield time.perf_counter(), made, submitted
+
+
 def one_run(
     model: StepwiseHandler, mode: str, requests: Sequence[Request], concurrency: int
 ) -> tuple[dict[str, float], dict[str, list[int]]]:
@@ -155,33 +177,16 @@ def one_run(
     closed loop); its figures and every request's tokens."""
     counted = Counted(model, fused=mode != "continuous-split")
     generator = Generator(counted, mode.removesuffix("-split"))
-    pending = deque(requests)
     tokens: dict[str, list[int]] = {rid: [] for rid, _, _ in requests}
-    submitted: dict[str, float] = {}
     ttft: list[float] = []
     iterations = 0
     started = time.perf_counter()
-
-    def feed(in_flight: int) -> int:
-        while pending and in_flight < concurrency:
-            rid, prompt, params = pending.popleft()
-            submitted[rid] = time.perf_counter()
-            generator.submit(rid, prompt, params)
-            in_flight += 1
-        return in_flight
-
-    in_flight = feed(0)
-    while not generator.idle:
-        made = generator.iterate()
+    for now, made, submitted in closed_loop(generator, requests, concurrency):
         iterations += 1
-        now = time.perf_counter()
         for token in made:
             tokens[token.rid].append(token.token)
             if token.index == 0:
                 ttft.append(now - submitted[token.rid])
-            if token.finished is not None:
-                in_flight -= 1
-        in_flight = feed(in_flight)
     wall = time.perf_counter() - started
     total = sum(map(len, tokens.values()))
     row = {

@@ -61,7 +61,14 @@ import redis
 import torch
 
 from benchmarks.bench_cpu import cpu_s
-from benchmarks.bench_generation import MODEL, REQUESTS, Request, percentile, workload
+from benchmarks.bench_generation import (
+    MODEL,
+    REQUESTS,
+    Request,
+    closed_loop,
+    percentile,
+    workload,
+)
 from inferfleet.producer import Producer
 from inferfleet.worker.embedded import EmbeddedRedis
 from inferfleet.worker.runtime.memory import tune_allocator
@@ -137,25 +144,11 @@ def in_process(model: StepwiseHandler, requests: Sequence[Request], concurrency:
     """``requests`` through a continuous :class:`Generator` on ``model`` in this process,
     ``concurrency`` in flight at all times (bench_generation's loop, on the model itself)."""
     generator = Generator(model, "continuous")
-    pending = deque(requests)
     out = Outcome(requests)
-    submitted: dict[str, float] = {}
     last: dict[str, float] = {}
     started = time.perf_counter()
-
-    def feed(in_flight: int) -> int:
-        while pending and in_flight < concurrency:
-            rid, prompt, params = pending.popleft()
-            submitted[rid] = time.perf_counter()
-            generator.submit(rid, prompt, params)
-            in_flight += 1
-        return in_flight
-
-    in_flight = feed(0)
-    while not generator.idle:
-        made = generator.iterate()
+    for now, made, submitted in closed_loop(generator, requests, concurrency):
         out.iterations += 1
-        now = time.perf_counter()
         out.chunks += len(made)  # a token a chunk
         for token in made:
             out.tokens[token.rid].append(token.token)
@@ -165,9 +158,6 @@ def in_process(model: StepwiseHandler, requests: Sequence[Request], concurrency:
                 out.gaps.append(now - last[token.rid])
                 out.chunk_gaps.append(now - last[token.rid])
             last[token.rid] = now
-            if token.finished is not None:
-                in_flight -= 1
-        in_flight = feed(in_flight)
     out.wall = time.perf_counter() - started
     return out
 
